@@ -1,0 +1,606 @@
+"""``LifecycleConfig``: the one validated value every guard in every machine reads.
+
+It speaks miles' flag names, so a miles/slime ``Namespace`` can be passed as it is, and it
+resolves the flags the way miles does (FT components default, replay forces train-only, ...).
+Every bad input raises one :class:`ConfigError` here, at construction, naming the flag and the
+fix -- the replay crash in miles was a ``None`` that travelled until a multiplication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from lifecycle.errors import ConfigError
+
+FT_COMPONENTS = ("train", "rollout")
+Mode = Literal["normal", "train-only", "rollout-only", "replay"]
+
+
+class ConfigWarning(UserWarning):
+    """A flag that has no effect under the rest of the configuration."""
+
+
+@dataclass(frozen=True)
+class _Flag:
+    """How one field is spelled on the command line, typed, defaulted and explained."""
+
+    name: str
+    kind: str  # bool | int | float | path | components
+    default: Any
+    help: str
+    optional: bool = False  # None allowed
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+FLAGS: tuple[_Flag, ...] = (
+    _Flag("use_fault_tolerance", "bool", False, "Enable fault tolerance (the FT master switch)."),
+    _Flag(
+        "ft_components",
+        "components",
+        None,
+        "FT components among {train,rollout}; defaults to rollout when FT is on, ignored when off.",
+        optional=True,
+    ),
+    _Flag("debug_train_only", "bool", False, "Train without rollout servers (the rollout function produces data)."),
+    _Flag("debug_rollout_only", "bool", False, "Generate rollouts without training."),
+    _Flag(
+        "load_debug_rollout_data",
+        "path",
+        None,
+        "Replay saved rollouts from this path (template with {rollout_id}); forces --debug-train-only.",
+        optional=True,
+    ),
+    _Flag(
+        "save_debug_rollout_data",
+        "path",
+        None,
+        "Save each rollout's samples to this path template (with {rollout_id}).",
+        optional=True,
+    ),
+    _Flag("ci_test", "bool", False, "CI mode: arms rollout fault injection when rollout FT is on."),
+    _Flag("rollout_num_gpus", "int", None, "GPUs (engine slots) for rollout servers.", optional=True),
+    _Flag("rollout_num_gpus_per_engine", "int", 1, "GPUs per rollout engine."),
+    _Flag("eval_num_gpus", "int", 0, "GPUs for the dedicated eval fleet (0: no fleet)."),
+    _Flag("eval_num_gpus_per_engine", "int", 1, "GPUs per eval engine."),
+    _Flag("colocate", "bool", False, "Trainer and rollout share GPUs; implies --offload."),
+    _Flag("offload", "bool", False, "Shorthand for --offload-rollout --offload-train."),
+    _Flag("offload_rollout", "bool", False, "Release rollout engine memory while training."),
+    _Flag("offload_train", "bool", False, "Release trainer memory while generating."),
+    _Flag("rollout_health_check_interval", "float", 30.0, "Seconds between health probe rounds."),
+    _Flag("rollout_health_check_timeout", "float", 30.0, "Seconds before one health probe counts as failed."),
+    _Flag("rollout_health_check_first_wait", "float", 0.0, "Startup grace (seconds) before the first probe."),
+    _Flag(
+        "rollout_health_check_failure_threshold",
+        "int",
+        3,
+        "Consecutive failed probes before an engine is marked unhealthy.",
+    ),
+    _Flag("rollout_health_check_jitter", "float", 0.1, "Probe period jitter, as a fraction of the interval."),
+    _Flag("engine_max_restarts", "int", 3, "Restarts allowed per engine within --engine-restart-window."),
+    _Flag("engine_restart_window", "float", 600.0, "Window (seconds) over which restarts are counted."),
+    _Flag("engine_restart_backoff", "float", 1.0, "First restart delay (seconds); doubles each restart."),
+    _Flag("engine_restart_backoff_max", "float", 30.0, "Cap (seconds) of the restart delay."),
+    _Flag("num_rollout", "int", None, "Number of rollouts (steps) of the run, when known.", optional=True),
+)
+FLAG_BY_NAME: dict[str, _Flag] = {f.name: f for f in FLAGS}
+# `offload` is an input shorthand, not a stored field.
+_INPUT_ONLY = {"offload"}
+
+
+def _flag(name: str) -> str:
+    return FLAG_BY_NAME[name].flag
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise ConfigError(_flag(name), value, "expected true or false", f"pass {_flag(name)} as a boolean, or omit it")
+
+
+def _as_number(name: str, value: object, kind: str, optional: bool) -> int | float | None:
+    flag = _flag(name)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(flag, value, "a number is required here, not None", f"set {flag} to a number")
+    if isinstance(value, bool):
+        raise ConfigError(flag, value, "expected a number, got a boolean", f"set {flag} to a number")
+    if isinstance(value, str):
+        try:
+            value = float(value) if kind == "float" or "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            raise ConfigError(flag, value, "not a number", f"set {flag} to a number such as 1") from None
+    if not isinstance(value, int | float):
+        raise ConfigError(flag, value, f"expected a number, got {type(value).__name__}", f"set {flag} to a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(flag, value, "must be a finite number", f"set {flag} to a finite number")
+    if kind == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(flag, value, "must be a whole number", f"set {flag} to an integer")
+            value = int(value)
+        return int(value)
+    return float(value)
+
+
+def _as_path(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    flag = _flag(name)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise ConfigError(flag, value, f"expected a path, got {type(value).__name__}", f"pass {flag} a file path")
+    if not value.strip():
+        raise ConfigError(flag, value, "the path is empty", f"pass {flag} a file path, or omit it")
+    return str(value)
+
+
+def _split_components(value: object) -> list[object]:
+    if isinstance(value, str):
+        return [p for p in re.split(r"[,\s]+", value.strip()) if p != ""] if value.strip() else [value]
+    if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
+        return list(value)
+    raise ConfigError(
+        "--ft-components",
+        value,
+        "expected a list of components",
+        "pass --ft-components train, rollout or both (space separated)",
+    )
+
+
+def _as_components(value: object) -> tuple[str, ...] | None:
+    """Parse FT components strictly: the miles bug list includes `"rollout" in None`."""
+    if value is None:
+        return None
+    items = _split_components(value)
+    seen: list[str] = []
+    for item in items:
+        if item is None:
+            raise ConfigError(
+                "--ft-components",
+                value,
+                "contains None",
+                "list component names only: train, rollout",
+            )
+        if not isinstance(item, str):
+            raise ConfigError(
+                "--ft-components",
+                value,
+                f"contains a {type(item).__name__}, not a component name",
+                "list component names only: train, rollout",
+            )
+        if item not in FT_COMPONENTS:
+            close = difflib.get_close_matches(item, FT_COMPONENTS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                "--ft-components",
+                value,
+                f"unknown component {item!r}",
+                f"{hint}valid components are: {', '.join(FT_COMPONENTS)}",
+            )
+        if item in seen:
+            raise ConfigError(
+                "--ft-components",
+                value,
+                f"component {item!r} is listed twice",
+                "list each component once",
+            )
+        seen.append(item)
+    return tuple(seen)
+
+
+def _check_template(name: str, path: str, num_rollout: int | None) -> None:
+    flag = _flag(name)
+    try:
+        path.format(rollout_id=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            flag,
+            path,
+            f"the path template is malformed ({type(exc).__name__}: {exc})",
+            "use {rollout_id} as the only placeholder, e.g. runs/data/{rollout_id}.json",
+        ) from None
+    if "{rollout_id}" not in path and num_rollout is not None and num_rollout > 1:
+        raise ConfigError(
+            flag,
+            path,
+            f"{num_rollout} rollouts would share one file",
+            "put {rollout_id} in the path, e.g. runs/data/{rollout_id}.json",
+        )
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """The validated lifecycle configuration (miles flag names, resolved as miles does).
+
+    Construct it directly with keyword arguments, or with :meth:`from_namespace`,
+    :meth:`from_mapping` or :meth:`from_file`. All inputs are checked in ``__post_init__``;
+    after that every field has its final type, so predicates never meet a ``None``.
+    """
+
+    use_fault_tolerance: bool = False
+    ft_components: frozenset[str] | tuple[str, ...] | list[str] | str | None = None
+    debug_train_only: bool = False
+    debug_rollout_only: bool = False
+    load_debug_rollout_data: str | None = None
+    save_debug_rollout_data: str | None = None
+    ci_test: bool = False
+    rollout_num_gpus: int | None = None
+    rollout_num_gpus_per_engine: int = 1
+    eval_num_gpus: int = 0
+    eval_num_gpus_per_engine: int = 1
+    colocate: bool = False
+    offload_rollout: bool = False
+    offload_train: bool = False
+    rollout_health_check_interval: float = 30.0
+    rollout_health_check_timeout: float = 30.0
+    rollout_health_check_first_wait: float = 0.0
+    rollout_health_check_failure_threshold: int = 3
+    rollout_health_check_jitter: float = 0.1
+    engine_max_restarts: int = 3
+    engine_restart_window: float = 600.0
+    engine_restart_backoff: float = 1.0
+    engine_restart_backoff_max: float = 30.0
+    num_rollout: int | None = None
+    warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    # -- resolution and validation -------------------------------------------------------
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        notes: list[str] = list(self.warnings)
+        for f in FLAGS:
+            if f.name in _INPUT_ONLY:
+                continue
+            raw = getattr(self, f.name)
+            if f.kind == "bool":
+                set_(self, f.name, _as_bool(f.name, raw))
+            elif f.kind in ("int", "float"):
+                set_(self, f.name, _as_number(f.name, raw, f.kind, f.optional))
+            elif f.kind == "path":
+                set_(self, f.name, _as_path(f.name, raw))
+
+        components = _as_components(self.ft_components)
+        if self.use_fault_tolerance:
+            resolved = frozenset(components) if components else frozenset({"rollout"})
+        else:
+            if components:
+                notes.append(f"--ft-components {' '.join(components)} has no effect without --use-fault-tolerance")
+            resolved = frozenset()
+        set_(self, "ft_components", resolved)
+
+        if self.colocate:
+            set_(self, "offload_rollout", True)
+            set_(self, "offload_train", True)
+
+        if self.load_debug_rollout_data is not None:
+            if self.debug_rollout_only:
+                raise ConfigError(
+                    "--load-debug-rollout-data",
+                    self.load_debug_rollout_data,
+                    "replay trains on saved rollouts, but --debug-rollout-only disables training",
+                    "drop --debug-rollout-only, or drop --load-debug-rollout-data",
+                )
+            if self.save_debug_rollout_data is not None:
+                raise ConfigError(
+                    "--save-debug-rollout-data",
+                    self.save_debug_rollout_data,
+                    "replay generates no new rollouts, so there is nothing to save",
+                    "drop --save-debug-rollout-data when replaying with --load-debug-rollout-data",
+                )
+            set_(self, "debug_train_only", True)  # miles: replay forces train-only
+        if self.debug_train_only and self.debug_rollout_only:
+            raise ConfigError(
+                "--debug-rollout-only",
+                True,
+                "--debug-train-only and --debug-rollout-only exclude each other",
+                "choose one of them",
+            )
+        self._validate_numbers()
+        for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
+            path = getattr(self, name)
+            if path is not None:
+                _check_template(name, path, self.num_rollout)
+        if self.eval_num_gpus > 0 and self.debug_train_only:
+            notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
+        set_(self, "warnings", tuple(dict.fromkeys(notes)))
+
+    def _validate_numbers(self) -> None:
+        def positive(name: str) -> None:
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(_flag(name), v, "must be greater than 0", f"set {_flag(name)} to a positive value")
+
+        def non_negative(name: str) -> None:
+            v = getattr(self, name)
+            if v < 0:
+                raise ConfigError(_flag(name), v, "must not be negative", f"set {_flag(name)} to 0 or more")
+
+        for name in (
+            "rollout_num_gpus",
+            "rollout_num_gpus_per_engine",
+            "eval_num_gpus_per_engine",
+            "rollout_health_check_interval",
+            "rollout_health_check_timeout",
+            "rollout_health_check_failure_threshold",
+            "engine_restart_window",
+            "engine_restart_backoff",
+            "engine_restart_backoff_max",
+            "num_rollout",
+        ):
+            positive(name)
+        for name in ("eval_num_gpus", "rollout_health_check_first_wait", "engine_max_restarts"):
+            non_negative(name)
+
+        if self.starts_servers and self.rollout_num_gpus is None:
+            raise ConfigError(
+                "--rollout-num-gpus",
+                None,
+                "rollout servers must start (no --debug-train-only), but no GPU count was given",
+                "set --rollout-num-gpus N, or pass --debug-train-only / --load-debug-rollout-data",
+            )
+        if self.rollout_num_gpus is not None and self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
+            raise ConfigError(
+                "--rollout-num-gpus",
+                self.rollout_num_gpus,
+                f"not divisible by --rollout-num-gpus-per-engine {self.rollout_num_gpus_per_engine}",
+                "make --rollout-num-gpus a multiple of --rollout-num-gpus-per-engine",
+            )
+        if self.eval_num_gpus % self.eval_num_gpus_per_engine:
+            raise ConfigError(
+                "--eval-num-gpus",
+                self.eval_num_gpus,
+                f"not divisible by --eval-num-gpus-per-engine {self.eval_num_gpus_per_engine}",
+                "make --eval-num-gpus a multiple of --eval-num-gpus-per-engine",
+            )
+        if self.rollout_health_check_timeout > self.rollout_health_check_interval:
+            raise ConfigError(
+                "--rollout-health-check-timeout",
+                self.rollout_health_check_timeout,
+                f"longer than --rollout-health-check-interval {self.rollout_health_check_interval}, "
+                "so probe rounds would overlap",
+                "use a timeout no longer than the interval",
+            )
+        jitter = self.rollout_health_check_jitter
+        if not 0 <= jitter < 1:
+            raise ConfigError(
+                "--rollout-health-check-jitter",
+                jitter,
+                "must be a fraction in [0, 1)",
+                "use e.g. 0.1 for +-10% of the interval",
+            )
+        if self.engine_restart_backoff > self.engine_restart_backoff_max:
+            raise ConfigError(
+                "--engine-restart-backoff",
+                self.engine_restart_backoff,
+                f"greater than --engine-restart-backoff-max {self.engine_restart_backoff_max}",
+                "use a first delay no greater than the cap",
+            )
+
+    # -- derived views -------------------------------------------------------------------
+    @property
+    def mode(self) -> Mode:
+        """The run mode: replay, train-only, rollout-only or normal."""
+        if self.load_debug_rollout_data is not None:
+            return "replay"
+        if self.debug_train_only:
+            return "train-only"
+        if self.debug_rollout_only:
+            return "rollout-only"
+        return "normal"
+
+    @property
+    def starts_servers(self) -> bool:
+        return not self.debug_train_only
+
+    @property
+    def num_rollout_engines(self) -> int:
+        """Engines of the rollout fleet (0 when no servers start)."""
+        if not self.starts_servers or self.rollout_num_gpus is None:
+            return 0
+        return self.rollout_num_gpus // self.rollout_num_gpus_per_engine
+
+    @property
+    def num_eval_engines(self) -> int:
+        return self.eval_num_gpus // self.eval_num_gpus_per_engine
+
+    def replay_path(self, rollout_id: int) -> Path:
+        """The replay file of one rollout (raises ConfigError when not replaying)."""
+        if self.load_debug_rollout_data is None:
+            raise ConfigError("--load-debug-rollout-data", None, "not replaying", "pass a replay path")
+        return Path(self.load_debug_rollout_data.format(rollout_id=rollout_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, JSON-ready dict (components sorted) that round-trips through from_mapping."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "warnings":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = sorted(v) if isinstance(v, frozenset) else v
+        return out
+
+    def to_flags(self) -> list[str]:
+        """The shortest command line that reproduces this config (flags that differ from miles' defaults)."""
+        argv: list[str] = []
+        for f in FLAGS:
+            if f.name in _INPUT_ONLY:
+                continue
+            v = getattr(self, f.name)
+            if f.name == "ft_components":
+                if self.use_fault_tolerance and v != {"rollout"}:
+                    argv += [f.flag, *sorted(v)]
+                continue
+            implied = (f.name == "debug_train_only" and self.load_debug_rollout_data is not None) or (
+                f.name in ("offload_rollout", "offload_train") and self.colocate
+            )
+            if implied or v == f.default:
+                continue
+            argv += [f.flag] if f.kind == "bool" else [f.flag, str(v)]
+        return argv
+
+    # -- builders ------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, Any], *, check_paths: bool = True, source: str | None = None
+    ) -> LifecycleConfig:
+        """Build from a mapping with miles names (``use_fault_tolerance`` or ``use-fault-tolerance``).
+
+        Unknown keys are errors (with a did-you-mean), since a typo would otherwise silently
+        leave a default in place.
+        """
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                "--config", values, "expected a table of flag names to values", "see examples/cpu.toml", source=source
+            )
+        kwargs: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = str(raw_key).lstrip("-").replace("-", "_")
+            if key not in FLAG_BY_NAME:
+                close = difflib.get_close_matches(key, list(FLAG_BY_NAME), n=1)
+                hint = f"did you mean {FLAG_BY_NAME[close[0]].flag}? " if close else ""
+                raise ConfigError(
+                    "--" + key.replace("_", "-"),
+                    value,
+                    "unknown setting",
+                    f"{hint}run `lifecycle explain --help` for the list of settings",
+                    source=source,
+                )
+            kwargs[key] = value
+        try:
+            config = cls._from_kwargs(kwargs)
+            if check_paths:
+                config.check_paths()
+        except ConfigError as exc:
+            raise (exc.with_source(source) if source else exc) from None
+        return config
+
+    @classmethod
+    def _from_kwargs(cls, kwargs: dict[str, Any]) -> LifecycleConfig:
+        offload = kwargs.pop("offload", False)
+        if offload is not None and _as_bool("offload", offload):
+            kwargs["offload_rollout"] = True
+            kwargs["offload_train"] = True
+        return cls(**kwargs)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace | object, *, check_paths: bool = True) -> LifecycleConfig:
+        """Build from an argparse Namespace -- ours or a miles/slime one with hundreds of other args."""
+        values = {f.name: getattr(ns, f.name) for f in FLAGS if hasattr(ns, f.name)}
+        return cls.from_mapping(values, check_paths=check_paths)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], *, check_paths: bool = True) -> LifecycleConfig:
+        """Build from a TOML, YAML or JSON file (top level, or a ``[lifecycle]`` table)."""
+        return cls.from_mapping(load_config_file(path), check_paths=check_paths, source=str(path))
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None, *, check_paths: bool = True) -> LifecycleConfig:
+        """Parse miles-style flags with a parser made by :func:`add_lifecycle_arguments`."""
+        parser = argparse.ArgumentParser(prog="lifecycle")
+        add_lifecycle_arguments(parser)
+        return cls.from_namespace(parser.parse_args(argv), check_paths=check_paths)
+
+    def check_paths(self) -> None:
+        """Check the files the config points at exist (separate, so specs can be explored offline)."""
+        path = self.load_debug_rollout_data
+        if path is None:
+            return
+        first = Path(path.format(rollout_id=0))
+        if "{rollout_id}" in path:
+            if not first.parent.is_dir():
+                raise ConfigError(
+                    "--load-debug-rollout-data",
+                    path,
+                    f"the replay directory {str(first.parent)!r} does not exist",
+                    "point it at the directory written by --save-debug-rollout-data",
+                )
+        elif not first.is_file():
+            raise ConfigError(
+                "--load-debug-rollout-data",
+                path,
+                "the replay file does not exist",
+                "point it at a file written by --save-debug-rollout-data",
+            )
+
+    def emit_warnings(self) -> None:
+        """Report resolution notes through Python's warnings (builders for users call this)."""
+        for note in self.warnings:
+            warnings.warn(note, ConfigWarning, stacklevel=2)
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a config file into a mapping; any problem is a ConfigError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", str(p), "the config file does not exist", "check the path")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(
+                    "--config", str(p), "YAML needs PyYAML", "pip install 'rl-lifecycle[yaml]', or use TOML"
+                ) from None
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError("--config", str(p), f"unknown file type {suffix!r}", "use .toml, .yaml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # parser errors carry line numbers; keep them, drop the traceback
+        raise ConfigError("--config", str(p), f"cannot parse the file: {exc}", "fix the syntax at that line") from None
+    if data is None:
+        data = {}
+    if isinstance(data, dict) and isinstance(data.get("lifecycle"), dict):
+        data = data["lifecycle"]
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "--config", str(p), "the file does not hold a table of settings", "write settings as `key = value` lines"
+        )
+    return data
+
+
+def add_lifecycle_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:
+    """Add the lifecycle flags, with miles' names and defaults, to a user's own parser.
+
+    Flags the parser already has (a miles parser defines most of them) are left alone, so this
+    can be called on top of an existing training script's arguments.
+    """
+    existing = set(parser._option_string_actions)
+    group = parser.add_argument_group("rl-lifecycle", "lifecycle flags (miles names)")
+    for f in FLAGS:
+        if f.flag in existing:
+            continue
+        default = argparse.SUPPRESS if suppress_defaults else f.default
+        if f.kind == "bool":
+            group.add_argument(f.flag, action="store_true", default=default, help=f.help)
+        elif f.kind == "components":
+            group.add_argument(f.flag, nargs="*", default=default, metavar="COMPONENT", help=f.help)
+        elif f.kind == "path":
+            group.add_argument(f.flag, default=default, metavar="PATH", help=f.help)
+        else:
+            shown = "" if f.default is None else f" (default {f.default})"
+            group.add_argument(f.flag, default=default, metavar="N", help=f.help + shown)

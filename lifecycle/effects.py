@@ -1,0 +1,60 @@
+"""The vocabulary of effects a transition may perform.
+
+Transitions *declare* their effects by these names and the ledger records them, so "replay
+never constructs the rollout function" becomes a query over data. A spec naming an effect that
+is not listed here fails validation (a typo would otherwise make an invariant vacuous).
+"""
+
+from __future__ import annotations
+
+EFFECTS: dict[str, str] = {
+    # rollout manager: construction and infrastructure
+    "construct_rollout_fn": "build the rollout (generate) function and its state",
+    "construct_eval_fn": "build the eval function",
+    "start_servers": "launch the rollout server groups (engines)",
+    "stop_servers": "shut the rollout server groups down",
+    "start_monitor": "create a rollout health monitor (paused)",
+    "stop_monitor": "stop a rollout health monitor",
+    "pause_monitor": "pause rollout health monitors",
+    "resume_monitor": "resume rollout health monitors",
+    "arm_ci_fault_injection": "arm CI fault injection on rollout engines",
+    "start_eval_fleet": "create the dedicated eval fleet",
+    "acquire_engine_lock": "take the engine lock for a weight update",
+    "release_engine_lock": "release the engine lock",
+    # rollout executor: data
+    "generate_rollouts": "run the rollout function for one rollout id",
+    "load_replay_data": "read saved rollout samples instead of generating",
+    "save_rollout_data": "write the rollout's samples for later replay",
+    "run_eval": "run the eval function",
+    # engines
+    "launch_engine": "start an engine process (actor + server)",
+    "kill_engine": "kill an engine process",
+    "route_traffic": "make an engine routable for generate requests",
+    "stop_routing": "take an engine out of routing",
+    "pause_generation": "pause in-flight generation on an engine",
+    "continue_generation": "continue generation on an engine",
+    "transfer_weights": "push the trainer's current weights to engines",
+    "release_weights": "release an engine's weight memory",
+    "release_kv_cache": "release an engine's KV-cache memory",
+    "resume_weights": "restore an engine's weight memory",
+    "resume_kv_cache": "restore an engine's KV-cache memory",
+    "recover_engine": "restart a dead rollout engine (rollout fault tolerance)",
+    "report_failure": "fail the run with an error naming the engine/worker and state",
+    # health probing
+    "probe_engine": "send a health probe (a real 1-token generation) to engines",
+    "count_probe_failure": "count one failed probe toward the threshold",
+    "mark_engine_unhealthy": "mark an engine Unhealthy",
+    "discard_probe_result": "drop a probe result that returned after a pause",
+    # eval fleet
+    "restart_eval_engines": "restart dead engines of the eval fleet",
+    "load_snapshot": "load one weight snapshot on every eval engine",
+    # trainer group
+    "allocate_workers": "create the trainer worker actors",
+    "init_model": "initialise the policy and optimizer",
+    "train_step": "run one optimisation step",
+    "save_checkpoint": "write a checkpoint",
+    "offload_train": "release trainer memory",
+    "onload_train": "restore trainer memory",
+    "replace_worker": "start a replacement for a crashed trainer worker",
+    "restore_from_peer": "copy model and optimizer state from a healthy peer",
+}

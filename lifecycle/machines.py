@@ -1,0 +1,262 @@
+"""The five machines of an RL job, as data (DESIGN section 3).
+
+Read each table top to bottom: ``T(trigger, source(s), dest, when=guards, effects=...)``.
+Guards and effect gates are predicate *names* from :mod:`lifecycle.predicates`; effects are
+names from :mod:`lifecycle.effects`. The runtime, the checker and the graphs all use these.
+"""
+
+from __future__ import annotations
+
+from lifecycle.spec import MachineSpec, StateSpec, T
+
+S = StateSpec
+
+# -- engine ------------------------------------------------------------------------------------
+# One per engine slot. PendingWeights: alive but not routable until it holds the current
+# weights (miles #1724). Residency: Offloaded (nothing resident) -> WeightsOnly (partial onload)
+# -> Quiesced (both resident). Weight updates happen from Quiesced (KV resident) or WeightsOnly.
+_LIVE_UNROUTED = (
+    "PendingWeights",
+    "Quiesced",
+    "UpdatingWeights",
+    "Offloaded",
+    "WeightsOnly",
+    "UpdatingWeightsKVReleased",
+)
+
+ENGINE = MachineSpec(
+    name="engine",
+    doc="One inference engine slot (an SGLang-API server process owned by a Ray actor).",
+    states=(
+        S("Init", doc="slot allocated, no process"),
+        S("Starting", doc="process launched, waiting for /health_generate"),
+        S("PendingWeights", doc="alive, but does not hold the current weight version: never routed"),
+        S("Serving", doc="routable: holds current weights and KV cache"),
+        S("Quiesced", doc="out of routing, generation paused, memory resident"),
+        S("UpdatingWeights", doc="receiving weights, KV cache resident"),
+        S("Offloaded", doc="weights and KV cache released"),
+        S("WeightsOnly", doc="weights resumed, KV cache still released (partial onload)"),
+        S("UpdatingWeightsKVReleased", doc="receiving weights while the KV cache is released"),
+        S("Unhealthy", marked=True, doc="dead or failing its probes"),
+        S("Recovering", marked=True, doc="being restarted by rollout fault tolerance"),
+        S("Stopping", doc="kill requested, death not yet confirmed"),
+        S("Stopped", doc="death confirmed; may be started again"),
+        S("Failed", terminal=True, marked=True, doc="restart budget spent, or no rollout FT"),
+        S("Disposed", terminal=True, doc="slot released"),
+    ),
+    transitions=(
+        T("start", ("Init", "Stopped"), "Starting", effects=["launch_engine"]),
+        T("ready", "Starting", "PendingWeights"),
+        T("begin_update", ("PendingWeights", "Quiesced"), "UpdatingWeights", effects=["transfer_weights"]),
+        T("finish_update", "UpdatingWeights", "Quiesced"),
+        T("resume", "Quiesced", "Serving", effects=["continue_generation", "route_traffic"]),
+        T("drain", "Serving", "Quiesced", effects=["stop_routing", "pause_generation"]),
+        T("offload", "Quiesced", "Offloaded", effects=["release_weights", "release_kv_cache"]),
+        T("onload_weights", "Offloaded", "WeightsOnly", effects=["resume_weights"]),
+        T("begin_update", "WeightsOnly", "UpdatingWeightsKVReleased", effects=["transfer_weights"]),
+        T("finish_update", "UpdatingWeightsKVReleased", "WeightsOnly"),
+        T("onload_kv", "WeightsOnly", "Quiesced", effects=["resume_kv_cache"]),
+        # faults: death is detected by Ray/the monitor, start-up failure by the launcher
+        T("start_failed", "Starting", "Unhealthy"),
+        T("mark_unhealthy", "Serving", "Unhealthy", effects=["stop_routing"]),
+        T("mark_unhealthy", _LIVE_UNROUTED, "Unhealthy"),
+        T("recover", "Unhealthy", "Recovering", when="rollout_ft", effects=["recover_engine", "kill_engine"]),
+        T("fail", "Unhealthy", "Failed", when="!rollout_ft", effects=["report_failure"]),
+        T("restart", "Recovering", "Starting", effects=["launch_engine"]),
+        T("give_up", "Recovering", "Failed", effects=["report_failure"]),
+        T("stop", "Serving", "Stopping", effects=["stop_routing", "kill_engine"]),
+        T("stop", ("Unhealthy", *_LIVE_UNROUTED), "Stopping", effects=["kill_engine"]),
+        T("confirm_dead", "Stopping", "Stopped"),
+        T("dispose", ("Init", "Stopped"), "Disposed"),
+    ),
+    environment=frozenset({"mark_unhealthy", "start_failed"}),
+)
+
+# -- health monitor -----------------------------------------------------------------------------
+# One per rollout server group, and only when monitors_rollout. Paused at creation; the rollout
+# manager resumes it only at generate/eval. A probe failure that returns while paused is
+# discarded; an engine *death* reported by Ray is acted on even while paused.
+MONITOR = MachineSpec(
+    name="monitor",
+    is_async=True,
+    doc="Rollout health monitor of one server group (probes /health_generate concurrently).",
+    states=(
+        S("Init", doc="not created"),
+        S("Paused", doc="created or paused: probes are not sent, late results are dropped"),
+        S("Running", doc="probing every interval (with jitter)"),
+        S("Stopped", terminal=True, doc="stopped for good"),
+    ),
+    transitions=(
+        T("create", "Init", "Paused", when="monitors_rollout", effects=["start_monitor"]),
+        T("resume", "Paused", "Running", effects=["resume_monitor"]),
+        T("pause", "Running", "Paused", effects=["pause_monitor"]),
+        T("probe", "Running", "Running", effects=["probe_engine"]),
+        T("probe_failed", "Running", "Running", effects=["count_probe_failure"]),
+        T("threshold_reached", "Running", "Running", effects=["mark_engine_unhealthy"]),
+        T("probe_failed", "Paused", "Paused", effects=["discard_probe_result"]),
+        T("threshold_reached", "Paused", "Paused", effects=["discard_probe_result"]),
+        T("engine_died", "Running", "Running", effects=["mark_engine_unhealthy"]),
+        T("engine_died", "Paused", "Paused", effects=["mark_engine_unhealthy"]),
+        T("stop", ("Paused", "Running"), "Stopped", effects=["stop_monitor"]),
+    ),
+    environment=frozenset({"engine_died", "probe_failed", "threshold_reached"}),
+)
+
+# -- rollout manager (InferenceController + RolloutExecutor) -----------------------------------
+# Replay is an absorbing branch: it constructs nothing, and generate reads the saved file.
+_MONITOR_OFF = "pause_monitor if monitors_rollout"
+ROLLOUT = MachineSpec(
+    name="rollout",
+    doc="The rollout manager: InferenceController (servers, monitors, lock, offload) + RolloutExecutor (data).",
+    states=(
+        S("Init"),
+        S("Replay", marked=True, doc="replaying saved rollouts: no rollout fn, servers, monitors or fleet"),
+        S("Constructed", doc="rollout and eval functions built"),
+        S("StartingServers", doc="rollout server groups launching"),
+        S("Ready", doc="idle between steps; monitors paused"),
+        S("Generating", doc="rollout function running; monitors resumed"),
+        S("Evaluating", doc="eval function running; monitors resumed"),
+        S("UpdatingWeights", doc="engine lock held, monitors paused, weights flowing"),
+        S("Offloaded", doc="engine memory released for training"),
+        S("WeightsOnly", doc="weights resumed, KV cache still released"),
+        S("UpdatingWeightsKVReleased", doc="engine lock held while the KV cache is released"),
+        S("Failed", terminal=True, marked=True, doc="servers could not start"),
+        S("Disposed", terminal=True),
+    ),
+    transitions=(
+        T("init", "Init", "Replay", when="replay"),
+        T("init", "Init", "Constructed", when="!replay", effects=["construct_rollout_fn", "construct_eval_fn"]),
+        T("generate", "Replay", "Replay", effects=["load_replay_data"]),
+        T("start_servers", "Constructed", "StartingServers", when="starts_servers", effects=["start_servers"]),
+        T("skip_servers", "Constructed", "Ready", when="!starts_servers"),
+        T(
+            "servers_ready",
+            "StartingServers",
+            "Ready",
+            effects=[
+                "start_monitor if monitors_rollout",
+                "arm_ci_fault_injection if ci_injects_rollout_faults",
+                "start_eval_fleet if eval_fleet_enabled",
+            ],
+        ),
+        T("servers_failed", "StartingServers", "Failed", effects=["report_failure"]),
+        T(
+            "generate",
+            "Ready",
+            "Generating",
+            effects=["resume_monitor if monitors_rollout", "generate_rollouts"],
+        ),
+        T("generate_done", "Generating", "Ready", effects=[_MONITOR_OFF, "save_rollout_data if saves_rollout_data"]),
+        T("eval", "Ready", "Evaluating", effects=["resume_monitor if monitors_rollout", "run_eval"]),
+        T("eval_done", "Evaluating", "Ready", effects=[_MONITOR_OFF]),
+        T(
+            "begin_update",
+            "Ready",
+            "UpdatingWeights",
+            when="updates_rollout_weights",
+            effects=[_MONITOR_OFF, "acquire_engine_lock"],
+        ),
+        T("update_done", "UpdatingWeights", "Ready", effects=["release_engine_lock"]),
+        T("update_failed", "UpdatingWeights", "Ready", effects=["release_engine_lock"]),
+        T(
+            "offload",
+            "Ready",
+            "Offloaded",
+            when="offloads_rollout",
+            effects=[_MONITOR_OFF, "release_weights", "release_kv_cache"],
+        ),
+        T("onload_weights", "Offloaded", "WeightsOnly", effects=["resume_weights"]),
+        T("begin_update", "WeightsOnly", "UpdatingWeightsKVReleased", effects=["acquire_engine_lock"]),
+        T("update_done", "UpdatingWeightsKVReleased", "WeightsOnly", effects=["release_engine_lock"]),
+        T("update_failed", "UpdatingWeightsKVReleased", "WeightsOnly", effects=["release_engine_lock"]),
+        T("onload_kv", "WeightsOnly", "Ready", effects=["resume_kv_cache"]),
+        T(
+            "dispose",
+            ("Replay", "Ready"),
+            "Disposed",
+            effects=["stop_monitor if monitors_rollout", "stop_servers if starts_servers"],
+        ),
+    ),
+    environment=frozenset({"servers_failed", "update_failed"}),
+)
+
+# -- eval fleet -----------------------------------------------------------------------------------
+# pin = probe (only when nobody else does) -> restart dead engines -> wait alive -> load one
+# snapshot on every engine (all-or-nothing) -> ready; any step may end in a typed skip.
+EVAL_FLEET = MachineSpec(
+    name="eval_fleet",
+    doc="Dedicated eval engines (--eval-num-gpus): pinned to one weight snapshot per eval.",
+    states=(
+        S("Init"),
+        S("Idle", doc="fleet exists, not pinned"),
+        S("Probing", doc="probing its own engines (no rollout monitor does it)"),
+        S("Recovering", doc="restarting dead eval engines"),
+        S("WaitingAlive", doc="waiting (bounded) until every eval engine answers"),
+        S("LoadingSnapshot", doc="loading one weight version on every eval engine"),
+        S("Pinned", doc="every eval engine holds the snapshot: eval may run"),
+        S("SkippedUnhealthy", marked=True, doc="skip reason: unhealthy"),
+        S("SkippedPinViolation", marked=True, doc="skip reason: pin_violation (versions disagree)"),
+        S("Disposed", terminal=True),
+    ),
+    transitions=(
+        T("create", "Init", "Idle", when="eval_fleet_enabled"),
+        T("pin", "Idle", "Probing", when="eval_fleet_self_probes", effects=["probe_engine"]),
+        T("pin", "Idle", "Recovering", when="!eval_fleet_self_probes"),
+        T("probed", "Probing", "Recovering"),
+        T("recovered", "Recovering", "WaitingAlive", effects=["restart_eval_engines"]),
+        T("alive", "WaitingAlive", "LoadingSnapshot", effects=["load_snapshot"]),
+        T("loaded", "LoadingSnapshot", "Pinned"),
+        T("unhealthy", ("Probing", "Recovering", "WaitingAlive"), "SkippedUnhealthy"),
+        T("version_mismatch", "LoadingSnapshot", "SkippedPinViolation"),
+        T("release", ("Pinned", "SkippedUnhealthy", "SkippedPinViolation"), "Idle"),
+        T("dispose", ("Init", "Idle"), "Disposed"),
+    ),
+    environment=frozenset({"unhealthy", "version_mismatch"}),
+)
+
+# -- trainer group ----------------------------------------------------------------------------------
+TRAINER = MachineSpec(
+    name="trainer",
+    doc="The trainer worker group (Ray actors with a torch policy).",
+    states=(
+        S("Init"),
+        S("Allocated", doc="worker actors placed"),
+        S("Initialized", doc="policy and optimizer built"),
+        S("Ready", doc="between steps"),
+        S("Training", doc="one optimisation step"),
+        S("UpdatingWeights", doc="pushing weights to rollout engines under the engine lock"),
+        S("Offloaded", doc="trainer memory released"),
+        S("Saving", doc="writing a checkpoint"),
+        S("Errored", marked=True, doc="a worker crashed"),
+        S("Healing", marked=True, doc="replacement worker restoring state from a peer (train FT)"),
+        S("Failed", terminal=True, marked=True, doc="a worker crashed without train FT"),
+        S("Disposed", terminal=True),
+    ),
+    transitions=(
+        T("allocate", "Init", "Allocated", effects=["allocate_workers"]),
+        T("initialize", "Allocated", "Initialized", effects=["init_model"]),
+        T("ready", "Initialized", "Ready"),
+        T("train", "Ready", "Training", effects=["train_step"]),
+        T("train_done", "Training", "Ready"),
+        T(
+            "update_weights",
+            "Ready",
+            "UpdatingWeights",
+            when="updates_rollout_weights",
+            effects=["recover_engine if trainer_recovers_rollout", "transfer_weights"],
+        ),
+        T("update_done", "UpdatingWeights", "Ready"),
+        T("offload", "Ready", "Offloaded", when="offloads_train", effects=["offload_train"]),
+        T("onload", "Offloaded", "Ready", effects=["onload_train"]),
+        T("save", "Ready", "Saving", effects=["save_checkpoint"]),
+        T("save_done", "Saving", "Ready"),
+        T("worker_crashed", ("Training", "UpdatingWeights", "Saving"), "Errored"),
+        T("heal", "Errored", "Healing", when="heals_trainer", effects=["replace_worker"]),
+        T("healed", "Healing", "Ready", effects=["restore_from_peer"]),
+        T("fail", "Errored", "Failed", when="!heals_trainer", effects=["report_failure"]),
+        T("dispose", ("Init", "Ready"), "Disposed"),
+    ),
+    environment=frozenset({"worker_crashed"}),
+)
+
+MACHINES: dict[str, MachineSpec] = {m.name: m for m in (ENGINE, MONITOR, ROLLOUT, EVAL_FLEET, TRAINER)}
