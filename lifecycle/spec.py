@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.effects import EFFECTS
@@ -132,7 +131,7 @@ class Blocked:
     guards: tuple[tuple[str, bool], ...]
 
 
-Outcome = Union[Step, Blocked]
+Outcome = Step | Blocked
 
 
 @dataclass(frozen=True)
