@@ -60,7 +60,29 @@ def _flag_names() -> set[str]:
     return set(FLAG_BY_NAME)
 
 
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` on a subcommand too (``lifecycle explain --debug``)."""
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+
+
 # -- commands ----------------------------------------------------------------------------------
+# Each command module exposes register(subparsers); adding a command is one line here.
+def _registrars() -> list[Callable[[Any], None]]:
+    return [register_explain]
+
+
+def register_explain(sub: Any) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="print what a config constructs, starts, monitors and recovers",
+        description="Print every predicate's value for a config and which lifecycle gates are open.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_debug_argument(p)
+    add_config_arguments(p)
+    p.set_defaults(func=cmd_explain)
+
+
 def cmd_explain(ns: argparse.Namespace) -> int:
     from lifecycle.explain import explain, render
 
@@ -85,15 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser(
-        "explain",
-        help="print what a config constructs, starts, monitors and recovers",
-        description="Print every predicate's value for a config and which lifecycle gates are open.",
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
-    add_config_arguments(p)
-    p.set_defaults(func=cmd_explain)
+    for register in _registrars():
+        register(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import string
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -127,6 +128,11 @@ def _as_number(name: str, value: object, kind: str, optional: bool) -> int | flo
             raise ConfigError(flag, value, "not a number", f"set {flag} to a number such as 1") from None
     if not isinstance(value, int | float):
         raise ConfigError(flag, value, f"expected a number, got {type(value).__name__}", f"set {flag} to a number")
+    if kind == "float" and isinstance(value, int):
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond float range: report it, never an OverflowError later
+            raise ConfigError(flag, value, "too large", f"set {flag} to a finite number") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(flag, value, "must be a finite number", f"set {flag} to a finite number")
     if kind == "int":
@@ -205,18 +211,26 @@ def _as_components(value: object) -> tuple[str, ...] | None:
     return tuple(seen)
 
 
+def _has_rollout_id(path: str) -> bool:
+    """Whether the template has a ``{rollout_id}`` field (with or without a format spec, not ``{{...}}``)."""
+    try:
+        return any(name == "rollout_id" for _, name, _, _ in string.Formatter().parse(path))
+    except ValueError:
+        return False
+
+
 def _check_template(name: str, path: str, num_rollout: int | None) -> None:
     flag = _flag(name)
     try:
         path.format(rollout_id=0)
-    except (KeyError, IndexError, ValueError) as exc:
+    except Exception as exc:  # KeyError, IndexError, ValueError, and {rollout_id.x} / {rollout_id[0]}
         raise ConfigError(
             flag,
             path,
             f"the path template is malformed ({type(exc).__name__}: {exc})",
             "use {rollout_id} as the only placeholder, e.g. runs/data/{rollout_id}.json",
         ) from None
-    if "{rollout_id}" not in path and num_rollout is not None and num_rollout > 1:
+    if not _has_rollout_id(path) and num_rollout is not None and num_rollout > 1:
         raise ConfigError(
             flag,
             path,
@@ -522,7 +536,7 @@ class LifecycleConfig:
         if path is None:
             return
         first = Path(path.format(rollout_id=0))
-        if "{rollout_id}" in path:
+        if _has_rollout_id(path):
             if not first.parent.is_dir():
                 raise ConfigError(
                     "--load-debug-rollout-data",

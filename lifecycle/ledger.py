@@ -7,11 +7,10 @@ that a test, the explorer and a production assertion can all ask of the same dat
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
+class LedgerEntry(NamedTuple):
     """One effect performed by one transition of one machine instance."""
 
     machine: str
@@ -34,8 +33,9 @@ class EffectLedger:
     def record(
         self, machine: str, instance: str, seq: int, trigger: str, src: str, dst: str, effects: tuple[str, ...]
     ) -> None:
+        append = self._entries.append
         for effect in effects:
-            self._entries.append(LedgerEntry(machine, instance, seq, trigger, src, dst, effect))
+            append(LedgerEntry(machine, instance, seq, trigger, src, dst, effect))
 
     def __len__(self) -> int:
         return len(self._entries)

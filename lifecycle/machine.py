@@ -28,7 +28,7 @@ from lifecycle.spec import Blocked, CompiledSpec, MachineSpec, Step
 Handler = Callable[..., Any]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FireResult:
     """What one event did: moved (``ok``) with ``effects``, or was blocked by ``blocked_by``."""
 
@@ -177,7 +177,7 @@ class _Base:
                 guards=dict(step.guards),
                 effects=list(step.effects),
             )
-        return FireResult(self.spec.name, self.instance, trigger, src, step.dest, True, step.effects, dict(step.guards))
+        return FireResult(self.spec.name, self.instance, trigger, src, step.dest, True, step.effects, step.guard_map)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.spec.name}[{self.instance}] {self.state}>"
@@ -191,14 +191,22 @@ class LifecycleMachine(_Base):
     implements them (XState's style).
     """
 
-    __slots__ = ()
+    __slots__ = ("_events",)
+
+    def __init__(self, spec: MachineSpec, config: LifecycleConfig, instance: str, **kwargs: Any) -> None:
+        super().__init__(spec, config, instance, **kwargs)
+        self._events = _shared_machine(self._compiled).events
 
     def fire(self, trigger: str) -> FireResult:
-        out = self._outcome(trigger)
-        if type(out) is Blocked:
-            return self._blocked(trigger, out)
+        out = self._compiled.table.get((self.state, trigger))
+        if type(out) is not Step:
+            if out is None:
+                raise IllegalTransition(
+                    self.spec.name, self.instance, self.state, trigger, self.spec.allowed(self.state)
+                )
+            return self._blocked(trigger, out)  # type: ignore[arg-type]
         src = self.state
-        _shared_machine(self._compiled).events[trigger].trigger(self)
+        self._events[trigger].trigger(self)
         result = self._moved(trigger, src, out)  # type: ignore[arg-type]
         if self._handlers:
             for effect in result.effects:

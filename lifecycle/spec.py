@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.effects import EFFECTS
@@ -117,6 +118,10 @@ class Step:
     effects: tuple[str, ...]
     guards: tuple[tuple[str, bool], ...]
     transition: TransitionSpec
+    guard_map: Mapping[str, bool] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "guard_map", MappingProxyType(dict(self.guards)))
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,25 @@ class CompiledSpec:
 
     def step(self, state: str, trigger: str) -> Outcome | None:
         return self.table.get((state, trigger))
+
+    def reachable(self) -> tuple[frozenset[str], frozenset[str]]:
+        """States reachable from ``Init`` under this config, and every effect on the way.
+
+        One machine alone; :mod:`lifecycle.explore` composes machines into a job.
+        """
+        seen = {self.spec.initial}
+        effects: set[str] = set()
+        queue = deque(seen)
+        while queue:
+            state = queue.popleft()
+            for trigger in self.enabled[state]:
+                out = self.table[(state, trigger)]
+                assert isinstance(out, Step)
+                effects.update(out.effects)
+                if out.dest not in seen:
+                    seen.add(out.dest)
+                    queue.append(out.dest)
+        return frozenset(seen), frozenset(effects)
 
 
 @dataclass(frozen=True)
