@@ -465,7 +465,12 @@ class LifecycleConfig:
             )
             if implied or v == f.default:
                 continue
-            argv += [f.flag] if f.kind == "bool" else [f.flag, str(v)]
+            if f.kind == "bool":
+                argv.append(f.flag)
+            elif str(v).startswith("-"):  # argparse would read a separate "-x/..." value as a flag
+                argv.append(f"{f.flag}={v}")
+            else:
+                argv += [f.flag, str(v)]
         return argv
 
     # -- builders ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ S = StateSpec
 # -> Quiesced (both resident). Weight updates happen from Quiesced (KV resident) or WeightsOnly.
 _LIVE_UNROUTED = (
     "PendingWeights",
+    "LoadingWeights",
     "Quiesced",
     "UpdatingWeights",
     "Offloaded",
@@ -33,6 +34,7 @@ ENGINE = MachineSpec(
         S("PendingWeights", doc="alive, but does not hold the current weight version: never routed"),
         S("Serving", doc="routable: holds current weights and KV cache"),
         S("Quiesced", doc="out of routing, generation paused, memory resident"),
+        S("LoadingWeights", doc="a (re)started engine receiving the current weights; still not routable"),
         S("UpdatingWeights", doc="receiving weights, KV cache resident"),
         S("Offloaded", doc="weights and KV cache released"),
         S("WeightsOnly", doc="weights resumed, KV cache still released (partial onload)"),
@@ -47,7 +49,9 @@ ENGINE = MachineSpec(
     transitions=(
         T("start", ("Init", "Stopped"), "Starting", effects=["launch_engine"]),
         T("ready", "Starting", "PendingWeights"),
-        T("begin_update", ("PendingWeights", "Quiesced"), "UpdatingWeights", effects=["transfer_weights"]),
+        T("begin_update", "PendingWeights", "LoadingWeights", effects=["transfer_weights"]),
+        T("finish_update", "LoadingWeights", "Quiesced"),
+        T("begin_update", "Quiesced", "UpdatingWeights", effects=["transfer_weights"]),
         T("finish_update", "UpdatingWeights", "Quiesced"),
         T("resume", "Quiesced", "Serving", effects=["continue_generation", "route_traffic"]),
         T("drain", "Serving", "Quiesced", effects=["stop_routing", "pause_generation"]),
@@ -55,6 +59,10 @@ ENGINE = MachineSpec(
         T("onload_weights", "Offloaded", "WeightsOnly", effects=["resume_weights"]),
         T("begin_update", "WeightsOnly", "UpdatingWeightsKVReleased", effects=["transfer_weights"]),
         T("finish_update", "UpdatingWeightsKVReleased", "WeightsOnly"),
+        # a failed weight update aborts: the engine keeps the old weights and is not routable-fresh
+        T("abort_update", "LoadingWeights", "PendingWeights"),
+        T("abort_update", "UpdatingWeights", "Quiesced"),
+        T("abort_update", "UpdatingWeightsKVReleased", "WeightsOnly"),
         T("onload_kv", "WeightsOnly", "Quiesced", effects=["resume_kv_cache"]),
         # faults: death is detected by Ray/the monitor, start-up failure by the launcher
         T("start_failed", "Starting", "Unhealthy"),
@@ -117,6 +125,7 @@ ROLLOUT = MachineSpec(
         S("Generating", doc="rollout function running; monitors resumed"),
         S("Evaluating", doc="eval function running; monitors resumed"),
         S("UpdatingWeights", doc="engine lock held, monitors paused, weights flowing"),
+        S("CatchingUp", doc="engine lock held: restarted engines receive the committed weights (PendingWeights)"),
         S("Offloaded", doc="engine memory released for training"),
         S("WeightsOnly", doc="weights resumed, KV cache still released"),
         S("UpdatingWeightsKVReleased", doc="engine lock held while the KV cache is released"),
@@ -158,6 +167,9 @@ ROLLOUT = MachineSpec(
         ),
         T("update_done", "UpdatingWeights", "Ready", effects=["release_engine_lock"]),
         T("update_failed", "UpdatingWeights", "Ready", effects=["release_engine_lock"]),
+        T("catch_up", "Ready", "CatchingUp", effects=[_MONITOR_OFF, "acquire_engine_lock"]),
+        T("update_done", "CatchingUp", "Ready", effects=["release_engine_lock"]),
+        T("update_failed", "CatchingUp", "Ready", effects=["release_engine_lock"]),
         T(
             "offload",
             "Ready",

@@ -42,6 +42,12 @@ def ft_enabled(c: LifecycleConfig) -> bool:
 
 
 @predicate
+def ci_mode(c: LifecycleConfig) -> bool:
+    """--ci-test alone; on its own it must arm nothing (rollout FT decides)."""
+    return c.ci_test
+
+
+@predicate
 def rollout_ft(c: LifecycleConfig) -> bool:
     """Rollout fault tolerance: FT on and 'rollout' among --ft-components (the lifecycle gate)."""
     return c.use_fault_tolerance and "rollout" in c.ft_components
