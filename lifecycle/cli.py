@@ -68,7 +68,10 @@ def add_debug_argument(parser: argparse.ArgumentParser) -> None:
 # -- commands ----------------------------------------------------------------------------------
 # Each command module exposes register(subparsers); adding a command is one line here.
 def _registrars() -> list[Callable[[Any], None]]:
-    return [register_explain]
+    from lifecycle.check_cli import register_check
+    from lifecycle.graph import register_graph
+
+    return [register_explain, register_check, register_graph]
 
 
 def register_explain(sub: Any) -> None:

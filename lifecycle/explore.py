@@ -300,3 +300,50 @@ def check_train_only_ft_equals_no_ft(machines: Mapping[str, MachineSpec]) -> lis
                 )
                 break
     return out
+
+
+# -- parallel lattice run and the `lifecycle check` command -----------------------------------------
+def _explore_group(args: tuple[list[LifecycleConfig], int, str | None, frozenset[str] | None, int]) -> Result:
+    configs, engines, mutant, only, max_faults = args
+    machines = None
+    if mutant is not None:
+        from lifecycle.mutants import MUTANTS
+
+        machines = MUTANTS[mutant].machines()
+    result = explore(configs[0], engines=engines, machines=machines, only=only, max_faults=max_faults)
+    result.covers = configs
+    return result
+
+
+def run_check(
+    configs: list[list[LifecycleConfig]],
+    *,
+    engines: int = 2,
+    mutant: str | None = None,
+    only: frozenset[str] | None = None,
+    max_faults: int = 2,
+    jobs: int = 1,
+    stop_at_first: bool = False,
+) -> Iterator[Result]:
+    """Explore each config group (largest first, spread over ``jobs`` processes); yield results in order."""
+    work = [(group, engines, mutant, only, max_faults) for group in configs]
+    if jobs <= 1 or len(work) <= 1:
+        for item in work:
+            result = _explore_group(item)
+            yield result
+            if stop_at_first and result.violations:
+                return
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_explore_group, item) for item in work]
+        for future in futures:
+            result = future.result()
+            yield result
+            if stop_at_first and result.violations:
+                for f in futures:
+                    f.cancel()
+                return

@@ -6,7 +6,8 @@ Three kinds, each a plain function the explorer *and* the hypothesis suite call:
 * ``step``   -- ``fn(job, transition, before) -> problem | None``, over one product step and the
   effects it recorded (its slice of the ledger);
 * ``reach``  -- ``fn(job, seen_effects) -> problem | None``, over every effect seen while
-  exploring: "this effect must be possible" (a gate that is *too* closed is a bug too).
+  exploring (none registered today: "must happen" rules are written as step obligations, e.g.
+  "plain train-only's init constructs the rollout function", so hypothesis can check them too).
 
 ``no_deadlock`` and ``no_stuck_recovery`` are properties of the whole state graph; the explorer
 implements them and lists them here so that ``--invariant`` can select them.
@@ -84,11 +85,13 @@ def train_only_starts_no_server(job: Job, t: Transition, before: Product) -> Pro
     return None
 
 
-@_register("reach")
-def plain_train_only_constructs_rollout_fn(job: Job, seen: frozenset[tuple[str, str]]) -> Problem:
+@_register("step")
+def plain_train_only_constructs_rollout_fn(job: Job, t: Transition, before: Product) -> Problem:
     """(2) Plain --debug-train-only (no replay) still constructs the rollout function: it is the data source."""
-    if job.p["train_only"] and not job.p["replay"] and ("rollout", "construct_rollout_fn") not in seen:
-        return "--debug-train-only without replay never constructs the rollout function (SFT would have no data)"
+    if job.p["train_only"] and not job.p["replay"]:
+        for m in t.moves:
+            if m.machine == "rollout" and m.trigger == "init" and "construct_rollout_fn" not in m.effects:
+                return "--debug-train-only without replay skipped constructing the rollout function (no data for SFT)"
     return None
 
 
@@ -133,11 +136,13 @@ def fleet_probes_only_when_unmonitored(job: Job, t: Transition, before: Product)
     return None
 
 
-@_register("reach")
-def fleet_self_probes_when_unmonitored(job: Job, seen: frozenset[tuple[str, str]]) -> Problem:
-    """(3) When rollout FT is off and an eval fleet exists, its pin must be able to probe (no one else does)."""
-    if job.p["eval_fleet_self_probes"] and ("eval_fleet", "probe_engine") not in seen:
-        return "the eval fleet never probes its engines, and no rollout monitor exists to do it"
+@_register("step")
+def fleet_self_probes_when_unmonitored(job: Job, t: Transition, before: Product) -> Problem:
+    """(3) When no rollout monitor exists (rollout FT off), the eval fleet's pin probes its engines itself."""
+    if job.p["eval_fleet_self_probes"]:
+        for m in t.moves:
+            if m.machine == "eval_fleet" and m.trigger == "pin" and "probe_engine" not in m.effects:
+                return "the eval fleet pinned without probing, and no rollout monitor probes its engines"
     return None
 
 
@@ -217,9 +222,9 @@ def onload_restores_what_offload_released(job: Job, s: Product) -> Problem:
 def offload_only_from_quiesced(job: Job, t: Transition, before: Product) -> Problem:
     """(6) Memory is released only from a quiesced engine while no generation or eval runs."""
     for m in t.moves:
-        if m.machine == "engine" and ({"release_weights", "release_kv_cache"} & set(m.effects)):
-            if m.src != "Quiesced" or before.rollout in BUSY_ROLLOUT:
-                return f"{m.instance} released memory from {m.src} while the rollout manager was {before.rollout}"
+        released = {"release_weights", "release_kv_cache"} & set(m.effects)
+        if m.machine == "engine" and released and (m.src != "Quiesced" or before.rollout in BUSY_ROLLOUT):
+            return f"{m.instance} released memory from {m.src} while the rollout manager was {before.rollout}"
     return None
 
 

@@ -420,7 +420,7 @@ class Job:
             if trig == "pin" and s.rollout != "Evaluating":
                 continue
             yield from self._go(s, Action(f"eval_fleet.{trig}"), "fleet", trig)
-        if f in ("Probing", "Recovering", "WaitingAlive"):
+        if f in ("Probing", "Restarting", "WaitingAlive"):
             yield from self._go(s, Action("env.eval_unhealthy", env=True), "fleet", "unhealthy")
         if f == "LoadingSnapshot":
             yield from self._go(s, Action("env.version_mismatch", env=True), "fleet", "version_mismatch")

@@ -106,6 +106,7 @@ MONITOR = MachineSpec(
         T("engine_died", "Running", "Running", effects=["mark_engine_unhealthy"]),
         T("engine_died", "Paused", "Paused", effects=["mark_engine_unhealthy"]),
         T("stop", ("Paused", "Running"), "Stopped", effects=["stop_monitor"]),
+        T("dispose", "Init", "Stopped"),  # never created (monitors_rollout false): nothing to stop
     ),
     environment=frozenset({"engine_died", "probe_failed", "threshold_reached"}),
 )
@@ -202,7 +203,7 @@ EVAL_FLEET = MachineSpec(
         S("Init"),
         S("Idle", doc="fleet exists, not pinned"),
         S("Probing", doc="probing its own engines (no rollout monitor does it)"),
-        S("Recovering", doc="restarting dead eval engines"),
+        S("Restarting", doc="restarting dead eval engines (the fleet's own, not rollout FT)"),
         S("WaitingAlive", doc="waiting (bounded) until every eval engine answers"),
         S("LoadingSnapshot", doc="loading one weight version on every eval engine"),
         S("Pinned", doc="every eval engine holds the snapshot: eval may run"),
@@ -213,12 +214,12 @@ EVAL_FLEET = MachineSpec(
     transitions=(
         T("create", "Init", "Idle", when="eval_fleet_enabled"),
         T("pin", "Idle", "Probing", when="eval_fleet_self_probes", effects=["probe_engine"]),
-        T("pin", "Idle", "Recovering", when="!eval_fleet_self_probes"),
-        T("probed", "Probing", "Recovering"),
-        T("recovered", "Recovering", "WaitingAlive", effects=["restart_eval_engines"]),
+        T("pin", "Idle", "Restarting", when="!eval_fleet_self_probes"),
+        T("probed", "Probing", "Restarting"),
+        T("restarted", "Restarting", "WaitingAlive", effects=["restart_eval_engines"]),
         T("alive", "WaitingAlive", "LoadingSnapshot", effects=["load_snapshot"]),
         T("loaded", "LoadingSnapshot", "Pinned"),
-        T("unhealthy", ("Probing", "Recovering", "WaitingAlive"), "SkippedUnhealthy"),
+        T("unhealthy", ("Probing", "Restarting", "WaitingAlive"), "SkippedUnhealthy"),
         T("version_mismatch", "LoadingSnapshot", "SkippedPinViolation"),
         T("release", ("Pinned", "SkippedUnhealthy", "SkippedPinViolation"), "Idle"),
         T("dispose", ("Init", "Idle"), "Disposed"),

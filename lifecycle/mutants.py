@@ -121,7 +121,7 @@ MUTANTS: dict[str, Mutant] = {
             _edit(
                 "eval_fleet",
                 _is("pin", "Idle"),
-                lambda t: replace(t, guards=(Guard("rollout_ft", t.dest == "Recovering"),)),
+                lambda t: replace(t, guards=(Guard("rollout_ft", t.dest == "Restarting"),)),
             ),
         ),
         Mutant(

@@ -45,7 +45,7 @@ def test_replay_reaches_replay_and_constructs_nothing_exhaustively():
     assert not NEVER_IN_REPLAY & effects
     assert {"Constructed", "StartingServers", "Generating"}.isdisjoint(states)
     monitor_states, monitor_effects = _reach(MONITOR, REPLAY)
-    assert monitor_states == {"Init"} and not monitor_effects
+    assert monitor_states == {"Init", "Stopped"} and not monitor_effects  # never created, only disposed
     fleet_states, _ = _reach(EVAL_FLEET, REPLAY)
     assert fleet_states <= {"Init", "Disposed"}
 
@@ -65,7 +65,7 @@ def test_train_only_ft_never_reaches_rollout_recovery_exhaustively():
     _, trainer_effects = _reach(TRAINER, FT_TRAIN)
     assert "recover_engine" not in trainer_effects
     monitor_states, _ = _reach(MONITOR, FT_TRAIN)
-    assert monitor_states == {"Init"}
+    assert monitor_states == {"Init", "Stopped"}
     _, fleet_effects = _reach(EVAL_FLEET, FT_TRAIN)
     assert "probe_engine" in fleet_effects  # no monitor, so the eval fleet probes itself
 

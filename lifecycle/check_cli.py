@@ -1,0 +1,138 @@
+"""``lifecycle check``: prove the invariants over every reachable state of every config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from lifecycle.config import FLAG_BY_NAME, LifecycleConfig
+from lifecycle.errors import ConfigError
+
+
+def register_check(sub: Any) -> None:
+    from lifecycle.cli import add_config_arguments, add_debug_argument
+    from lifecycle.invariants import INVARIANTS
+    from lifecycle.mutants import MUTANTS
+
+    p = sub.add_parser(
+        "check",
+        help="explore every reachable job state and check the lifecycle invariants",
+        description=(
+            "Breadth-first exploration of the product of all machines of one job (rollout manager, monitor, "
+            "N engines, eval fleet, trainer) with environment faults, for every valid config of the lattice "
+            "(FT x components x mode x ci-test x eval fleet x offload), or for one config when --config or any "
+            "lifecycle flag is given. Exits 1 with the shortest counterexample on a violation."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="invariants:\n"
+        + "\n".join(f"  {i.name:<42} {i.doc}" for i in INVARIANTS.values())
+        + "\n\nmutants (--mutant):\n"
+        + "\n".join(f"  {m.name:<42} {m.bug}" for m in MUTANTS.values()),
+    )
+    p.add_argument("--engines", type=int, default=2, metavar="N", help="engines per job (default 2)")
+    p.add_argument("--faults", type=int, default=2, metavar="N", help="faults injected per run at most (default 2)")
+    p.add_argument("--invariant", action="append", metavar="NAME", help="check only this invariant (repeatable)")
+    p.add_argument("--mutant", metavar="NAME", help="check a deliberately broken copy of the specs")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N", help="worker processes")
+    p.add_argument("--json", action="store_true", help="machine-readable results")
+    add_debug_argument(p)
+    add_config_arguments(p)
+    p.set_defaults(func=cmd_check, config=None)
+
+
+def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
+    from lifecycle.cli import config_from_args
+
+    explicit = [k for k in vars(ns) if k in FLAG_BY_NAME]
+    if ns.config is None and not explicit:
+        return None
+    return config_from_args(ns, check_paths=False)
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_check
+    from lifecycle.invariants import INVARIANTS
+    from lifecycle.machines import MACHINES
+    from lifecycle.mutants import MUTANTS
+
+    only = frozenset(ns.invariant) if ns.invariant else None
+    for name in only or ():
+        if name not in INVARIANTS:
+            raise ConfigError("--invariant", name, "unknown invariant", f"choose from: {', '.join(INVARIANTS)}")
+    if ns.mutant is not None and ns.mutant not in MUTANTS:
+        raise ConfigError("--mutant", ns.mutant, "unknown mutant", f"choose from: {', '.join(MUTANTS)}")
+    if ns.engines < 1 or ns.engines > 4:
+        raise ConfigError("--engines", ns.engines, "explore 1 to 4 engines", "use --engines 2 (default) or 3")
+    single = _single_config(ns)
+    if single is not None:
+        groups = [[single]]
+        skipped = 0
+    else:
+        lat = lattice()
+        groups = sorted(lat.groups.values(), key=lambda g: -len(g))
+        skipped = len(lat.invalid)
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    violations = []
+    if not ns.json:
+        print(f"{'states':>8} {'transitions':>11} {'inv':>4} {'time':>7} {'covers':>6}  config")
+    for result in run_check(
+        groups, engines=ns.engines, mutant=ns.mutant, only=only, max_faults=ns.faults, jobs=ns.jobs, stop_at_first=False
+    ):
+        flags = " ".join(result.config.to_flags()) or "(defaults)"
+        row = {
+            "config": result.config.to_flags(),
+            "covers": len(result.covers),
+            "states": result.states,
+            "transitions": result.transitions,
+            "invariants": result.invariants,
+            "seconds": round(result.seconds, 3),
+            "ok": result.ok,
+        }
+        rows.append(row)
+        violations.extend(result.violations)
+        if not ns.json:
+            mark = "" if result.ok else "  ✗ " + result.violations[0].invariant
+            print(
+                f"{flags[:78]:<78} {len(result.covers):>6} {result.states:>8} {result.transitions:>11} "
+                f"{result.invariants:>4} {result.seconds:>6.2f}s{mark}",
+                flush=True,
+            )
+    if only is None or "train_only_ft_rollout_side_equals_no_ft" in only:
+        machines = MUTANTS[ns.mutant].machines() if ns.mutant else MACHINES
+        violations.extend(check_train_only_ft_equals_no_ft(machines))
+    elapsed = time.perf_counter() - t0
+    states = sum(r["states"] for r in rows)
+    configs = sum(r["covers"] for r in rows)
+    if ns.json:
+        print(
+            json.dumps(
+                {
+                    "ok": not violations,
+                    "configs": configs,
+                    "explorations": len(rows),
+                    "invalid_configs_skipped": skipped,
+                    "states": states,
+                    "seconds": round(elapsed, 3),
+                    "results": rows,
+                    "violations": [v.to_json() for v in violations],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            f"\n{configs} configs ({len(rows)} distinct predicate vectors, {skipped} invalid combinations "
+            f"skipped), {ns.engines} engines, <= {ns.faults} faults: {states} states in {elapsed:.1f}s "
+            f"({states / max(elapsed, 1e-9):,.0f} states/s)"
+        )
+        for v in violations:
+            print()
+            print(v.render())
+        print("\nOK: every invariant holds" if not violations else f"\nFAILED: {len(violations)} violation(s)")
+    sys.stdout.flush()
+    return 1 if violations else 0
