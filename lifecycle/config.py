@@ -81,7 +81,13 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("offload_rollout", "bool", False, "Release rollout engine memory while training."),
     _Flag("offload_train", "bool", False, "Release trainer memory while generating."),
     _Flag("rollout_health_check_interval", "float", 30.0, "Seconds between health probe rounds."),
-    _Flag("rollout_health_check_timeout", "float", 30.0, "Seconds before one health probe counts as failed."),
+    _Flag(
+        "rollout_health_check_timeout",
+        "float",
+        None,
+        "Seconds before one health probe counts as failed (default 30, or the interval if shorter).",
+        optional=True,
+    ),
     _Flag("rollout_health_check_first_wait", "float", 0.0, "Startup grace (seconds) before the first probe."),
     _Flag(
         "rollout_health_check_failure_threshold",
@@ -108,6 +114,8 @@ def _flag(name: str) -> str:
 def _as_bool(name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
+    if value is None:  # an unset store_true flag in someone else's Namespace
+        return False
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.strip().lower() in ("true", "1", "yes")
     raise ConfigError(_flag(name), value, "expected true or false", f"pass {_flag(name)} as a boolean, or omit it")
@@ -263,7 +271,7 @@ class LifecycleConfig:
     offload_rollout: bool = False
     offload_train: bool = False
     rollout_health_check_interval: float = 30.0
-    rollout_health_check_timeout: float = 30.0
+    rollout_health_check_timeout: float | None = None
     rollout_health_check_first_wait: float = 0.0
     rollout_health_check_failure_threshold: int = 3
     rollout_health_check_jitter: float = 0.1
@@ -289,6 +297,9 @@ class LifecycleConfig:
             elif f.kind == "path":
                 set_(self, f.name, _as_path(f.name, raw))
 
+        if self.rollout_health_check_timeout is None:  # miles' 30 s, but never longer than the interval
+            interval = self.rollout_health_check_interval
+            set_(self, "rollout_health_check_timeout", min(30.0, interval) if interval > 0 else 30.0)
         components = _as_components(self.ft_components)
         if self.use_fault_tolerance:
             resolved = frozenset(components) if components else frozenset({"rollout"})
@@ -460,8 +471,10 @@ class LifecycleConfig:
                 if self.use_fault_tolerance and v != {"rollout"}:
                     argv += [f.flag, *sorted(v)]
                 continue
-            implied = (f.name == "debug_train_only" and self.load_debug_rollout_data is not None) or (
-                f.name in ("offload_rollout", "offload_train") and self.colocate
+            implied = (
+                (f.name == "debug_train_only" and self.load_debug_rollout_data is not None)
+                or (f.name in ("offload_rollout", "offload_train") and self.colocate)
+                or (f.name == "rollout_health_check_timeout" and v == min(30.0, self.rollout_health_check_interval))
             )
             if implied or v == f.default:
                 continue

@@ -1,0 +1,44 @@
+# The two commands of a fresh machine:  make run   and   make test
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# torch is pinned to the CPU wheel that is on local disk; install it first so nothing looser
+# pulls several GB of CUDA packages (later issues need it; harmless now).
+TORCH   := torch==2.13.0
+
+.PHONY: run test venv check graphs lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+venv: $(BIN)/python
+
+## run: install the package and run the main job on the embedded CPU defaults
+run: venv
+	$(BIN)/pip install -q -e .
+	$(BIN)/lifecycle explain
+
+## test: install dev extras and test tools, then run the whole test suite
+test: venv
+	$(BIN)/pip install -q -e '.[dev]' playwright
+	./scripts/install-test-deps.sh
+	$(BIN)/ruff check .
+	$(BIN)/lifecycle graph --check docs/graphs
+	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+check: venv
+	$(BIN)/lifecycle check
+
+graphs: venv
+	$(BIN)/lifecycle graph --write docs/graphs
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: venv
+	$(BIN)/python benchmarks/bench_machine.py
+	$(BIN)/python benchmarks/bench_explore.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts

@@ -1,0 +1,29 @@
+"""The README's promises: the API example runs, and its two set-up commands are the Makefile's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def test_api_example_runs_and_shows_the_train_only_ft_gate(tmp_path):
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "build the rollout fn" in proc.stdout
+    assert "False ('rollout_ft',)" in proc.stdout
+    assert (tmp_path / "runs/example/events.jsonl").read_text().count("lifecycle.transition") == 8
+
+
+def test_first_screen_gives_two_commands_that_the_makefile_and_ci_run():
+    first_screen = "\n".join(README.splitlines()[:25])
+    commands = re.findall(r"^make (\w+)", first_screen, re.M)
+    assert commands == ["run", "test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^run:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert "make test" in (ROOT / ".ci/run").read_text()
