@@ -17,7 +17,9 @@ def test_api_example_runs_and_shows_the_train_only_ft_gate(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "build the rollout fn" in proc.stdout
     assert "False ('rollout_ft',)" in proc.stdout
-    assert (tmp_path / "runs/example/events.jsonl").read_text().count("lifecycle.transition") == 8
+    log = (tmp_path / "runs/example/events.jsonl").read_text()
+    assert log.count("lifecycle.transition") == 7  # init + six engine events
+    assert log.count("lifecycle.blocked") == 1  # recover, blocked by rollout_ft
 
 
 def test_first_screen_gives_two_commands_that_the_makefile_and_ci_run():
