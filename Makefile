@@ -24,6 +24,7 @@ test: venv
 	$(BIN)/pip install -q -e '.[dev]' playwright
 	./scripts/install-test-deps.sh
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/lifecycle graph --check docs/graphs
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 

@@ -257,7 +257,8 @@ class LifecycleConfig:
     """
 
     use_fault_tolerance: bool = False
-    ft_components: frozenset[str] | tuple[str, ...] | list[str] | str | None = None
+    # Input: None, a list/tuple/set of names, or "train,rollout"; after construction always a frozenset[str].
+    ft_components: Any = None
     debug_train_only: bool = False
     debug_rollout_only: bool = False
     load_debug_rollout_data: str | None = None
@@ -393,7 +394,8 @@ class LifecycleConfig:
                 f"not divisible by --eval-num-gpus-per-engine {self.eval_num_gpus_per_engine}",
                 "make --eval-num-gpus a multiple of --eval-num-gpus-per-engine",
             )
-        if self.rollout_health_check_timeout > self.rollout_health_check_interval:
+        timeout = float(self.rollout_health_check_timeout or 0.0)
+        if timeout > self.rollout_health_check_interval:
             raise ConfigError(
                 "--rollout-health-check-timeout",
                 self.rollout_health_check_timeout,

@@ -223,7 +223,7 @@ class Job:
             return s
         instance = f"engine-{engine}" if engine is not None else PARTS[part]
         moves.append(Move(PARTS[part], instance, trigger, src, out.dest, out.effects))
-        s = self._engine_ghosts(s, engine, out) if engine is not None else s._replace(**{part: out.dest})
+        s = self._engine_ghosts(s, engine, out) if engine is not None else s._replace(**{part: out.dest})  # type: ignore[arg-type]
         for effect in out.effects:
             s = self._couple(s, part, effect, engine, moves)
         return s
@@ -451,7 +451,7 @@ class Job:
         if e.proc == UP and (st in LIVE or st == "Starting"):
             # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death with a live actor
             # (only probes and failing requests can tell): the two detection paths.
-            for fault, proc in (("kill", DEAD), ("hang", HUNG)):
+            for fault, proc in (("kill", DEAD), ("hang", HUNG), ("http_death", HUNG)):
                 yield Transition(
                     Action(f"env.{fault}", engine=i, env=True), (), _set_engine(s, i, e._replace(proc=proc))
                 )

@@ -207,7 +207,7 @@ class LifecycleMachine(_Base):
             return self._blocked(trigger, out)  # type: ignore[arg-type]
         src = self.state
         self._events[trigger].trigger(self)
-        result = self._moved(trigger, src, out)  # type: ignore[arg-type]
+        result = self._moved(trigger, src, out)
         if self._handlers:
             for effect in result.effects:
                 handler = self._handlers.get(effect)

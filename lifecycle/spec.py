@@ -301,9 +301,9 @@ def validate(spec: MachineSpec) -> list[str]:
     reverse: dict[str, set[str]] = {n: set() for n in known}
     for t in spec.transitions:
         where = f"transition {t.trigger!r} ({', '.join(t.source)} -> {t.dest})"
-        for s in (*t.source, t.dest):
-            if s not in known:
-                problems.append(f"{where} names unknown state {s!r}")
+        for name in (*t.source, t.dest):
+            if name not in known:
+                problems.append(f"{where} names unknown state {name!r}")
         for g in t.guards:
             if g.predicate not in PREDICATES:
                 problems.append(f"{where} has unknown guard {g.predicate!r} (not a registered predicate)")
@@ -312,18 +312,18 @@ def validate(spec: MachineSpec) -> list[str]:
                 problems.append(f"{where} has unknown effect {e.name!r} (not in lifecycle.effects.EFFECTS)")
             if e.when is not None and e.when.predicate not in PREDICATES:
                 problems.append(f"{where} gates effect {e.name!r} on unknown predicate {e.when.predicate!r}")
-        for s in t.source:
-            if s in known and t.dest in known:
-                edges[s].add(t.dest)
-                reverse[t.dest].add(s)
+        for src in t.source:
+            if src in known and t.dest in known:
+                edges[src].add(t.dest)
+                reverse[t.dest].add(src)
 
     terminal = {s.name for s in spec.states if s.terminal}
-    for s in spec.states:
-        outgoing = [t.trigger for t in spec.transitions if s.name in t.source]
-        if s.terminal and outgoing:
-            problems.append(f"terminal state {s.name!r} has outgoing transitions: {', '.join(sorted(set(outgoing)))}")
-        if not s.terminal and not outgoing:
-            problems.append(f"state {s.name!r} is a trap: no transition leaves it and it is not terminal")
+    for st in spec.states:
+        outgoing = [t.trigger for t in spec.transitions if st.name in t.source]
+        if st.terminal and outgoing:
+            problems.append(f"terminal state {st.name!r} has outgoing transitions: {', '.join(sorted(set(outgoing)))}")
+        if not st.terminal and not outgoing:
+            problems.append(f"state {st.name!r} is a trap: no transition leaves it and it is not terminal")
 
     if spec.initial in known:
         unreachable = known - _reachable([spec.initial], edges)
