@@ -30,3 +30,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if any(word in reason for word in _MISSING_TOOL_WORDS):
         report.outcome = "failed"
         report.longrepr = f"LIFECYCLE_REQUIRE_ALL=1 but a required tool is missing: {reason}"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One real local Ray cluster per test session (2 CPUs, no dashboard); only if a test asks."""
+    ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rl-lifecycle[ray]'")
+    from engines.actor import init_local_cluster
+
+    init_local_cluster(num_cpus=2)
+    yield
+    ray.shutdown()
