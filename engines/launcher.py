@@ -63,5 +63,6 @@ class LocalLauncher:
         proc = self.process
         if proc is None:
             return "never started"
-        code = await asyncio.to_thread(proc.wait_dead, 10**9)
+        # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll)
+        code = await asyncio.to_thread(proc.wait_dead, None)  # type: ignore[arg-type]
         return f"exit code {code}"
