@@ -2,8 +2,8 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-# torch is pinned to the CPU wheel that is on local disk; install it first so nothing looser
-# pulls several GB of CUDA packages (later issues need it; harmless now).
+# torch is pinned to the CPU wheel that is on local disk; it is installed first, on its own, so
+# nothing looser pulls several GB of CUDA packages.
 TORCH   := torch==2.13.0
 
 .PHONY: run test venv check graphs lint bench clean
@@ -16,12 +16,14 @@ venv: $(BIN)/python
 
 ## run: install the package and run the main job on the embedded CPU defaults
 run: venv
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[engines,ray]'
 	$(BIN)/lifecycle explain
 
 ## test: install dev extras and test tools, then run the whole test suite
 test: venv
-	$(BIN)/pip install -q -e '.[dev]' playwright
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev,engines,ray]' playwright
 	./scripts/install-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -115,8 +115,7 @@ class Engine:
             self.url = await asyncio.wait_for(self.launcher.launch(), self.timeouts.startup)
             if self.client is not None:
                 await self.client.close()
-            self.client = EngineClient(self.url, engine_id=self.id, api_key=self.api_key,
-                                       timeout=self.timeouts.request)
+            self.client = EngineClient(self.url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
             await self._wait_healthy()
         except (TimeoutError, EngineError, OSError) as exc:
             self.reason = f"did not start: {exc}"

@@ -1,0 +1,81 @@
+"""Typed errors of the engines layer.
+
+A caller (engine slot, health monitor, rollout) must tell "the engine said no" (HTTP status and
+body), "the engine did not answer in time" and "the engine is gone" apart without parsing
+strings, because each one leads to a different lifecycle event. Every error names the engine and
+the endpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lifecycle.errors import LifecycleError
+
+
+class EngineError(LifecycleError):
+    """Anything that went wrong talking to (or starting) one engine."""
+
+    def __init__(self, engine_id: str, endpoint: str | None, message: str) -> None:
+        self.engine_id = engine_id
+        self.endpoint = endpoint
+        self.detail = message
+        where = f"engine {engine_id}" + (f" {endpoint}" if endpoint else "")
+        super().__init__(f"{where}: {message}")
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with a non-2xx status; ``body`` is the raw response text."""
+
+    def __init__(self, engine_id: str, endpoint: str, status: int, body: str) -> None:
+        self.status = status
+        self.body = body
+        shown = body if len(body) <= 500 else body[:500] + "..."
+        super().__init__(engine_id, endpoint, f"HTTP {status}: {shown or '(empty body)'}")
+
+
+class EngineTimeout(EngineError, TimeoutError):
+    """No complete answer within ``timeout`` seconds (the engine may be alive but hung)."""
+
+    def __init__(self, engine_id: str, endpoint: str | None, timeout: float, message: str | None = None) -> None:
+        self.timeout = timeout
+        super().__init__(engine_id, endpoint, message or f"no answer within {timeout:g}s")
+
+
+class EngineUnreachable(EngineError, ConnectionError):
+    """Connection refused, reset or dropped: nothing (or no longer anything) listens there."""
+
+
+class EngineProtocolError(EngineError):
+    """A 2xx answer whose body does not match the contract (wrong server, or a contract drift)."""
+
+
+class EngineStartError(EngineError):
+    """The server process exited, or never became ready; ``output`` is the tail of what it printed."""
+
+    def __init__(self, engine_id: str, message: str, *, returncode: int | None = None, output: str = "") -> None:
+        self.returncode = returncode
+        self.output = output
+        tail = f"\n--- last output ---\n{output}" if output else ""
+        EngineError.__init__(self, engine_id, "start", message + tail)  # not super(): EngineStartTimeout's MRO
+
+
+class EngineStartTimeout(EngineStartError, EngineTimeout):
+    """The server process is running but did not become ready in time (it has been killed)."""
+
+    def __init__(self, engine_id: str, timeout: float, *, output: str = "") -> None:
+        self.timeout = timeout
+        EngineStartError.__init__(
+            self, engine_id, f"not ready within {timeout:g}s (process killed)", returncode=None, output=output
+        )
+
+
+class WeightsFileError(LifecycleError, ValueError):
+    """A weights file that cannot be loaded into the model; names the file and, where known, the tensor."""
+
+    def __init__(self, path: str | Path, problem: str, *, tensor: str | None = None) -> None:
+        self.path = str(path)
+        self.tensor = tensor
+        self.problem = problem
+        what = f" tensor {tensor!r}:" if tensor else ""
+        super().__init__(f"weights file {self.path}:{what} {problem}")
