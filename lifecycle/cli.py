@@ -70,8 +70,10 @@ def add_debug_argument(parser: argparse.ArgumentParser) -> None:
 def _registrars() -> list[Callable[[Any], None]]:
     from lifecycle.check_cli import register_check
     from lifecycle.graph import register_graph
+    from lifecycle.run_cli import register_run
+    from lifecycle.trace import register_trace
 
-    return [register_explain, register_check, register_graph]
+    return [register_explain, register_check, register_graph, register_run, register_trace]
 
 
 def register_explain(sub: Any) -> None:

@@ -1,0 +1,114 @@
+"""``lifecycle run``: the RL training loop on Ray with the lifecycle embedded.
+
+This module imports no Ray or torch: the loop (``trainer.loop``) is imported inside the command.
+Bad input -- an unknown fault spec, an unreachable ``--ray-address``, an unwritable ``--run-dir`` --
+is one line naming the flag, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
+
+
+def register_run(sub: Any) -> None:
+    from lifecycle.cli import add_config_arguments, add_debug_argument
+
+    p = sub.add_parser(
+        "run",
+        help="run a small RL post-training loop on Ray with the lifecycle embedded",
+        description=(
+            "Train a tiny policy to answer with a pattern, generating on CPU torch engines (SGLang API) and "
+            "training on Ray trainer workers; every lifecycle decision is a machine move. Writes events.jsonl, "
+            "metrics.jsonl and reward.png (with matplotlib) into the run directory."
+        ),
+    )
+    p.add_argument("--steps", type=int, default=30, metavar="N", help="RL steps (default 30)")
+    p.add_argument("--engines", type=int, default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)")
+    p.add_argument("--seed", type=int, default=0, help="seed of data, sampling and initial weights (default 0)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR", help="connect to this Ray cluster (host:port)")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT@STEP", help="e.g. kill-engine:1@3")
+    p.add_argument("--run-dir", default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
+    p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
+    p.add_argument("--trainer-workers", type=int, default=1, metavar="N", help="trainer workers (default 1)")
+    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
+    p.add_argument("--rollout-function", default=None, metavar="MODULE:ATTR", help="your rollout fn factory")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_debug_argument(p)
+    add_config_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+
+def _check_ray_address(address: str) -> None:
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if address.startswith("ray://"):
+        host, _, port = address[len("ray://") :].rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0):
+            return
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "--ray-address", address, f"no Ray cluster answers there ({exc})", "start one with `ray start --head`"
+        ) from None
+
+
+def _check_run_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            "--run-dir", str(path), f"cannot write there ({exc.strerror or exc})", "pick a writable folder"
+        ) from None
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(flag, value, "must be at least 1", f"set {flag} to a positive number")
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from lifecycle.cli import config_from_args
+
+    config = config_from_args(ns)
+    _positive("--steps", ns.steps)
+    _positive("--trainer-workers", ns.trainer_workers)
+    if ns.engines is not None:
+        _positive("--engines", ns.engines)
+        if config.starts_servers:
+            values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
+            config = LifecycleConfig.from_mapping(values)
+    # imported by name: lifecycle/ stays free of Ray and torch at import time (and for its type checks)
+    loop = importlib.import_module("trainer.loop")
+    faults = tuple(loop.parse_fault(spec) for spec in ns.inject)
+    run_dir = Path(ns.run_dir) if ns.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _check_run_dir(run_dir)
+    if ns.ray_address:
+        _check_ray_address(ns.ray_address)
+    opts = loop.RunOptions(
+        steps=ns.steps,
+        seed=ns.seed,
+        run_dir=run_dir,
+        ray_address=ns.ray_address,
+        faults=faults,
+        launcher=ns.launcher,
+        workers=ns.trainer_workers,
+        lr=ns.lr,
+        rollout_fn=ns.rollout_function,
+        quiet=ns.quiet,
+    )
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    loop.run(config, opts)
+    return 0

@@ -1,0 +1,112 @@
+"""``lifecycle trace``: read, show and compare event logs in canonical form.
+
+Canonical form drops volatile keys (timestamps), so two runs with the same config, seed and fault
+schedule have equal logs line by line; ``diff`` reports the first divergence, optionally only for
+one machine (``--only rollout``). Pure: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lifecycle.events import canonical, read_jsonl
+
+Event = dict[str, Any]
+
+
+def load(path: str | os.PathLike[str], only: Sequence[str] | None = None) -> list[Event]:
+    """The canonical events of one log, optionally of some machines only."""
+    events = [canonical(e) for e in read_jsonl(path)]
+    if only:
+        wanted = set(only)
+        events = [e for e in events if e.get("machine") in wanted]
+    return events
+
+
+@dataclass(frozen=True)
+class Divergence:
+    index: int  # position in the (filtered) streams
+    left: Event | None  # None: the left stream ended
+    right: Event | None
+
+    def describe(self, a: str = "A", b: str = "B") -> str:
+        def show(e: Event | None) -> str:
+            return "(end of log)" if e is None else line(e)
+
+        return f"first difference at event {self.index}:\n  {a}: {show(self.left)}\n  {b}: {show(self.right)}"
+
+
+def diff(left: Sequence[Event], right: Sequence[Event]) -> Divergence | None:
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else None
+        b = right[i] if i < len(right) else None
+        if a != b:
+            return Divergence(i, a, b)
+    return None
+
+
+def line(e: Event) -> str:
+    """One event as one readable line."""
+    ctx = " ".join(f"{k}={e[k]}" for k in ("step", "rollout_id") if k in e)
+    if e.get("event") == "lifecycle.blocked":
+        who = f"{e.get('machine')}[{e.get('instance')}]"
+        core = f"{who} {e.get('state')} --{e.get('trigger')}--x blocked by {e.get('blocked_by')}"
+    elif "src" in e:
+        core = f"{e.get('machine')}[{e.get('instance')}] {e.get('src')} --{e.get('trigger')}--> {e.get('dst')}"
+        if e.get("effects"):
+            core += f"  effects={','.join(e['effects'])}"
+    else:
+        core = json.dumps(e, sort_keys=True)
+    return f"{ctx + '  ' if ctx else ''}{core}"
+
+
+def register_trace(sub: Any) -> None:
+    from lifecycle.cli import add_debug_argument
+
+    p = sub.add_parser("trace", help="show or compare lifecycle event logs (events.jsonl)")
+    tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+    d = tsub.add_parser("diff", help="first divergence of two event logs in canonical form (no timestamps)")
+    d.add_argument("a", metavar="A")
+    d.add_argument("b", metavar="B")
+    d.add_argument("--only", action="append", metavar="MACHINE", help="compare only this machine (repeatable)")
+    add_debug_argument(d)
+    d.set_defaults(func=cmd_diff)
+    s = tsub.add_parser("show", help="print an event log, one line per event")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--only", action="append", metavar="MACHINE", help="show only this machine (repeatable)")
+    add_debug_argument(s)
+    s.set_defaults(func=cmd_show)
+    p.set_defaults(func=lambda ns: (p.print_help(), 2)[1])
+
+
+def _load(path: str, only: Sequence[str] | None) -> list[Event]:
+    from lifecycle.errors import ConfigError
+
+    try:
+        return load(path, only)
+    except FileNotFoundError:
+        raise ConfigError("trace", path, "the event log does not exist", "pass an events.jsonl file") from None
+    except ValueError as exc:
+        raise ConfigError("trace", path, str(exc), "pass an events.jsonl written by lifecycle run") from None
+
+
+def cmd_diff(ns: argparse.Namespace) -> int:
+    left, right = _load(ns.a, ns.only), _load(ns.b, ns.only)
+    scope = f" (machines: {', '.join(ns.only)})" if ns.only else ""
+    found = diff(left, right)
+    if found is None:
+        print(f"no difference: {len(left)} events{scope}")
+        return 0
+    print(found.describe(ns.a, ns.b) + scope)
+    return 1
+
+
+def cmd_show(ns: argparse.Namespace) -> int:
+    for e in _load(ns.file, ns.only):
+        print(line(e))
+    return 0

@@ -1,0 +1,221 @@
+"""RolloutExecutor (the data half of the rollout manager) and the RolloutManager facade.
+
+The executor owns the data source and the rollout function, behind the **construction gate**:
+the rollout function is built only when the ``init`` move's effects include
+``construct_rollout_fn`` -- replay never builds it (and so never reads ``rollout_num_gpus``),
+plain train-only does. ``generate(rollout_id)`` either reads the saved rollout (Replay) or runs
+the rollout function between the controller's generate boundaries, and saves the samples when
+the ``generate_done`` move says ``save_rollout_data``.
+
+A user can plug in their own rollout function by import path (``module:attr``): a callable
+``factory(task) -> rollout_fn`` where ``rollout_fn(rollout_id, controller) -> list[sample]`` is async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from engines.engine import Engine, Timeouts
+from engines.errors import EngineError
+from engines.model import CharTokenizer
+from lifecycle.config import LifecycleConfig
+from lifecycle.events import EventLog
+from lifecycle.ledger import EffectLedger
+from lifecycle.machine import FireResult, LifecycleMachine
+from lifecycle.machines import ROLLOUT
+from rollout.controller import ControllerError, InferenceController, LauncherFactory
+from rollout.replay import load_rollout, save_rollout
+from rollout.task import PatternTask
+
+Sample = dict[str, Any]
+RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
+
+
+class EngineRolloutFn:
+    """The default rollout function: group sampling on the routable engines, rewarded by the task."""
+
+    def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
+        self.task = task
+        self.tokenizer = CharTokenizer()
+        self.max_tries = max_tries
+
+    async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
+        task = self.task
+        requests = []
+        for g, prompt in enumerate(task.prompts(rollout_id)):
+            ids = self.tokenizer.encode(prompt)
+            for k in range(task.group_size):
+                index = g * task.group_size + k
+                requests.append((index, g, prompt, ids, task.sampling_params(rollout_id, index)))
+        done: dict[int, Sample] = {}
+        for _ in range(self.max_tries):
+            todo = [r for r in requests if r[0] not in done]
+            if not todo:
+                break
+            engines = controller.routable()
+            if not engines:
+                raise ControllerError(f"rollout {rollout_id}: no routable engine ({controller.states()})")
+            shards: dict[int, list[Any]] = {}
+            for n, req in enumerate(todo):
+                shards.setdefault(n % len(engines), []).append(req)
+            await asyncio.gather(
+                *(self._shard(controller, engines[i], shard, done) for i, shard in shards.items()),
+            )
+        if len(done) < len(requests):
+            raise ControllerError(f"rollout {rollout_id}: {len(requests) - len(done)} samples failed on every engine")
+        return [done[i] for i in sorted(done)]
+
+    async def _shard(
+        self, controller: InferenceController, engine: Engine, shard: list[Any], done: dict[int, Sample]
+    ) -> None:
+        if engine.client is None:
+            return
+        try:
+            answers = await engine.client.generate_batch(
+                input_ids=[r[3] for r in shard],
+                sampling_params=[r[4] for r in shard],
+                return_logprob=True,
+            )
+        except EngineError as exc:
+            await controller.engine_unhealthy(engine.id, f"generate failed: {exc}")
+            return
+        for (index, g, prompt, ids, _), answer in zip(shard, answers, strict=True):
+            meta = answer.meta_info
+            lps = [float(x[0]) for x in (meta.output_token_logprobs or [])]
+            response = answer.text
+            done[index] = {
+                "index": index,
+                "group": g,
+                "prompt": prompt,
+                "prompt_ids": list(ids),
+                "output_ids": list(answer.output_ids or []),
+                "response": response,
+                "reward": self.task.reward(prompt, response),
+                "logprobs": lps,
+                "weight_version": meta.weight_version,
+            }
+
+
+def load_rollout_fn(path: str, task: PatternTask) -> RolloutFn:
+    """``module:attr`` -> the user's factory, called with the task (miles' --rollout-function-path)."""
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"rollout function path {path!r}: use module:attr")
+    factory = getattr(importlib.import_module(module), attr)
+    fn: RolloutFn = factory(task)
+    return fn
+
+
+class RolloutExecutor:
+    """generate/eval and the data format; the rollout function exists only behind the construction gate."""
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        machine: LifecycleMachine,
+        controller: InferenceController,
+        task: PatternTask,
+        *,
+        rollout_fn_path: str | None = None,
+    ) -> None:
+        self.config = config
+        self.machine = machine
+        self.controller = controller
+        self.task = task
+        self.rollout_fn_path = rollout_fn_path
+        self.rollout_fn: RolloutFn | None = None
+        self.constructed: list[str] = []
+
+    def init(self) -> FireResult:
+        result = self.machine.fire("init")
+        if "construct_rollout_fn" in result.effects:
+            if self.rollout_fn_path:
+                self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
+            else:
+                self.rollout_fn = EngineRolloutFn(self.task)
+            self.constructed.append("rollout_fn")
+        if "construct_eval_fn" in result.effects:
+            self.constructed.append("eval_fn")  # eval reuses the task's reward (no separate object)
+        return result
+
+    async def generate(self, rollout_id: int) -> list[Sample]:
+        if self.machine.state == "Replay":
+            result = self.machine.fire("generate")
+            if "load_replay_data" not in result.effects:
+                raise ControllerError("replay generate did not load data")
+            path = self.config.load_debug_rollout_data
+            assert path is not None
+            return load_rollout(path, rollout_id)
+        if self.rollout_fn is None:
+            raise ControllerError("generate: no rollout function was constructed")
+        await self.controller.begin_generate()
+        try:
+            samples = await self.rollout_fn(rollout_id, self.controller)
+        finally:
+            done = await self.controller.end_generate()
+        if "save_rollout_data" in done.effects and self.config.save_debug_rollout_data:
+            save_rollout(self.config.save_debug_rollout_data, rollout_id, samples, task=self.task.pattern)
+        return samples
+
+
+class RolloutManager:
+    """The facade miles calls the rollout manager: one ``rollout`` machine shared by both halves."""
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        task: PatternTask,
+        *,
+        launcher_factory: LauncherFactory | None = None,
+        log: EventLog | None = None,
+        ledger: EffectLedger | None = None,
+        timeouts: Timeouts | None = None,
+        seed: int = 0,
+        rollout_fn_path: str | None = None,
+    ) -> None:
+        self.config = config
+        self.machine = LifecycleMachine(ROLLOUT, config, "rollout", log=log, ledger=ledger)
+        self.controller = InferenceController(
+            config,
+            self.machine,
+            launcher_factory=launcher_factory,
+            log=log,
+            ledger=ledger,
+            timeouts=timeouts,
+            seed=seed,
+        )
+        self.executor = RolloutExecutor(config, self.machine, self.controller, task, rollout_fn_path=rollout_fn_path)
+
+    @property
+    def state(self) -> str:
+        return self.machine.state
+
+    async def init(self, weights: tuple[str, str]) -> None:
+        """init (construction gate), then start the servers with the initial weights -- unless replaying."""
+        self.executor.init()
+        if self.machine.state == "Replay":
+            return
+        await self.controller.start_servers(weights)
+
+    async def generate(self, rollout_id: int) -> list[Sample]:
+        self.controller.check()
+        await self.controller.catch_up()
+        return await self.executor.generate(rollout_id)
+
+    async def offload(self) -> None:
+        await self.controller.offload()
+
+    async def onload_weights(self) -> None:
+        await self.controller.onload_weights()
+
+    async def onload_kv(self) -> None:
+        await self.controller.onload_kv()
+
+    async def dispose(self) -> None:
+        if self.machine.can("dispose"):
+            result = self.machine.fire("dispose")
+            await self.controller._effects(result)
+        await self.controller.close()

@@ -1,0 +1,104 @@
+"""Every Ray call of the trainer package, in one place (as engines/actor.py is for engines).
+
+A :class:`TrainerWorker` actor holds one replica of the policy and its optimizer. The group
+computes gradients on every worker's shard, averages them, and applies the average on every
+worker, so replicas stay bitwise identical -- which is what lets a replacement worker heal from
+any peer's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+
+class WorkerCrashed(Exception):
+    """A trainer worker actor died (or its task crashed the process)."""
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class TrainerWorker:
+    def __init__(self, rank: int, model_size: str, seed: int, lr: float, temperature: float) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        from engines.model import TinyCausalLM
+
+        self.rank = rank
+        self.temperature = temperature
+        self.model = TinyCausalLM(model_size, seed=seed)
+        self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self._offloaded: dict[str, Any] | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+        from trainer.policy import grpo_loss
+
+        self.optim.zero_grad(set_to_none=True)
+        loss, stats = grpo_loss(self.model, samples, temperature=self.temperature)
+        loss.backward()  # type: ignore[no-untyped-call]
+        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        return grads, stats
+
+    def apply_grads(self, grads: Mapping[str, Any]) -> None:
+        import torch
+
+        for name, param in self.model.named_parameters():
+            param.grad = grads.get(name)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optim.step()
+
+    def save_weights(self, path: str) -> str:
+        return str(self.model.save_weights(path))
+
+    def get_state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+
+    def offload(self) -> None:
+        self._offloaded = self.get_state()
+        self.model.release_weights()
+
+    def onload(self) -> None:
+        if self._offloaded is not None:
+            self.model.init_weights(self.model.seed)
+            self.set_state(self._offloaded)
+            self._offloaded = None
+
+    def crash(self) -> None:
+        os._exit(1)
+
+
+class WorkerHandle:
+    """The group's handle on one worker actor; Ray errors become :class:`WorkerCrashed`."""
+
+    def __init__(self, rank: int, model_size: str, seed: int, lr: float, temperature: float) -> None:
+        self.rank = rank
+        self.actor = TrainerWorker.remote(rank, model_size, seed, lr, temperature)  # type: ignore[attr-defined]
+
+    @staticmethod
+    async def _await(ref: Any) -> Any:
+        try:
+            return await ref
+        except (RayActorError, RayTaskError) as exc:
+            raise WorkerCrashed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        return await self._await(getattr(self.actor, method).remote(*args))
+
+    def crash(self) -> None:
+        self.actor.crash.remote()
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(self.actor, no_restart=True)
