@@ -1,0 +1,155 @@
+"""Run one mutant against the explorer and against the hypothesis suite; render the kill table.
+
+Witness hints say where a mutant is observable (as predicate values), so the explorer tries
+those lattice groups first and hypothesis draws only those configs. They are *ordering hints*:
+the explorer falls back to every other group of the lattice.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+from property.jobmodel import JobModelBase, make_machine
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.explore import explore, lattice
+from lifecycle.mutants import MUTANTS
+from lifecycle.predicates import evaluate
+from lifecycle.spec import MachineSpec
+
+# Where each mutant shows (predicate values); every one shows with a single engine.
+WITNESS: dict[str, dict[str, bool]] = {
+    "replay_constructs_rollout_fn": {"replay": True},
+    "construction_gated_on_train_only": {"train_only": True, "replay": False},
+    "monitors_on_ft_master_switch": {"ft_enabled": True, "rollout_ft": False, "starts_servers": True},
+    "ci_injection_without_rollout_ft": {"ci_mode": True, "rollout_ft": False, "starts_servers": True},
+    "trainer_recovery_on_ft_master_switch": {"ft_enabled": True, "rollout_ft": False, "updates_rollout_weights": True},
+    "eval_fleet_skips_self_probe": {"eval_fleet_enabled": True},
+    # a restarted engine's catch-up fails; without a trainer no weight push gets in the way
+    "recovered_engine_routable_early": {"starts_servers": True, "trains": False, "eval_fleet_enabled": False},
+    "lock_kept_on_failed_update": {"updates_rollout_weights": True},
+    "stopped_before_death_confirmed": {"starts_servers": True},
+    "probe_result_after_pause": {"monitors_rollout": True},
+    "death_while_paused_ignored": {"monitors_rollout": True},
+}
+
+# The invariants that state each bug: a kill for any other reason would be a kill by accident.
+EXPECTED: dict[str, frozenset[str]] = {
+    "replay_constructs_rollout_fn": frozenset({"replay_never_constructs"}),
+    "construction_gated_on_train_only": frozenset({"plain_train_only_constructs_rollout_fn"}),
+    "monitors_on_ft_master_switch": frozenset(
+        {"monitors_only_with_rollout_ft", "train_only_ft_never_recovers_rollout"}
+    ),
+    "ci_injection_without_rollout_ft": frozenset({"ci_injection_only_with_rollout_ft"}),
+    "trainer_recovery_on_ft_master_switch": frozenset({"recover_only_with_rollout_ft"}),
+    "eval_fleet_skips_self_probe": frozenset(
+        {"fleet_probes_only_when_unmonitored", "fleet_self_probes_when_unmonitored"}
+    ),
+    "recovered_engine_routable_early": frozenset({"serving_engines_hold_current_weights"}),
+    "lock_kept_on_failed_update": frozenset({"engine_lock_held_only_while_updating"}),
+    "stopped_before_death_confirmed": frozenset({"stopped_only_after_death_confirmed"}),
+    "probe_result_after_pause": frozenset({"healthy_engines_are_not_marked_unhealthy"}),
+    "death_while_paused_ignored": frozenset({"dead_engines_are_not_counted_alive"}),
+}
+
+# Hypothesis budget: the slowest mutant falls within ~400 runs; 3000 leaves a wide margin.
+# Generation only: a kill is what is proven here, and shrinking a 50-step run costs minutes.
+MUTANT_SETTINGS = settings(
+    max_examples=3000,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    report_multiple_bugs=False,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+MUTANT_ENGINES = (1,)
+
+
+def witness_configs(name: str) -> list[LifecycleConfig]:
+    want = WITNESS[name]
+    return [c for c in lattice().valid if all(evaluate(c)[k] == v for k, v in want.items())]
+
+
+def ordered_groups(name: str) -> list[list[LifecycleConfig]]:
+    """Every lattice group, those matching the mutant's witness hint first."""
+    want = WITNESS[name]
+
+    def hinted(group: list[LifecycleConfig]) -> bool:
+        return all(evaluate(group[0])[k] == v for k, v in want.items())
+
+    groups = list(lattice().groups.values())
+    return sorted(groups, key=lambda g: not hinted(g))  # stable: lattice order within each half
+
+
+@dataclass(frozen=True)
+class ExplorerKill:
+    invariant: str
+    steps: int
+    config: LifecycleConfig
+    groups_tried: int
+    rendered: str
+
+
+@dataclass(frozen=True)
+class HypothesisKill:
+    invariant: str
+    message: str
+    steps: int
+
+
+@functools.cache
+def explorer_kill(name: str, engines: int = 2) -> ExplorerKill | None:
+    machines = MUTANTS[name].machines()
+    for n, group in enumerate(ordered_groups(name), start=1):
+        result = explore(group[0], engines=engines, machines=machines)
+        if result.violations:
+            v = result.violations[0]
+            return ExplorerKill(v.invariant, len(v.path), group[0], n, v.render())
+    return None
+
+
+def invariant_of(message: str) -> str:
+    """``invariant NAME: ...`` (the suite's assertion messages) -> NAME; otherwise the first line."""
+    first = message.strip().splitlines()[0] if message.strip() else "(assertion without message)"
+    return first.split(":", 1)[0].removeprefix("invariant ") if first.startswith("invariant ") else first
+
+
+def run_hypothesis(cls: type[JobModelBase], st: settings = MUTANT_SETTINGS) -> HypothesisKill | None:
+    """Run a state machine class; the failure it raised, or None when every run passed."""
+    try:
+        run_state_machine_as_test(cls, settings=st)
+    except AssertionError as exc:
+        message = str(exc)
+        steps = sum(1 for line in message.splitlines() if line.lstrip()[:1].isdigit())
+        return HypothesisKill(invariant_of(message), message, steps)
+    return None
+
+
+def mutant_machine(name: str, machines: dict[str, MachineSpec] | None = None) -> type[JobModelBase]:
+    specs = MUTANTS[name].machines() if machines is None else machines
+    return make_machine(specs, witness_configs(name), engines=MUTANT_ENGINES)
+
+
+@functools.cache
+def hypothesis_kill(name: str) -> HypothesisKill | None:
+    return run_hypothesis(mutant_machine(name))
+
+
+def markdown_table() -> str:
+    """The kill table for the README: mutant | bug | explorer | hypothesis."""
+    lines = [
+        "| mutant | bug | killed by explorer (invariant, counterexample length) | killed by hypothesis (invariant) |",
+        "|---|---|---|---|",
+    ]
+    for name, mutant in MUTANTS.items():
+        e = explorer_kill(name)
+        h = hypothesis_kill(name)
+        ex = f"`{e.invariant}`, {e.steps} steps" if e else "**survived**"
+        hy = f"`{h.invariant}`" if h else "**survived**"
+        lines.append(f"| `{name}` | {mutant.bug} | {ex} | {hy} |")
+    return "\n".join(lines)

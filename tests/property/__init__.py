@@ -1,0 +1,1 @@
+"""Stateful (hypothesis) property tests of the product model and the runtime machines."""

@@ -1,0 +1,391 @@
+"""Hypothesis state machines over the job's product model (``lifecycle.job.Job``).
+
+``make_machine(machines=None, configs=None)`` returns a ``RuleBasedStateMachine`` class whose
+rules are the product model's own action families -- rollout-manager operations, trainer steps,
+monitor and eval-fleet events, single-engine events, injected faults and the world's responses
+(a killed process exits, Ray reports a death). A rule is enabled exactly when
+``Job.successors(state)`` offers an action of its family, and it draws one of those actions
+(``st.data()``), so the suite only ever takes steps the spec allows. Each step is checked with
+``check_step``; every state with ``check_state`` and a local ``no_deadlock``. The fault budget is
+the Job's (``max_faults``, default 2), as in the explorer.
+
+``machines`` binds the suite to (mutated) specs, ``configs`` restricts the configs drawn at
+``@initialize`` (default: every valid config of the lattice).
+
+``make_runtime_machine`` extends it: every product step is replayed on real runtime machines
+(``LifecycleMachine``, ``AsyncLifecycleMachine`` for async specs), one per machine instance,
+and each one's state, effects, ledger and event log must equal the model's prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from lifecycle import AsyncLifecycleMachine, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle.events import TRANSITION, MemorySink
+from lifecycle.explore import lattice
+from lifecycle.invariants import check_state, check_step
+from lifecycle.job import PARTS, Action, Job, Product, Transition
+from lifecycle.machines import MACHINES
+from lifecycle.spec import MachineSpec
+
+VALID_CONFIGS: tuple[LifecycleConfig, ...] = tuple(lattice().valid)
+ENGINE_COUNTS = (2, 1, 3)  # shrinks towards the explorer's default of 2
+MAX_FAULTS = 2
+# Fault timing: each run draws, per fault of its budget, the step from which that fault may be
+# injected (0 = at once, which is also where it shrinks to). Every fault sequence stays possible;
+# delayed faults let a run first reach deep states (weight updates, restarts) and then break them.
+FAULT_DELAY_MAX = 40
+
+# Faults are split by what they hit, so that hypothesis' swarm testing (each example disables a
+# random subset of rules) yields runs whose small fault budget goes to one kind of fault.
+JOB_FAULTS = {
+    "env.servers_failed": "rollout_fault",
+    "env.update_failed": "rollout_fault",
+    "env.worker_crash": "trainer_fault",
+    "env.eval_unhealthy": "fleet_fault",
+    "env.version_mismatch": "fleet_fault",
+}
+FAULT_FAMILIES = frozenset({"engine_fault", "rollout_fault", "trainer_fault", "fleet_fault", "fault"})
+FAMILIES = (
+    "rollout",
+    "trainer",
+    "monitor",
+    "eval_fleet",
+    "engine",
+    "engine_fault",
+    "rollout_fault",
+    "trainer_fault",
+    "fleet_fault",
+    "fault",
+    "world",
+)
+
+
+def family(action: Action) -> str:
+    """Which rule takes ``action``: its machine's prefix, a fault family, or ``world`` (exit, Ray's report)."""
+    if not action.env:
+        return action.name.split(".", 1)[0]
+    if not action.fault:
+        return "world"
+    if action.engine is not None:
+        return "engine_fault"
+    return JOB_FAULTS.get(action.name, "fault")
+
+
+def configs_where(**predicates: bool) -> tuple[LifecycleConfig, ...]:
+    """Lattice configs whose named predicates have the given values (``configs_where(replay=True)``)."""
+    from lifecycle.predicates import evaluate
+
+    out = tuple(c for c in VALID_CONFIGS if all(evaluate(c)[k] == v for k, v in predicates.items()))
+    assert out, f"no lattice config has {predicates}"
+    return out
+
+
+def render(config: LifecycleConfig, path: Sequence[Transition]) -> str:
+    flags = " ".join(config.to_flags()) or "(miles defaults)"
+    lines = [f"config: {flags}"]
+    lines += [f"  {n}. {t.action.label()}" for n, t in enumerate(path, start=1)]
+    return "\n".join(lines)
+
+
+class JobModelBase(RuleBasedStateMachine):
+    """Shared behaviour; the rules and the bound specs/configs come from :func:`make_machine`."""
+
+    specs: Mapping[str, MachineSpec] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job: Job | None = None
+        self.state: Product | None = None
+        self.path: list[Transition] = []
+        self.seen: set[Product] = set()
+        self.fault_at: tuple[int, ...] = ()
+        self.seek_new = False
+        self._succ: list[Transition] | None = None
+        self._pool: list[Transition] | None = None
+
+    # -- hooks for subclasses -------------------------------------------------------------------
+    def on_start(self) -> None:
+        """A run starts (``@initialize`` or a rerun after a terminal state)."""
+
+    def observe(self, t: Transition, before: Product) -> None:
+        """One product step was taken (already checked with ``check_step``)."""
+
+    # -- the model ------------------------------------------------------------------------------
+    def start(self, config: LifecycleConfig, engines: int) -> None:
+        self.job = Job(config, engines=engines, machines=self.specs, max_faults=MAX_FAULTS)
+        self.state = self.job.initial()
+        self.path = []
+        self.seen = {self.state.key()}
+        self._succ = self._pool = None
+        self.on_start()
+
+    @property
+    def successors(self) -> list[Transition]:
+        if self._succ is None:
+            assert self.job is not None and self.state is not None
+            self._succ = list(self.job.successors(self.state))
+        return self._succ
+
+    def fault_due(self) -> bool:
+        """The next fault of the budget may be injected now (its drawn step has come)."""
+        assert self.state is not None
+        i = self.state.faults
+        return i >= len(self.fault_at) or len(self.path) >= self.fault_at[i]
+
+    def allowed(self, t: Transition) -> bool:
+        return not t.action.fault or self.fault_due()
+
+    @property
+    def pool(self) -> list[Transition]:
+        """The steps the rules choose from: every allowed step, or with ``seek_new`` (a depth-first
+        bias), only the controller steps into states this run has not visited, while any exist.
+        Faults are always offered (when due); loops are taken once nothing new is left."""
+        if self._pool is None:
+            allowed = [t for t in self.successors if not t.action.fault or self.fault_due()]
+            if self.seek_new:
+                new = [t for t in allowed if not t.action.fault and t.state.key() not in self.seen]
+                if new:
+                    allowed = new + [t for t in allowed if t.action.fault]
+            self._pool = allowed
+        return self._pool
+
+    def candidates(self, fam: str | None) -> list[Transition]:
+        if fam is None:
+            return [t for t in self.pool if not t.action.fault]
+        return [t for t in self.pool if family(t.action) == fam]
+
+    def enabled(self, fam: str | None) -> bool:
+        return self.job is not None and bool(self.candidates(fam))
+
+    def take(self, data: st.DataObject, fam: str | None) -> None:
+        """Take one candidate step of family ``fam`` (None: any step that is not a fault)."""
+        options = self.candidates(fam)
+        actions = list(dict.fromkeys(t.action for t in options))
+        action = data.draw(st.sampled_from(actions), label=fam)
+        t = next(t for t in options if t.action == action)
+        self.step(t)
+
+    def step(self, t: Transition) -> None:
+        assert self.job is not None and self.state is not None
+        before = self.state
+        self.path.append(t)
+        problems = check_step(self.job, t, before, with_state=False)
+        assert not problems, self.explain(problems)
+        self.state = t.state
+        self.seen.add(t.state.key())
+        self._succ = self._pool = None
+        self.observe(t, before)
+
+    def where(self) -> str:
+        assert self.job is not None
+        return render(self.job.config, self.path)
+
+    def explain(self, problems: list[tuple[str, str]]) -> str:
+        name, problem = problems[0]
+        return f"invariant {name}: {problem}\n{self.where()}"
+
+    def teardown(self) -> None:
+        self.job = None
+
+
+def make_machine(
+    machines: Mapping[str, MachineSpec] | None = None,
+    configs: Sequence[LifecycleConfig] | None = None,
+    engines: Sequence[int] = ENGINE_COUNTS,
+    base: type[JobModelBase] = JobModelBase,
+) -> type[JobModelBase]:
+    """A ``RuleBasedStateMachine`` class over the product model, bound to ``machines`` and ``configs``."""
+    pool = tuple(configs) if configs is not None else VALID_CONFIGS
+    assert pool, "no configs to draw from"
+
+    def enabled(fam: str) -> Callable[[JobModelBase], bool]:
+        return lambda self: self.enabled(fam)
+
+    class JobModel(base):  # type: ignore[valid-type,misc]
+        specs = dict(machines) if machines is not None else None
+
+        @initialize(
+            config=st.sampled_from(pool),
+            engines=st.sampled_from(tuple(engines)),
+            fault_at=st.lists(st.integers(0, FAULT_DELAY_MAX), min_size=MAX_FAULTS, max_size=MAX_FAULTS),
+            seek_new=st.booleans(),
+        )
+        def configure(self, config: LifecycleConfig, engines: int, fault_at: list[int], seek_new: bool) -> None:
+            self.fault_at = tuple(sorted(fault_at))
+            self.seek_new = seek_new
+            self.start(config, engines)
+
+        @precondition(enabled("rollout"))
+        @rule(data=st.data())
+        def rollout_event(self, data: st.DataObject) -> None:
+            self.take(data, "rollout")
+
+        @precondition(enabled("trainer"))
+        @rule(data=st.data())
+        def trainer_event(self, data: st.DataObject) -> None:
+            self.take(data, "trainer")
+
+        @precondition(enabled("monitor"))
+        @rule(data=st.data())
+        def monitor_event(self, data: st.DataObject) -> None:
+            self.take(data, "monitor")
+
+        @precondition(enabled("eval_fleet"))
+        @rule(data=st.data())
+        def fleet_event(self, data: st.DataObject) -> None:
+            self.take(data, "eval_fleet")
+
+        @precondition(enabled("engine"))
+        @rule(data=st.data())
+        def engine_event(self, data: st.DataObject) -> None:
+            self.take(data, "engine")
+
+        @precondition(lambda self: self.enabled(None))
+        @rule(data=st.data())
+        def any_event(self, data: st.DataObject) -> None:
+            """Any controller event or world response: the run progresses even when swarm testing
+            switched some families' rules off for this example."""
+            self.take(data, None)
+
+        @precondition(enabled("engine_fault"))
+        @rule(data=st.data())
+        def engine_fault(self, data: st.DataObject) -> None:
+            self.take(data, "engine_fault")
+
+        @precondition(enabled("rollout_fault"))
+        @rule(data=st.data())
+        def rollout_fault(self, data: st.DataObject) -> None:
+            self.take(data, "rollout_fault")
+
+        @precondition(enabled("trainer_fault"))
+        @rule(data=st.data())
+        def trainer_fault(self, data: st.DataObject) -> None:
+            self.take(data, "trainer_fault")
+
+        @precondition(enabled("fleet_fault"))
+        @rule(data=st.data())
+        def fleet_fault(self, data: st.DataObject) -> None:
+            self.take(data, "fleet_fault")
+
+        @precondition(enabled("fault"))
+        @rule(data=st.data())
+        def fault(self, data: st.DataObject) -> None:
+            """Any other fault the model may grow."""
+            self.take(data, "fault")
+
+        @precondition(enabled("world"))
+        @rule(data=st.data())
+        def world_event(self, data: st.DataObject) -> None:
+            self.take(data, "world")
+
+        @precondition(lambda self: self.job is not None and self.job.terminal(self.state))
+        @rule()
+        def rerun(self) -> None:
+            """The run ended (failed fast): start a fresh run of the same job."""
+            assert self.job is not None and self.state is not None
+            assert not self.successors, "a terminal state has successors"
+            self.start(self.job.config, self.job.engines)
+
+        @invariant()
+        def state_invariants(self) -> None:
+            assert self.job is not None and self.state is not None
+            problems = check_state(self.job, self.state)
+            assert not problems, self.explain(problems)
+
+        @invariant()
+        def no_deadlock(self) -> None:
+            assert self.job is not None and self.state is not None
+            if not self.job.terminal(self.state):
+                assert any(not t.action.fault for t in self.successors), self.explain(
+                    [("no_deadlock", f"no controller event is enabled in {self.state}")]
+                )
+
+        @invariant()
+        def every_step_has_a_rule(self) -> None:
+            assert self.job is not None and self.state is not None
+            assert self.state.faults <= self.job.max_faults
+            assert {family(t.action) for t in self.successors} <= set(FAMILIES)
+
+    return JobModel
+
+
+# -- the runtime layer against the model ------------------------------------------------------------
+class RuntimeVsModelBase(JobModelBase):
+    """Replays each product step on runtime machines and compares them with the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runtime: dict[str, Any] = {}
+        self.ledger = EffectLedger()
+        self.events = MemorySink()
+        self.log = EventLog([self.events], timestamps=False)
+        self.loop = asyncio.new_event_loop()
+
+    def on_start(self) -> None:
+        assert self.job is not None
+        specs = {**MACHINES, **(self.specs or {})}
+        self.ledger.clear()
+        self.events.clear()
+        self.runtime = {}
+        for part, name in PARTS.items():
+            count = self.job.engines if part == "engine" else 1
+            for i in range(count):
+                instance = f"engine-{i}" if part == "engine" else name
+                cls = AsyncLifecycleMachine if specs[name].is_async else LifecycleMachine
+                self.runtime[instance] = cls(specs[name], self.job.config, instance, ledger=self.ledger, log=self.log)
+
+    def fire(self, machine: Any, trigger: str) -> Any:
+        if isinstance(machine, AsyncLifecycleMachine):
+            return self.loop.run_until_complete(machine.fire(trigger))
+        return machine.fire(trigger)
+
+    def observe(self, t: Transition, before: Product) -> None:
+        ledger_before = len(self.ledger)
+        self.events.clear()
+        for m in t.moves:
+            machine = self.runtime[m.instance]
+            assert machine.state == m.src, f"{m.instance}: runtime in {machine.state}, model moved it from {m.src}"
+            result = self.fire(machine, m.trigger)
+            assert result.ok, f"{m.instance}.{m.trigger} blocked at runtime by {result.blocked_by}"
+            assert (result.src, result.dst, result.effects) == (m.src, m.dst, m.effects), (m, result)
+        # the ledger gained exactly the step's effects, in order, attributed to the right instance
+        gained = [(e.instance, e.trigger, e.effect) for e in list(self.ledger)[ledger_before:]]
+        assert gained == [(m.instance, m.trigger, e) for m in t.moves for e in m.effects]
+        logged = [
+            (e["instance"], e["trigger"], e["src"], e["dst"], tuple(e["effects"]))
+            for e in self.events
+            if e["event"] == TRANSITION
+        ]
+        assert logged == [(m.instance, m.trigger, m.src, m.dst, m.effects) for m in t.moves]
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.loop.close()
+
+
+def make_runtime_machine(
+    machines: Mapping[str, MachineSpec] | None = None,
+    configs: Sequence[LifecycleConfig] | None = None,
+    engines: Sequence[int] = ENGINE_COUNTS,
+) -> type[JobModelBase]:
+    """The product-model machine whose every step also drives (and is compared with) the runtime."""
+    cls = make_machine(machines, configs, engines, base=RuntimeVsModelBase)
+
+    class RuntimeVsModel(cls):  # type: ignore[valid-type,misc]
+        @invariant()
+        def runtime_matches_model(self) -> None:
+            s = self.state
+            assert s is not None
+            predicted = {"rollout": s.rollout, "trainer": s.trainer, "monitor": s.monitor, "eval_fleet": s.fleet}
+            predicted |= {f"engine-{i}": e.state for i, e in enumerate(s.engines)}
+            actual = {name: m.state for name, m in self.runtime.items()}
+            assert actual == predicted
+
+    return RuntimeVsModel
