@@ -17,7 +17,29 @@ from engines.process import ServerProcess
 CommandFactory = Callable[[], Sequence[str]]
 
 
-class LocalLauncher:
+class ProcessControl:
+    """kill / wait_dead / alive over a local :class:`ServerProcess` (shared by local launchers)."""
+
+    process: ServerProcess | None
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.alive:
+            self.process.kill()
+
+    async def wait_dead(self, timeout: float) -> bool:
+        if self.process is None:
+            return True
+        try:
+            await asyncio.to_thread(self.process.wait_dead, timeout)
+        except EngineTimeout:
+            return False
+        return True
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+
+class LocalLauncher(ProcessControl):
     """A server process started from this process; blocking calls run in a worker thread."""
 
     def __init__(
@@ -41,22 +63,6 @@ class LocalLauncher:
             self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path
         )
         return await asyncio.to_thread(self.process.start, self.startup_timeout)
-
-    async def kill(self) -> None:
-        if self.process is not None and self.process.alive:
-            self.process.kill()
-
-    async def wait_dead(self, timeout: float) -> bool:
-        if self.process is None:
-            return True
-        try:
-            await asyncio.to_thread(self.process.wait_dead, timeout)
-        except EngineTimeout:
-            return False
-        return True
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive
 
     async def watch(self) -> str:
         """Return (with a reason) as soon as the process exits: death is seen at once, not at a probe."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError, EngineStartError, EngineStartTimeout, EngineTimeout
+from engines.launcher import ProcessControl
 from engines.process import ServerProcess
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError, LifecycleError
@@ -273,7 +274,7 @@ class SGLangStartTimeout(EngineStartTimeout):
         )
 
 
-class SGLangBackend:
+class SGLangBackend(ProcessControl):
     """An engine slot's launcher for one SGLang server (``engines.engine.Launcher``).
 
     ``launch()`` spawns the server, then polls ``/health_generate`` and ``/flush_cache`` (each
@@ -362,22 +363,6 @@ class SGLangBackend:
             await asyncio.to_thread(self._reap, self.process)
             raise
         return self.url
-
-    async def kill(self) -> None:
-        if self.process is not None and self.process.alive:
-            self.process.kill()
-
-    async def wait_dead(self, timeout: float) -> bool:
-        if self.process is None:
-            return True
-        try:
-            await asyncio.to_thread(self.process.wait_dead, timeout)
-        except EngineTimeout:
-            return False
-        return True
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive
 
     async def watch(self) -> str:
         """Return (with a reason) once the process exits; polls, so cancelling it leaves no thread behind."""
