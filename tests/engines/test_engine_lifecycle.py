@@ -42,7 +42,8 @@ def _weights(tmp: Path, seed: int, version: str) -> str:
 
 
 def _engine(i: int, config: LifecycleConfig, ledger: EffectLedger) -> Engine:
-    launcher = RayLauncher(f"engine-{i}", lambda: torch_engine_command(seed=i), startup_timeout=90)
+    # a small per-token delay keeps requests in flight long enough to pause them
+    launcher = RayLauncher(f"engine-{i}", lambda: torch_engine_command(seed=i, step_delay_s=0.01), startup_timeout=90)
     return Engine(f"engine-{i}", config, launcher, ledger=ledger)
 
 
@@ -67,6 +68,19 @@ def test_two_engines_serve_offload_onload_and_recover_from_a_kill(tmp_path):
         assert (await client.model_info()).weight_version == "v1"
         out = await client.generate("ab", sampling_params={"max_new_tokens": 4, "temperature": 0.0})
         assert out.meta_info.weight_version == "v1"
+
+        # pause (drain, retract mode) with a request in flight, then continue: it finishes completely
+        greedy = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+        reference = await client.generate("ab", sampling_params=greedy)
+        in_flight = asyncio.create_task(client.generate("ab", sampling_params=greedy))
+        await asyncio.sleep(0.1)
+        await engines[0].drain(mode="retract")
+        paused = (await client.server_info()).internal_states[0]
+        assert paused["paused"] and not in_flight.done() and not engines[0].routable
+        await engines[0].resume()
+        finished = await asyncio.wait_for(in_flight, 30)
+        assert finished.output_ids == reference.output_ids  # retracted, re-run, identical
+        assert finished.meta_info.completion_tokens == 40
 
         # offload really releases memory, onload restores exactly that
         before = await client.server_info()
