@@ -14,16 +14,16 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 
-## run: install the package and run the main job on the embedded CPU defaults
+## run: install the package and run the main job (the RL loop) on the embedded CPU defaults
 run: venv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[engines,ray]'
-	$(BIN)/lifecycle explain
+	$(BIN)/pip install -q -e '.[engines,ray,plot]'
+	$(BIN)/lifecycle run
 
 ## test: install dev extras and test tools, then run the whole test suite
 test: venv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,engines,ray]' playwright
+	$(BIN)/pip install -q -e '.[dev,engines,ray,plot]' playwright
 	./scripts/install-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -41,7 +41,8 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_machine.py
-	$(BIN)/python benchmarks/bench_explore.py
+	$(BIN)/python benchmarks/bench_check.py
+	$(BIN)/python benchmarks/bench_engines.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts
