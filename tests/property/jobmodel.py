@@ -9,6 +9,12 @@ monitor and eval-fleet events, single-engine events, injected faults and the wor
 ``check_step``; every state with ``check_state`` and a local ``no_deadlock``. The fault budget is
 the Job's (``max_faults``, default 2), as in the explorer.
 
+Three search aids, all drawn per run (so hypothesis can shrink them away) and none of which
+removes a step the spec allows: ``any_event`` takes any non-fault step, so a run progresses even
+when swarm testing switched some family rules off; ``fault_at`` delays each fault of the budget
+to a drawn step, so runs reach weight updates and restarts before breaking them; ``seek_new``
+prefers controller steps into states this run has not visited (loops once nothing is new).
+
 ``machines`` binds the suite to (mutated) specs, ``configs`` restricts the configs drawn at
 ``@initialize`` (default: every valid config of the lattice).
 

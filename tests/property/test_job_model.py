@@ -7,10 +7,13 @@ number of runs; ``stateful_step_count`` is hypothesis' default (50 steps per run
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import Phase, settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from lifecycle.invariants import NEVER_IN_REPLAY
 from lifecycle.job import Product, Transition
+from lifecycle.mutants import MUTANTS
 
 from .jobmodel import JobModelBase, configs_where, make_machine, make_runtime_machine
 
@@ -74,3 +77,21 @@ def test_train_only_ft_never_reaches_rollout_recovery():
 def test_replay_never_constructs():
     assert all(c.load_debug_rollout_data is not None for c in REPLAY)
     run_state_machine_as_test(replay_machine())
+
+
+def test_runtime_comparison_detects_a_runtime_that_drifts_from_the_model():
+    """The runtime machines built from different specs than the model's must be caught."""
+    drifted = MUTANTS["replay_constructs_rollout_fn"].machines()
+
+    class Drifted(make_runtime_machine(configs=REPLAY)):
+        def on_start(self):
+            specs, self.specs = self.specs, drifted
+            try:
+                super().on_start()
+            finally:
+                self.specs = specs
+
+    with pytest.raises(AssertionError, match="construct_rollout_fn"):
+        run_state_machine_as_test(
+            Drifted, settings=settings(max_examples=50, database=None, derandomize=True, phases=[Phase.generate])
+        )

@@ -1,0 +1,238 @@
+"""``lifecycle check`` and the explorer: CLI behaviour, shortest counterexamples, lattice, symmetry."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lifecycle.cli import main
+from lifecycle.config import LifecycleConfig
+from lifecycle.explore import explore, lattice, run_check
+from lifecycle.invariants import INVARIANTS, check_state, check_step
+from lifecycle.job import DEAD, UP, EngineView, Job, Product, _normal
+from lifecycle.mutants import MUTANTS
+from lifecycle.predicates import vector
+
+SINGLE = ["--use-fault-tolerance", "--ft-components", "train", "--rollout-num-gpus", "2", "--jobs", "1"]
+ROLLOUT_ONLY = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2}, check_paths=False)
+
+
+def check(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- the command ------------------------------------------------------------------------------------
+def test_single_config_passes_and_prints_the_states_table(capsys):
+    code, out, err = check(capsys, *SINGLE)
+    assert code == 0, out + err
+    assert re.search(r"states\s+transitions\s+inv", out)  # the table header
+    row = next(line for line in out.splitlines() if line.startswith("--use-fault-tolerance --ft-components train"))
+    numbers = [int(n) for n in re.findall(r"\s(\d+)\s", row)]
+    assert numbers and max(numbers) > 1000  # states/transitions of a real exploration
+    assert "1 configs (1 distinct predicate vectors" in out
+    assert out.rstrip().endswith("OK: every invariant holds")
+
+
+def test_mutant_prints_a_numbered_counterexample_naming_the_invariant(capsys):
+    code, out, _ = check(capsys, "--mutant", "lock_kept_on_failed_update", "--rollout-num-gpus", "2", "--jobs", "1")
+    assert code == 1
+    steps = re.findall(r"^  (\d+)\. (.+)$", out, flags=re.M)
+    assert [int(n) for n, _ in steps] == list(range(1, len(steps) + 1))
+    assert steps[0][1].startswith("rollout.init")
+    assert steps[-1][1].startswith("the weight update fails")
+    assert "✗ invariant engine_lock_held_only_while_updating: the engine lock is still held" in out
+    assert "FAILED: 1 violation(s)" in out
+
+
+def test_json_output_parses_and_carries_the_violation_steps(capsys):
+    code, out, _ = check(
+        capsys, "--json", "--mutant", "lock_kept_on_failed_update", "--rollout-num-gpus", "2", "--jobs", "1"
+    )
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["configs"] == 1 and doc["explorations"] == 1
+    assert doc["results"][0]["states"] > 0 and doc["results"][0]["ok"] is False
+    (violation,) = doc["violations"]
+    assert violation["invariant"] == "engine_lock_held_only_while_updating"
+    assert violation["config"] == ["--rollout-num-gpus", "2"]
+    steps = violation["steps"]
+    assert [s["n"] for s in steps] == list(range(1, len(steps) + 1))
+    assert steps[-1]["action"] == "env.update_failed" and steps[-1]["fault"] is True
+    last_rollout = [m for m in steps[-1]["moves"] if m["machine"] == "rollout"]
+    assert last_rollout == [
+        {
+            "machine": "rollout",
+            "instance": "rollout",
+            "trigger": "update_failed",
+            "src": "UpdatingWeights",
+            "dst": "Ready",
+            "effects": [],  # the mutant: release_engine_lock is gone
+        }
+    ]
+
+
+def test_json_output_of_a_passing_run(capsys):
+    code, out, _ = check(capsys, "--json", *SINGLE)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["ok"] is True and doc["violations"] == []
+    assert doc["states"] == doc["results"][0]["states"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--invariant", "bogus"], "--invariant"),
+        (["--mutant", "bogus"], "--mutant"),
+        (["--engines", "9"], "--engines"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_error(capsys, argv, flag):
+    code, out, err = check(capsys, *argv, *SINGLE)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("lifecycle check: error:")
+    assert flag in err
+    if flag == "--invariant":
+        assert "bogus" in err and "engine_lock_held_only_while_updating" in err  # names the choices
+
+
+def test_invariant_selection_checks_only_that_invariant(capsys):
+    # the lock mutant breaks only the lock invariant: selecting another one passes
+    code, out, _ = check(
+        capsys,
+        "--invariant",
+        "replay_never_constructs",
+        "--mutant",
+        "lock_kept_on_failed_update",
+        "--rollout-num-gpus",
+        "2",
+        "--jobs",
+        "1",
+    )
+    assert code == 0, out
+    assert re.search(r"\s1\s+[\d.]+s\s*$", out, flags=re.M)  # the "inv" column says 1 invariant
+
+
+# -- shortest counterexamples -------------------------------------------------------------------------
+def _violation_within(job: Job, depth: int) -> bool:
+    """An independent bounded search: is any invariant violated within ``depth`` steps?"""
+    frontier = {job.initial().key(): job.initial()}
+    seen = set(frontier)
+    for _ in range(depth):
+        nxt: dict[Product, Product] = {}
+        for s in frontier.values():
+            for t in job.successors(s):
+                if check_step(job, t, s):
+                    return True
+                k = t.state.key()
+                if k not in seen:
+                    seen.add(k)
+                    nxt[k] = t.state
+        frontier = nxt
+    return False
+
+
+def _replay(job: Job, path) -> Product:
+    """Follow a counterexample's actions from the initial state; each must be a successor."""
+    s = job.initial()
+    for t in path:
+        match = [u for u in job.successors(s) if u.action == t.action]
+        assert match, f"{t.action} is not enabled in {s}"
+        s = match[0].state
+    return s
+
+
+@pytest.mark.parametrize("engines", [1, 2, 3])
+def test_counterexamples_are_shortest(engines):
+    """stopped_before_death_confirmed: a stop needs the rollout manager Ready, which needs servers_ready,
+    which needs every engine ready: init, start_servers, `engines` x ready, servers_ready, stop = engines + 4."""
+    machines = MUTANTS["stopped_before_death_confirmed"].machines()
+    result = explore(ROLLOUT_ONLY, engines=engines, machines=machines)
+    (v,) = result.violations
+    assert v.invariant == "stopped_only_after_death_confirmed"
+    assert len(v.path) == engines + 4
+    job = Job(ROLLOUT_ONLY, engines=engines, machines=machines)
+    end = _replay(job, v.path)
+    assert check_state(job, end, frozenset({v.invariant}))  # the path really ends in the violation
+    if engines <= 2:
+        assert not _violation_within(job, len(v.path) - 1)  # and nothing shorter violates anything
+
+
+def test_real_specs_have_no_short_violation_either():
+    """The bounded search can tell: it finds the mutant (above) but nothing in the real specs."""
+    assert not _violation_within(Job(ROLLOUT_ONLY, engines=2), 8)
+    assert _violation_within(
+        Job(ROLLOUT_ONLY, engines=2, machines=MUTANTS["stopped_before_death_confirmed"].machines()), 6
+    )
+
+
+# -- the lattice ---------------------------------------------------------------------------------------------
+def test_lattice_covers_all_256_combinations():
+    lat = lattice()
+    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 == 256
+    assert all(reason for _, reason in lat.invalid)
+    assert lat.valid and lat.invalid
+
+
+def test_lattice_groups_partition_the_valid_configs_by_predicate_vector():
+    lat = lattice()
+    grouped = [c for configs in lat.groups.values() for c in configs]
+    assert sorted(map(repr, grouped)) == sorted(map(repr, lat.valid))
+    for vec, configs in lat.groups.items():
+        assert {vector(c) for c in configs} == {vec}
+    assert len(lat.groups) < len(lat.valid)  # grouping saves explorations
+
+
+def test_configs_in_one_group_explore_identically():
+    lat = lattice()
+    group = next(g for g in lat.groups.values() if len(g) > 1 and not vector(g[0])[0] and len(g) < 5)
+    results = [explore(c) for c in group]
+    assert len({(r.states, r.transitions) for r in results}) == 1
+
+
+def test_run_check_in_parallel_matches_serial():
+    small = [g for g in lattice().groups.values() if g[0].debug_rollout_only or g[0].debug_train_only]
+    groups = small[:6]
+    assert len(groups) == 6
+    serial = [(r.states, r.transitions, r.ok) for r in run_check(groups, jobs=1, max_faults=1)]
+    parallel = [(r.states, r.transitions, r.ok) for r in run_check(groups, jobs=2, max_faults=1)]
+    assert serial == parallel
+
+
+def test_fault_budget_bounds_the_state_space():
+    sizes = [explore(ROLLOUT_ONLY, max_faults=f).states for f in (0, 1, 2)]
+    assert sizes[0] < sizes[1] < sizes[2]
+
+
+# -- symmetry reduction ------------------------------------------------------------------------------------------
+def test_permuted_engines_map_to_the_same_key():
+    a = EngineView("Serving", current=True)
+    b = EngineView("Unhealthy", proc=DEAD)
+    c = EngineView("Starting", proc=UP)
+    base = Product("Ready", "Ready", "Paused", "Init", (a, b, c))
+    keys = {base._replace(engines=p).key() for p in ((a, b, c), (c, b, a), (b, a, c), (c, a, b))}
+    assert len(keys) == 1
+    assert base.key() != base._replace(engines=(a, b, b)).key()
+
+
+def test_symmetry_reduction_shrinks_the_explored_space(monkeypatch):
+    reduced = explore(ROLLOUT_ONLY, engines=2)
+    monkeypatch.setattr(Product, "key", lambda self: self._replace(engines=tuple(_normal(e) for e in self.engines)))
+    unreduced = explore(ROLLOUT_ONLY, engines=2)
+    assert reduced.ok and unreduced.ok
+    assert reduced.states < unreduced.states < 2 * reduced.states + 1
+    assert unreduced.transitions > reduced.transitions
+
+
+def test_every_registered_invariant_is_selectable(capsys):
+    for name in ("no_deadlock", "engine_lock_held_only_while_updating"):
+        assert name in INVARIANTS
+    code, _, _ = check(
+        capsys, "--invariant", "no_deadlock", "--debug-rollout-only", "--rollout-num-gpus", "2", "--jobs", "1"
+    )
+    assert code == 0
