@@ -98,8 +98,8 @@ def cmd_check(ns: argparse.Namespace) -> int:
         if not ns.json:
             mark = "" if result.ok else "  ✗ " + result.violations[0].invariant
             print(
-                f"{flags[:78]:<78} {len(result.covers):>6} {result.states:>8} {result.transitions:>11} "
-                f"{result.invariants:>4} {result.seconds:>6.2f}s{mark}",
+                f"{result.states:>8} {result.transitions:>11} {result.invariants:>4} {result.seconds:>6.2f}s "
+                f"{len(result.covers):>6}  {flags}{mark}",
                 flush=True,
             )
     if only is None or "train_only_ft_rollout_side_equals_no_ft" in only:
