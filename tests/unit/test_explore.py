@@ -30,7 +30,11 @@ def test_single_config_passes_and_prints_the_states_table(capsys):
     code, out, err = check(capsys, *SINGLE)
     assert code == 0, out + err
     assert re.search(r"states\s+transitions\s+inv", out)  # the table header
-    row = next(line for line in out.splitlines() if line.startswith("--use-fault-tolerance --ft-components train"))
+    row = next(
+        line
+        for line in out.splitlines()
+        if line.endswith("--use-fault-tolerance --ft-components train --rollout-num-gpus 2")
+    )
     numbers = [int(n) for n in re.findall(r"\s(\d+)\s", row)]
     assert numbers and max(numbers) > 1000  # states/transitions of a real exploration
     assert "1 configs (1 distinct predicate vectors" in out
@@ -115,7 +119,7 @@ def test_invariant_selection_checks_only_that_invariant(capsys):
         "1",
     )
     assert code == 0, out
-    assert re.search(r"\s1\s+[\d.]+s\s*$", out, flags=re.M)  # the "inv" column says 1 invariant
+    assert re.search(r"^\s*\d+\s+\d+\s+1\s+[\d.]+s\s", out, flags=re.M)  # the "inv" column says 1 invariant
 
 
 # -- shortest counterexamples -------------------------------------------------------------------------
