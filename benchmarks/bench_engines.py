@@ -115,6 +115,26 @@ async def p1(trials: int, interval: float, timeout: float) -> tuple[list[float],
     return ours, base
 
 
+async def probe_rounds(clients: list[EngineClient]) -> tuple[float, float]:
+    """One concurrent monitor round vs the same probes one after another (warm pools); closes the clients."""
+    monitor = HealthMonitor(config(interval=10.0, timeout=5.0), "rollout", lambda e, r: None)
+    await monitor.create()
+    for c in clients:
+        monitor.add_engine(c.engine_id, lambda t, c=c: c.health_generate(timeout=t))
+    await monitor.machine.fire("resume")
+    await monitor.probe_round()  # warm the connection pools
+    t0 = time.perf_counter()
+    await monitor.probe_round()
+    concurrent = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for c in clients:
+        await c.health_generate(timeout=5)
+    sequential = time.perf_counter() - t0
+    for c in clients:
+        await c.close()
+    return concurrent, sequential
+
+
 async def p2_simulated(n: int, latency: float) -> tuple[float, float]:
     async def health(request: web.Request) -> web.Response:
         await asyncio.sleep(latency)
@@ -128,45 +148,17 @@ async def p2_simulated(n: int, latency: float) -> tuple[float, float]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     clients = [EngineClient(f"http://127.0.0.1:{port}/e{i}", engine_id=f"e{i}", timeout=5) for i in range(n)]
-    cfg = config(interval=10.0, timeout=5.0)
-    monitor = HealthMonitor(cfg, "rollout", lambda e, r: None)
-    await monitor.create()
-    for c in clients:
-        monitor.add_engine(c.engine_id, lambda t, c=c: c.health_generate(timeout=t))
-    await monitor.machine.fire("resume")
-    await monitor.probe_round()  # warm the connection pool
-    t0 = time.perf_counter()
-    await monitor.probe_round()
-    concurrent = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for c in clients:
-        await c.health_generate(timeout=5)
-    sequential = time.perf_counter() - t0
-    for c in clients:
-        await c.close()
-    await runner.cleanup()
-    return concurrent, sequential
+    try:
+        return await probe_rounds(clients)
+    finally:
+        await runner.cleanup()
 
 
 async def p2_real(n: int) -> tuple[float, float]:
     launchers = [LocalLauncher(f"e{i}", lambda i=i: torch_engine_command(seed=i)) for i in range(n)]
     urls = await asyncio.gather(*(lch.launch() for lch in launchers))
     clients = [EngineClient(u, engine_id=f"e{i}", timeout=10) for i, u in enumerate(urls)]
-    monitor = HealthMonitor(config(interval=10.0, timeout=5.0), "rollout", lambda e, r: None)
-    await monitor.create()
-    for c in clients:
-        monitor.add_engine(c.engine_id, lambda t, c=c: c.health_generate(timeout=t))
-    await monitor.machine.fire("resume")
-    await monitor.probe_round()
-    t0 = time.perf_counter()
-    await monitor.probe_round()
-    concurrent = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for c in clients:
-        await c.health_generate(timeout=5)
-    sequential = time.perf_counter() - t0
-    for c in clients:
-        await c.close()
+    concurrent, sequential = await probe_rounds(clients)
     for lch in launchers:
         await lch.kill()
     return concurrent, sequential
