@@ -26,7 +26,9 @@ from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.machines import ROLLOUT
+from lifecycle.predicates import starts_servers
 from rollout.controller import ControllerError, InferenceController, LauncherFactory
+from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_rollout, save_rollout
 from rollout.task import PatternTask
 
@@ -134,6 +136,9 @@ class RolloutExecutor:
         if "construct_rollout_fn" in result.effects:
             if self.rollout_fn_path:
                 self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
+            elif not starts_servers(self.config):
+                # plain train-only: the rollout fn is the data source and there is no engine to call
+                self.rollout_fn = PolicyRolloutFn(self.task)
             else:
                 self.rollout_fn = EngineRolloutFn(self.task)
             self.constructed.append("rollout_fn")

@@ -1,0 +1,91 @@
+"""The train-only data producer: samples drawn from the trainer's own policy, on CPU, no engines.
+
+Under plain ``--debug-train-only`` (no ``--load-debug-rollout-data``) the rollout function *is*
+constructed -- it is the data source -- but no server starts, so the default
+:class:`~rollout.executor.EngineRolloutFn` has nothing to route to. This producer fills that
+role without engines: it holds a local copy of the policy (the CPU engine's model family), loads
+the trainer's latest checkpoint (the loop hands it over after each step: ``load(path, version)``)
+and samples the task's prompts in-process, so training stays on-policy and the reward can rise.
+
+Why the policy and not fixed "SFT" samples of the target pattern: the trainer's loss is GRPO
+(group baseline), which learns nothing from groups of identical rewards, and a fixed data set
+would make the reported reward a property of the data rather than of the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from engines.model import CharTokenizer, TinyCausalLM
+from rollout.controller import ControllerError, InferenceController
+from rollout.task import PatternTask
+
+Sample = dict[str, Any]
+
+
+class PolicyRolloutFn:
+    """``rollout_fn(rollout_id, controller)`` that samples a local policy copy; ``controller`` is unused."""
+
+    def __init__(self, task: PatternTask, *, model_size: str = "tiny") -> None:
+        self.task = task
+        self.tokenizer = CharTokenizer()
+        self.model_size = model_size
+        self.model: TinyCausalLM | None = None
+        self.version: str | None = None
+
+    def load(self, path: str, version: str) -> None:
+        """Adopt the trainer's weights file (a checked load: a wrong file names itself)."""
+        if self.model is None:
+            self.model = TinyCausalLM(self.model_size)
+        self.model.load_weights(path)
+        self.version = version
+
+    async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
+        del controller  # no engines: that is the point of this producer
+        if self.model is None:
+            raise ControllerError(f"rollout {rollout_id}: the train-only producer has no policy weights yet")
+        return await asyncio.to_thread(self._sample, rollout_id)
+
+    @torch.no_grad()
+    def _sample(self, rollout_id: int) -> list[Sample]:
+        """Batched ancestral sampling at the task's temperature; seeded per rollout (deterministic runs)."""
+        assert self.model is not None
+        task = self.task
+        prompts = [p for p in task.prompts(rollout_id) for _ in range(task.group_size)]
+        prompt_ids = [self.tokenizer.encode(p) for p in prompts]
+        width = len(prompt_ids[0])
+        if any(len(ids) != width for ids in prompt_ids):
+            raise ControllerError(f"rollout {rollout_id}: prompts of unequal length are not supported here")
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        generator = torch.Generator().manual_seed(task.sampling_params(rollout_id, 0)["sampling_seed"])
+        logprobs: list[torch.Tensor] = []
+        for _ in range(task.response_len):
+            logits = self.model(ids)[:, -1].float()
+            if task.temperature > 0:
+                logits = logits / task.temperature
+            lp = torch.log_softmax(logits, dim=-1)
+            token = torch.multinomial(lp.exp(), 1, generator=generator)
+            logprobs.append(lp.gather(-1, token).squeeze(-1))
+            ids = torch.cat([ids, token], dim=1)
+        out = ids[:, width:].tolist()
+        lps = torch.stack(logprobs, dim=1).tolist()
+        samples = []
+        for index, (prompt, pids, oids, slp) in enumerate(zip(prompts, prompt_ids, out, lps, strict=True)):
+            response = self.tokenizer.decode(oids)
+            samples.append(
+                {
+                    "index": index,
+                    "group": index // task.group_size,
+                    "prompt": prompt,
+                    "prompt_ids": list(pids),
+                    "output_ids": list(oids),
+                    "response": response,
+                    "reward": task.reward(prompt, response),
+                    "logprobs": slp,
+                    "weight_version": self.version,
+                }
+            )
+        return samples
