@@ -779,7 +779,13 @@ def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Applica
                 return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
+    # SGLang: /health runs the same 1-token generation as /health_generate unless this env switch is
+    # false, then it only says the server is up (and not starting or shutting down).
+    health_generates = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() != "false"
+
     async def health(request: web.Request) -> web.Response:
+        if request.path == "/health" and not health_generates:
+            return web.Response(status=200 if engine.status == "ready" else 503)
         return web.Response(status=200 if engine.health_generate() else 503)
 
     async def ready(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from lifecycle.errors import ConfigError
 
 FT_COMPONENTS = ("train", "rollout")
+HEALTH_ENDPOINTS = ("health_generate", "health")
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
 
 
@@ -36,10 +37,11 @@ class _Flag:
     """How one field is spelled on the command line, typed, defaulted and explained."""
 
     name: str
-    kind: str  # bool | int | float | path | components
+    kind: str  # bool | int | float | path | components | choice
     default: Any
     help: str
     optional: bool = False  # None allowed
+    choices: tuple[str, ...] = ()  # kind "choice": the allowed spellings
 
     @property
     def flag(self) -> str:
@@ -96,6 +98,13 @@ FLAGS: tuple[_Flag, ...] = (
         "Consecutive failed probes before an engine is marked unhealthy.",
     ),
     _Flag("rollout_health_check_jitter", "float", 0.1, "Probe period jitter, as a fraction of the interval."),
+    _Flag(
+        "rollout_health_check_endpoint",
+        "choice",
+        "health_generate",
+        "What a health probe calls: /health_generate (a real 1-token generation) or /health (liveness only).",
+        choices=HEALTH_ENDPOINTS,
+    ),
     _Flag("engine_max_restarts", "int", 3, "Restarts allowed per engine within --engine-restart-window."),
     _Flag("engine_restart_window", "float", 600.0, "Window (seconds) over which restarts are counted."),
     _Flag("engine_restart_backoff", "float", 1.0, "First restart delay (seconds); doubles each restart."),
@@ -163,6 +172,18 @@ def _as_path(name: str, value: object) -> str | None:
     if not value.strip():
         raise ConfigError(flag, value, "the path is empty", f"pass {flag} a file path, or omit it")
     return str(value)
+
+
+def _as_choice(name: str, value: object) -> str:
+    flag, allowed = _flag(name), FLAG_BY_NAME[name].choices
+    if isinstance(value, str) and value.strip().lstrip("/") in allowed:
+        return value.strip().lstrip("/")
+    hint = ""
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value.strip().lstrip("/"), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+    choices = ", ".join(allowed)
+    raise ConfigError(flag, value, f"not one of {choices}", f"{hint}set {flag} to one of {choices}")
 
 
 def _split_components(value: object) -> list[object]:
@@ -276,6 +297,7 @@ class LifecycleConfig:
     rollout_health_check_first_wait: float = 0.0
     rollout_health_check_failure_threshold: int = 3
     rollout_health_check_jitter: float = 0.1
+    rollout_health_check_endpoint: str = "health_generate"
     engine_max_restarts: int = 3
     engine_restart_window: float = 600.0
     engine_restart_backoff: float = 1.0
@@ -297,6 +319,8 @@ class LifecycleConfig:
                 set_(self, f.name, _as_number(f.name, raw, f.kind, f.optional))
             elif f.kind == "path":
                 set_(self, f.name, _as_path(f.name, raw))
+            elif f.kind == "choice":
+                set_(self, f.name, _as_choice(f.name, raw))
 
         if self.rollout_health_check_timeout is None:  # miles' 30 s, but never longer than the interval
             interval = self.rollout_health_check_interval
@@ -635,6 +659,9 @@ def add_lifecycle_arguments(parser: argparse.ArgumentParser, *, suppress_default
             group.add_argument(f.flag, nargs="*", default=default, metavar="COMPONENT", help=f.help)
         elif f.kind == "path":
             group.add_argument(f.flag, default=default, metavar="PATH", help=f.help)
+        elif f.kind == "choice":
+            metavar = "{" + ",".join(f.choices) + "}"
+            group.add_argument(f.flag, default=default, metavar=metavar, help=f"{f.help} (default {f.default})")
         else:
             shown = "" if f.default is None else f" (default {f.default})"
             group.add_argument(f.flag, default=default, metavar="N", help=f.help + shown)

@@ -180,10 +180,15 @@ class InferenceController:
         if self.monitor is None:
             return
 
+        liveness_only = self.config.rollout_health_check_endpoint == "health"
+
         async def probe(timeout: float) -> None:
             if engine.client is None:
                 raise ControllerError(f"{engine.id}: no client")
-            await engine.client.health_generate(timeout=timeout)
+            if liveness_only:  # --rollout-health-check-endpoint health: cheaper, but misses a wedged scheduler
+                await engine.client.health(timeout=timeout)
+            else:
+                await engine.client.health_generate(timeout=timeout)
 
         self.monitor.add_engine(engine.id, probe)
 
