@@ -66,7 +66,7 @@ class EngineActor:
         """Block until the server process exits; the reason."""
         if self.process is None:
             return "never started"
-        return f"exit code {self.process.wait_dead(None)}"  # type: ignore[arg-type]  # blocking waitpid: no polling
+        return f"exit code {self.process.wait_dead(None)}"  # blocking waitpid: no polling
 
     def crash(self) -> None:
         """The actor process dies (fault: actor/node loss); its server goes with it."""

@@ -70,5 +70,5 @@ class LocalLauncher(ProcessControl):
         if proc is None:
             return "never started"
         # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll)
-        code = await asyncio.to_thread(proc.wait_dead, None)  # type: ignore[arg-type]
+        code = await asyncio.to_thread(proc.wait_dead, None)
         return f"exit code {code}"

@@ -237,16 +237,18 @@ class ServerProcess:
         """SIGTERM the process group: the CPU engine aborts in-flight requests and exits 0."""
         self._signal_group(signal.SIGTERM)
 
-    def wait_dead(self, timeout: float = 10.0) -> int:
+    def wait_dead(self, timeout: float | None = 10.0) -> int:
         """Block until the process has exited; its exit code (negative: killed by that signal).
 
-        Raises :class:`EngineTimeout` if it is still alive after ``timeout`` seconds.
+        ``timeout=None`` is a plain blocking ``waitpid``: a death watcher wakes the moment the child
+        dies instead of polling. Raises :class:`EngineTimeout` if it is still alive after ``timeout``.
         """
         try:
             return self._require().wait(timeout)
         except subprocess.TimeoutExpired:
+            waited = float(timeout or 0.0)  # only a finite timeout can expire
             raise EngineTimeout(
-                self.engine_id, "process", timeout, f"process {self.pid} still alive {timeout:g}s later"
+                self.engine_id, "process", waited, f"process {self.pid} still alive {waited:g}s later"
             ) from None
 
     def close(self, timeout: float = 5.0) -> None:
