@@ -41,7 +41,13 @@ def register_run(sub: Any) -> None:
     p.add_argument("--trainer-workers", type=int, default=1, metavar="N", help="trainer workers (default 1)")
     p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
     p.add_argument("--rollout-function", default=None, metavar="MODULE:ATTR", help="your rollout fn factory")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--async",
+        dest="async_mode",
+        action="store_true",
+        help="overlap the next step's generation with training (one step off-policy, miles' train_async; no offload)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
     add_config_arguments(p)
     p.set_defaults(func=cmd_run)
@@ -108,7 +114,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         lr=ns.lr,
         rollout_fn=ns.rollout_function,
         quiet=ns.quiet,
+        async_mode=ns.async_mode,
     )
+    loop.check_options(config, opts)  # before Ray starts: e.g. --async with --offload-rollout
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     loop.run(config, opts)
     return 0

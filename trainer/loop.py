@@ -1,9 +1,12 @@
 """The RL training loop that embeds the lifecycle (``lifecycle run``): the miles order per step.
 
 Per step: generate -> offload rollout -> train -> onload rollout weights -> update weights ->
-onload KV. Every decision about what to construct, start, monitor, offload or recover is taken by
-the machines (each call below is a machine move that its predicates may block). Writes, into the
-run directory: ``events.jsonl`` (the event log of every machine), ``metrics.jsonl`` (one line per
+onload KV. The async variant (``--async``, miles' train_async) overlaps generate(k+1) with
+train(k) -- one step off-policy -- and waits for that generation to end before the weight update
+(the rollout machine allows ``begin_update`` only from ``Ready``); it never offloads. Every
+decision about what to construct, start, monitor, offload or recover is taken by the machines
+(each call below is a machine move that its predicates may block). Writes, into the run
+directory: ``events.jsonl`` (the event log of every machine), ``metrics.jsonl`` (one line per
 step) and ``reward.png`` when matplotlib is installed.
 """
 
@@ -23,7 +26,10 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
+from lifecycle.predicates import offloads_rollout
+from rollout.controller import ControllerError
 from rollout.executor import RolloutManager
+from rollout.policy_source import PolicyRolloutFn
 from rollout.task import PatternTask
 
 FAULTS = ("kill-engine", "crash-trainer")
@@ -78,6 +84,7 @@ class RunOptions:
     rollout_fn: str | None = None
     task: PatternTask | None = None
     quiet: bool = False
+    async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
 
 
 @dataclass
@@ -140,10 +147,58 @@ def _plot(path: Path, rewards: list[float]) -> bool:
     return True
 
 
+class Progress:
+    """Step i/N, a bar, reward, engine states, elapsed/ETA: one line redrawn with ``\\r`` on a TTY,
+    one line per step otherwise (logs and pipes keep every step)."""
+
+    WIDTH = 20
+
+    def __init__(self, total: int, out: TextIO, *, quiet: bool = False, tty: bool | None = None) -> None:
+        self.total = total
+        self.out = out
+        self.quiet = quiet
+        self.tty = out.isatty() if tty is None else tty
+        self.t0 = time.monotonic()
+        self._drawn = 0  # length of the line on screen (TTY mode)
+
+    def step(self, step: int, reward: float, loss: float, engines: str, seconds: float, example: str) -> None:
+        if self.quiet:
+            return
+        done = step + 1
+        if not self.tty:
+            line = (
+                f"  step {done:>3}/{self.total}  reward {reward:.3f}  loss {loss:+.3f}  "
+                f"engines [{engines}]  {seconds:.1f}s  e.g. {example!r}"
+            )
+            print(line, file=self.out, flush=True)
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / done * (self.total - done)
+        filled = round(self.WIDTH * done / self.total)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        line = (
+            f"  step {done:>3}/{self.total} [{bar}] reward {reward:.3f}  engines [{engines}]  "
+            f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s"
+        )
+        pad = " " * max(self._drawn - len(line), 0)  # erase what a longer previous line left behind
+        self._drawn = len(line)
+        self.out.write("\r" + line + pad)
+        self.out.flush()
+
+    def close(self) -> None:
+        """End the redrawn line so the next output starts on its own line."""
+        if self.tty and self._drawn and not self.quiet:
+            self.out.write("\n")
+            self.out.flush()
+        self._drawn = 0
+
+
 async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:
-    """The sync loop. Starts Ray (or connects to ``ray_address``) only for the parts that need it."""
+    """The loop (sync, or async with ``opts.async_mode``). Starts Ray (or connects to ``ray_address``)."""
     from engines.actor import init_local_cluster
     from trainer.group import TrainerGroup
+
+    check_options(config, opts)
 
     def say(line: str) -> None:
         if not opts.quiet:
@@ -181,12 +236,38 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     )
     rewards: list[float] = []
     metrics: list[dict[str, Any]] = []
-    say(f"lifecycle run: {opts.steps} steps, mode {config.mode}, run dir {run_dir}")
+    progress = Progress(opts.steps, out, quiet=opts.quiet)
+
+    def record(step: int, samples: list[dict[str, Any]], stats: dict[str, float], ts: float) -> None:
+        """One step's metrics row (metrics.jsonl) and its progress line."""
+        reward = sum(float(s["reward"]) for s in samples) / len(samples)
+        rewards.append(reward)
+        row = {
+            "step": step,
+            "reward": round(reward, 6),
+            "samples": len(samples),
+            **{k: round(v, 6) for k, v in stats.items()},
+            "engines": manager.controller.states(),
+            "seconds": round(time.monotonic() - ts, 3),
+        }
+        metrics.append(row)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        example = samples[0]["response"] if samples else ""
+        progress.step(step, reward, stats.get("loss", 0.0), _states(manager), row["seconds"], example)
+
+    mode = f"{config.mode}, async" if opts.async_mode else config.mode
+    say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
     try:
         weights = await trainer.start()
         await manager.init(weights)
+        _feed_policy_source(manager, weights)
         say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
-        for step in range(opts.steps):
+        progress.t0 = time.monotonic()
+        if opts.async_mode:
+            await _async_steps(opts, manager, trainer, record)
+        sync_steps = 0 if opts.async_mode else opts.steps
+        for step in range(sync_steps):
             ts = time.monotonic()
             with bind_context(step=step, rollout_id=step):
                 for fault in opts.faults:
@@ -197,26 +278,11 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 stats = await trainer.train(samples)
                 await manager.onload_weights()
                 await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
+                await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 await manager.onload_kv()
-            reward = sum(float(s["reward"]) for s in samples) / len(samples)
-            rewards.append(reward)
-            row = {
-                "step": step,
-                "reward": round(reward, 6),
-                "samples": len(samples),
-                **{k: round(v, 6) for k, v in stats.items()},
-                "engines": manager.controller.states(),
-                "seconds": round(time.monotonic() - ts, 3),
-            }
-            metrics.append(row)
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            example = samples[0]["response"] if samples else ""
-            say(
-                f"  step {step + 1:>3}/{opts.steps}  reward {reward:.3f}  loss {stats.get('loss', 0.0):+.3f}  "
-                f"engines [{_states(manager)}]  {row['seconds']:.1f}s  e.g. {example!r}"
-            )
+            record(step, samples, stats, ts)
     finally:
+        progress.close()
         try:
             await manager.dispose()
         finally:
@@ -234,6 +300,80 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     say(f"  metrics: {metrics_path}")
     say(f"  plot:    {png}" if plotted else "  plot:    (pip install matplotlib for reward.png)")
     return result
+
+
+def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
+    """Refuse combinations the machines cannot honour, before anything starts."""
+    if opts.async_mode and offloads_rollout(config):
+        raise ConfigError(
+            "--async",
+            True,
+            "the async loop generates step k+1 while training step k, so the rollout engines are never idle "
+            "and cannot be offloaded (offload is allowed only from Ready)",
+            "drop --offload-rollout/--offload/--colocate, or run without --async",
+        )
+
+
+def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
+    """Plain train-only: hand the trainer's weights to the engine-less data producer."""
+    fn = manager.executor.rollout_fn
+    if isinstance(fn, PolicyRolloutFn):
+        fn.load(*weights)
+
+
+async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: Any, version: int) -> None:
+    """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
+    if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
+        _feed_policy_source(manager, (await trainer.save(version), str(version)))
+
+
+def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[dict[str, Any]]]:
+    """generate(step) as a task; its events carry step/rollout_id (the task copies the context)."""
+    with bind_context(step=step, rollout_id=step):
+        return asyncio.create_task(manager.generate(step), name=f"generate-{step}")
+
+
+async def _await_generation(pending: asyncio.Task[list[dict[str, Any]]] | None) -> None:
+    """The weight update must not start while generate runs: wait for it (its errors surface later)."""
+    if pending is not None:
+        await asyncio.wait([pending])
+
+
+async def _async_steps(
+    opts: RunOptions,
+    manager: RolloutManager,
+    trainer: Any,
+    record: Callable[[int, list[dict[str, Any]], dict[str, float], float], None],
+) -> None:
+    """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights."""
+    pending: asyncio.Task[list[dict[str, Any]]] | None = _start_generate(manager, 0)
+    try:
+        for step in range(opts.steps):
+            ts = time.monotonic()
+            with bind_context(step=step, rollout_id=step):
+                assert pending is not None
+                samples = await pending  # generated during the previous step's training (weights k-1)
+                pending = None
+                for fault in opts.faults:
+                    if fault.step == step:
+                        await _inject(fault, manager, trainer)
+                if step + 1 < opts.steps:
+                    pending = _start_generate(manager, step + 1)
+                    await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
+                stats = await trainer.train(samples)
+                await _await_generation(pending)
+                if manager.state in ("Generating", "Evaluating"):
+                    raise ControllerError(
+                        f"step {step}: weight update while the rollout manager is {manager.state}; "
+                        "begin_update is allowed only from Ready (wait for generate to end first)"
+                    )
+                await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
+                await _checkpoint_for_policy_source(manager, trainer, step + 1)
+            record(step, samples, stats, ts)
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
 
 
 async def _inject(fault: Fault, manager: RolloutManager, trainer: Any) -> None:
