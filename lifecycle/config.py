@@ -78,6 +78,13 @@ FLAGS: tuple[_Flag, ...] = (
     _Flag("rollout_num_gpus_per_engine", "int", 1, "GPUs per rollout engine."),
     _Flag("eval_num_gpus", "int", 0, "GPUs for the dedicated eval fleet (0: no fleet)."),
     _Flag("eval_num_gpus_per_engine", "int", 1, "GPUs per eval engine."),
+    _Flag(
+        "eval_interval",
+        "int",
+        None,
+        "Evaluate before the first rollout and every N rollouts after the weight update (default: never).",
+        optional=True,
+    ),
     _Flag("colocate", "bool", False, "Trainer and rollout share GPUs; implies --offload."),
     _Flag("offload", "bool", False, "Shorthand for --offload-rollout --offload-train."),
     _Flag("offload_rollout", "bool", False, "Release rollout engine memory while training."),
@@ -289,6 +296,7 @@ class LifecycleConfig:
     rollout_num_gpus_per_engine: int = 1
     eval_num_gpus: int = 0
     eval_num_gpus_per_engine: int = 1
+    eval_interval: int | None = None
     colocate: bool = False
     offload_rollout: bool = False
     offload_train: bool = False
@@ -385,6 +393,7 @@ class LifecycleConfig:
             "rollout_num_gpus",
             "rollout_num_gpus_per_engine",
             "eval_num_gpus_per_engine",
+            "eval_interval",
             "rollout_health_check_interval",
             "rollout_health_check_timeout",
             "rollout_health_check_failure_threshold",

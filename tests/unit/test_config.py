@@ -401,6 +401,24 @@ BAD: list[Bad] = [
     ),
     Bad("eval-gpus-negative", "--eval-num-gpus", "must not be negative", {**GPUS, "eval_num_gpus": -2}, value=-2),
     Bad("num-rollout-zero", "--num-rollout", "greater than 0", {**GPUS, "num_rollout": 0}, value=0),
+    Bad("eval-interval-zero", "--eval-interval", "greater than 0", {**GPUS, "eval_interval": 0}, value=0),
+    Bad("eval-interval-negative", "--eval-interval", "greater than 0", {**GPUS, "eval_interval": -3}, value=-3),
+    Bad("eval-interval-fraction", "--eval-interval", "whole number", {**GPUS, "eval_interval": 2.5}, value=2.5),
+    Bad("eval-interval-bool", "--eval-interval", "got a boolean", {**GPUS, "eval_interval": True}, value=True),
+    Bad(
+        "argv-eval-interval-word",
+        "--eval-interval",
+        "not a number",
+        argv=["--rollout-num-gpus", "2", "--eval-interval", "often"],
+        value="often",
+    ),
+    Bad(
+        "argv-eval-interval-zero",
+        "--eval-interval",
+        "greater than 0",
+        argv=["--rollout-num-gpus", "2", "--eval-interval", "0"],
+        value=0,
+    ),
     # -- types ---------------------------------------------------------------------------------
     Bad("bool-for-number", "--rollout-num-gpus", "got a boolean", {"rollout_num_gpus": True}, value=True),
     Bad(
@@ -932,6 +950,14 @@ def test_to_flags_is_minimal() -> None:
     assert "--debug-train-only" not in replay.to_flags()
 
 
+def test_eval_interval_default_none_and_parses() -> None:
+    assert LifecycleConfig.from_args(["--rollout-num-gpus", "2"]).eval_interval is None
+    config = LifecycleConfig.from_args(["--rollout-num-gpus", "2", "--eval-interval", "5"])
+    assert config.eval_interval == 5
+    assert config.to_flags() == ["--rollout-num-gpus", "2", "--eval-interval", "5"]
+    assert LifecycleConfig.from_mapping({**GPUS, "eval-interval": "1"}).eval_interval == 1
+
+
 def test_config_is_frozen() -> None:
     config = LifecycleConfig.from_mapping(GPUS)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -1045,6 +1071,7 @@ PLAUSIBLE = {
     "engine_restart_backoff": st.floats(-1, 60),
     "engine_restart_backoff_max": st.floats(-1, 60),
     "num_rollout": st.one_of(st.none(), st.integers(-1, 5)),
+    "eval_interval": st.one_of(st.none(), st.integers(-1, 5), st.just(2.5)),
 }
 assert set(PLAUSIBLE) == set(KEYS)
 PLAUSIBLE_MAPPING = st.fixed_dictionaries(
