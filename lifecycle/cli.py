@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 from lifecycle.config import LifecycleConfig, add_lifecycle_arguments, load_config_file
-from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.errors import LifecycleError, UsageError
 
 EMBEDDED = {"cpu": "cpu.toml"}
 
@@ -99,8 +100,17 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a rejected command line raises :class:`UsageError` instead of printing the
+    whole usage block and exiting: ``main`` then reports it like any other bad input (one paragraph,
+    exit 2). Subparsers inherit the class (``add_subparsers`` uses ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lifecycle",
         description="rl-lifecycle: explicit, checkable lifecycle machines for RL post-training jobs.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -117,20 +127,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _paragraph(exc: BaseException) -> str:
+    """The error as one paragraph: parser messages (YAML, TOML) carry line breaks and blank lines."""
+    return " ".join(str(exc).split())
+
+
+def _report(prog: str, exc: BaseException, debug: bool, *, cause: BaseException | None = None) -> int:
+    if debug:
+        traceback.print_exception(cause or exc, file=sys.stderr)
+    print(f"{prog}: error: {_paragraph(exc)}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Bad input -- a rejected flag, a ``ConfigError``, any ``LifecycleError``, a file the OS refuses --
+    is one paragraph on stderr and exit 2; ``--debug`` prints the traceback above it (still exit 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    try:
+        ns = parser.parse_args(argv)
+    except UsageError as exc:
+        return _report(exc.prog, exc, "--debug" in argv)
     func: Callable[[argparse.Namespace], int] | None = getattr(ns, "func", None)
     if func is None:
         parser.print_help()
         return 2
+    prog = f"lifecycle {ns.command}"
     try:
         return func(ns)
-    except (ConfigError, LifecycleError) as exc:
-        if ns.debug:
+    except LifecycleError as exc:  # ConfigError, UsageError, ReplayDataError, EngineError, ...
+        return _report(prog, exc, ns.debug)
+    except OSError as exc:
+        if exc.filename is None:  # not a file problem: a bug or an environment failure, show it whole
             raise
-        print(f"lifecycle {ns.command}: error: {exc}", file=sys.stderr)
-        return 2
+        problem = LifecycleError(
+            f"{exc.filename}: {exc.strerror or exc}. Fix: check that the path exists and is readable/writable"
+        )
+        return _report(prog, problem, ns.debug, cause=exc)
 
 
 if __name__ == "__main__":

@@ -614,9 +614,18 @@ class LifecycleConfig:
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a config file into a mapping; any problem is a ConfigError naming the file."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError("--config", str(p), "a directory, not a config file", "pass a .toml, .yaml or .json file")
     if not p.is_file():
         raise ConfigError("--config", str(p), "the config file does not exist", "check the path")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:  # permissions, I/O errors: name the file, never a traceback
+        raise ConfigError(
+            "--config", str(p), f"cannot read it ({exc.strerror or exc})", "check its permissions"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", str(p), f"not UTF-8 text ({exc.reason})", "save the file as UTF-8 text") from None
     suffix = p.suffix.lower()
     try:
         if suffix == ".toml":

@@ -32,6 +32,19 @@ class ConfigError(LifecycleError, ValueError):
         return ConfigError(self.flag, self.value, self.problem, self.fix, source=source)
 
 
+class UsageError(LifecycleError):
+    """A command line argparse rejects (unknown flag, ``--steps abc``, a bad ``--format`` choice).
+
+    Raised instead of argparse's exit so the CLI reports it like every other bad input: one
+    paragraph naming the flag and the fix, exit 2, a traceback only under ``--debug``.
+    """
+
+    def __init__(self, prog: str, message: str) -> None:
+        self.prog = prog
+        self.message = message
+        super().__init__(f"{message}. Fix: see `{prog} --help` for the accepted flags and values")
+
+
 class SpecError(LifecycleError):
     """A machine specification that fails definition-time validation.
 

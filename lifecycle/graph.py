@@ -213,12 +213,19 @@ def load_json(path: str | Path) -> GraphJSON:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise LifecycleError(f"cannot read graph JSON {str(p)!r}: {exc}") from None
+        raise ConfigError(
+            "--compare",
+            str(p),
+            f"cannot read the graph JSON ({exc})",
+            "write one with `lifecycle graph --format json -o FILE`",
+        ) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise LifecycleError(
-            f"{str(p)!r} is not a {SCHEMA} export (schema: {found!r}); "
-            "write one with `lifecycle graph --format json -o FILE`"
+        raise ConfigError(
+            "--compare",
+            str(p),
+            f"the file is not a {SCHEMA} export (schema: {found!r})",
+            "write one with `lifecycle graph --format json -o FILE`",
         )
     return data  # type: ignore[return-value]
 
@@ -654,7 +661,7 @@ def cmd_graph(ns: argparse.Namespace) -> int:
     config, preset_name = _config(ns)
     machines = list(MACHINES) if ns.machine == "all" else [ns.machine]
     if ns.compare is not None and ns.format != "html":
-        raise LifecycleError("--compare only applies to --format html")
+        raise LifecycleError("--compare only applies to --format html. Fix: add --format html, or drop --compare")
     if ns.format == "html":
         from lifecycle.review import build_review
 
@@ -680,6 +687,13 @@ def cmd_graph(ns: argparse.Namespace) -> int:
 
 
 def _cmd_check(directory: str) -> int:
+    if not Path(directory).is_dir():  # a typo must not read as "every golden graph is missing"
+        raise ConfigError(
+            "--check",
+            directory,
+            "not a directory",
+            "pass the golden graphs folder (docs/graphs); create one with --write",
+        )
     problems = check_golden(directory)
     if not problems:
         print(f"{directory}: the committed graphs match the specs")
@@ -695,7 +709,12 @@ def _cmd_check(directory: str) -> int:
 
 def _emit(data: bytes, output: str | None, *, binary: bool) -> int:
     if output:
-        Path(output).write_bytes(data)
+        try:
+            Path(output).write_bytes(data)
+        except OSError as exc:
+            raise ConfigError(
+                "-o", output, f"cannot write there ({exc.strerror or exc})", "pick a writable path"
+            ) from None
         return 0
     if not binary:
         sys.stdout.write(data.decode("utf-8"))

@@ -21,7 +21,11 @@ Event = dict[str, Any]
 
 def load(path: str | os.PathLike[str], only: Sequence[str] | None = None) -> list[Event]:
     """The canonical events of one log, optionally of some machines only."""
-    events = [canonical(e) for e in read_jsonl(path)]
+    raw = read_jsonl(path)
+    for number, e in enumerate(raw, start=1):
+        if not isinstance(e, dict):  # valid JSON, but not an event (a list, a string, a number)
+            raise ValueError(f"{path}: event {number} is a JSON {type(e).__name__}, not an event object")
+    events = [canonical(e) for e in raw]
     if only:
         wanted = set(only)
         events = [e for e in events if e.get("machine") in wanted]
@@ -84,15 +88,47 @@ def register_trace(sub: Any) -> None:
     p.set_defaults(func=lambda ns: (p.print_help(), 2)[1])
 
 
+def torn_tail(path: str | os.PathLike[str]) -> bool:
+    """Whether the log ends in a partial line (its writer was killed mid-write): ``load`` skips it."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(max(0, f.tell() - 65536))
+        tail = f.read()
+    last = tail.rsplit(b"\n", 1)[-1]
+    if not last.strip():
+        return False
+    try:
+        json.loads(last)
+    except ValueError:
+        return True
+    return False
+
+
 def _load(path: str, only: Sequence[str] | None) -> list[Event]:
+    import sys
+
     from lifecycle.errors import ConfigError
 
     try:
-        return load(path, only)
+        events = load(path, only)
+        torn = torn_tail(path)
     except FileNotFoundError:
         raise ConfigError("trace", path, "the event log does not exist", "pass an events.jsonl file") from None
+    except IsADirectoryError:
+        raise ConfigError("trace", path, "a directory, not an event log", "pass its events.jsonl file") from None
+    except OSError as exc:
+        raise ConfigError("trace", path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
     except ValueError as exc:
         raise ConfigError("trace", path, str(exc), "pass an events.jsonl written by lifecycle run") from None
+    if torn:
+        print(
+            f"lifecycle trace: note: {path}: the last line is incomplete (the writer was killed mid-line); "
+            "it was skipped, every complete line before it is shown",
+            file=sys.stderr,
+        )
+    return events
 
 
 def cmd_diff(ns: argparse.Namespace) -> int:
