@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import socket
 import time
@@ -85,12 +86,36 @@ def _positive(flag: str, value: int) -> None:
         raise ConfigError(flag, value, "must be at least 1", f"set {flag} to a positive number")
 
 
+def _check_lr(value: float) -> None:
+    if not math.isfinite(value) or value <= 0:  # nan/inf/<=0 would only surface as a dead trainer actor
+        raise ConfigError("--lr", value, "must be a finite number greater than 0", "use e.g. --lr 1e-2")
+
+
+def _check_rollout_function(path: str) -> None:
+    """Import ``MODULE:ATTR`` now, so a typo is a flag error before Ray starts, not a traceback mid-run."""
+    module, _, attr = path.partition(":")
+    fix = "pass MODULE:ATTR of an importable factory, e.g. mypkg.rollout:make_rollout_fn"
+    if not module or not attr:
+        raise ConfigError("--rollout-function", path, "not in MODULE:ATTR form", fix)
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise ConfigError("--rollout-function", path, f"cannot import {module!r} ({exc})", fix) from None
+    except AttributeError:
+        raise ConfigError("--rollout-function", path, f"module {module!r} has no {attr!r}", fix) from None
+    if not callable(factory):
+        raise ConfigError("--rollout-function", path, f"{attr!r} is not callable", fix)
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from lifecycle.cli import config_from_args
 
     config = config_from_args(ns)
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
+    _check_lr(ns.lr)
+    if ns.rollout_function:
+        _check_rollout_function(ns.rollout_function)
     if ns.engines is not None:
         _positive("--engines", ns.engines)
         if config.starts_servers:

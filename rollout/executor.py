@@ -153,7 +153,7 @@ class RolloutExecutor:
                 raise ControllerError("replay generate did not load data")
             path = self.config.load_debug_rollout_data
             assert path is not None
-            return load_rollout(path, rollout_id)
+            return load_rollout(path, rollout_id, trainable=True)
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
         await self.controller.begin_generate()

@@ -18,6 +18,9 @@ from typing import Any
 from lifecycle.errors import LifecycleError
 
 SCHEMA = "rl-lifecycle/rollout@1"
+# What the trainer reads from every sample (GRPO groups, token ids, reward): checked up front under
+# ``trainable=True`` so a damaged-but-checksummed file is a ReplayDataError, not a KeyError in a worker.
+TRAIN_FIELDS = {"group": (int, str), "prompt_ids": list, "output_ids": list, "reward": (int, float)}
 
 
 class ReplayDataError(LifecycleError):
@@ -48,8 +51,9 @@ def save_rollout(template: str, rollout_id: int, samples: Sequence[Mapping[str, 
     return path
 
 
-def load_rollout(template: str, rollout_id: int) -> list[dict[str, Any]]:
-    """Read one rollout's samples, verifying schema, rollout id and checksum."""
+def load_rollout(template: str, rollout_id: int, *, trainable: bool = False) -> list[dict[str, Any]]:
+    """Read one rollout's samples, verifying schema, rollout id and checksum (and, with ``trainable``,
+    that there are samples and each has the fields the trainer reads, with the right types)."""
     path = rollout_path(template, rollout_id)
     if not path.is_file():
         raise ReplayDataError(
@@ -96,4 +100,18 @@ def load_rollout(template: str, rollout_id: int) -> list[dict[str, Any]]:
     samples = payload["samples"]
     if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
         raise ReplayDataError(path, rollout_id, "samples is not a list of objects", "re-create the file")
+    if trainable:
+        _check_trainable(path, rollout_id, samples)
     return samples
+
+
+def _check_trainable(path: Path, rollout_id: int, samples: list[dict[str, Any]]) -> None:
+    fix = "replay files written by --save-debug-rollout-data of a training run"
+    if not samples:
+        raise ReplayDataError(path, rollout_id, "the rollout holds no samples, so there is nothing to train on", fix)
+    for index, sample in enumerate(samples):
+        for name, kind in TRAIN_FIELDS.items():
+            value = sample.get(name)
+            if value is None or isinstance(value, bool) or not isinstance(value, kind):
+                problem = f"sample {index} has no usable {name!r} (got {value!r})"
+                raise ReplayDataError(path, rollout_id, problem, fix)
