@@ -34,6 +34,7 @@ from lifecycle.job import ENGINE_PLAN, UPDATING_ENGINE
 from lifecycle.ledger import EffectLedger
 from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.predicates import rollout_ft
+from rollout.eval_fleet import EvalFleet
 
 GONE = frozenset({"Failed", "Disposed", "Stopped", "Init"})
 LauncherFactory = Callable[[str], Any]
@@ -75,6 +76,8 @@ class InferenceController:
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._closing = False
+        self.eval_fleet: EvalFleet | None = None  # only when servers_ready says start_eval_fleet
+        self.eval_alive_timeout = 60.0  # the eval fleet's bounded wait for its engines at pin
 
     # -- views -----------------------------------------------------------------------------------
     def states(self) -> dict[str, str]:
@@ -141,6 +144,8 @@ class InferenceController:
                 await self.monitor.stop()
             elif effect == "arm_ci_fault_injection":
                 self.ci_armed = True
+            elif effect == "start_eval_fleet":
+                await self._start_eval_fleet()
             elif effect == "stop_servers":
                 await self._stop_engines()
 
@@ -225,6 +230,9 @@ class InferenceController:
 
     async def engine_unhealthy(self, engine_id: str, reason: str) -> None:
         """Out of routing at once; without rollout FT the engine fails and the run will stop."""
+        if self.eval_fleet is not None and engine_id in self.eval_fleet.ids:
+            await self.eval_fleet.engine_unhealthy(engine_id, reason)  # the fleet restarts it at its next pin
+            return
         engine = self.engine(engine_id)
         await engine.mark_unhealthy(reason)
         if engine.state == "Unhealthy" and not rollout_ft(self.config):
@@ -257,6 +265,39 @@ class InferenceController:
 
     async def end_generate(self) -> FireResult:
         return await self._op("generate_done")
+
+    # -- eval ---------------------------------------------------------------------------------------------
+    async def _start_eval_fleet(self) -> None:
+        """The ``start_eval_fleet`` effect: the dedicated eval engines, with the rollout launcher factory.
+
+        With rollout FT the rollout monitor also probes the eval engines (``eval_fleet_self_probes`` is
+        false, so the fleet does not); its verdicts reach the fleet through :meth:`engine_unhealthy`.
+        """
+        if self.launcher_factory is None:
+            raise ControllerError("start_eval_fleet: no launcher factory")
+        monitor = self.monitor
+
+        def unwatch(engine: Engine) -> None:
+            if monitor is not None:
+                monitor.remove_engine(engine.id)
+
+        self.eval_fleet = EvalFleet(
+            self.config,
+            self.launcher_factory,
+            log=self.log,
+            ledger=self.ledger,
+            timeouts=self.timeouts,
+            alive_timeout=self.eval_alive_timeout,
+            watch=self._monitor_add,
+            unwatch=unwatch,
+        )
+        await self.eval_fleet.create()
+
+    async def begin_eval(self) -> FireResult:
+        return await self._op("eval")
+
+    async def end_eval(self) -> FireResult:
+        return await self._op("eval_done")
 
     # -- memory -------------------------------------------------------------------------------------------
     async def offload(self) -> FireResult | None:
@@ -350,6 +391,8 @@ class InferenceController:
     # -- disposal ---------------------------------------------------------------------------------------
     async def _stop_engines(self) -> None:
         self._closing = True
+        if self.eval_fleet is not None:
+            await self.eval_fleet.dispose()
         for engine in self.engines:
             self._unwatch(engine)
             try:
@@ -362,6 +405,8 @@ class InferenceController:
     async def close(self) -> None:
         """Best-effort cleanup whatever the states: kill processes, stop watchers, close clients."""
         self._closing = True
+        if self.eval_fleet is not None:
+            await self.eval_fleet.close()
         for engine in self.engines:
             with contextlib.suppress(Exception):
                 await engine.launcher.kill()

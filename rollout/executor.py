@@ -7,6 +7,11 @@ plain train-only does. ``generate(rollout_id)`` either reads the saved rollout (
 the rollout function between the controller's generate boundaries, and saves the samples when
 the ``generate_done`` move says ``save_rollout_data``.
 
+``eval(rollout_id)`` runs the eval function (built only on ``construct_eval_fn``) between the
+rollout machine's ``eval``/``eval_done`` moves: on the dedicated eval fleet when one exists (pinned
+to the controller's committed weights; a pin that fails is a typed skip, never an eval on mixed
+weights), otherwise on the rollout engines, as miles does without ``--eval-num-gpus``.
+
 A user can plug in their own rollout function by import path (``module:attr``): a callable
 ``factory(task) -> rollout_fn`` where ``rollout_fn(rollout_id, controller) -> list[sample]`` is async.
 """
@@ -15,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engines.engine import Engine, Timeouts
@@ -34,6 +41,90 @@ from rollout.task import PatternTask
 
 Sample = dict[str, Any]
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
+OnUnhealthy = Callable[[str, str], Awaitable[None]]
+# Held-out eval prompts: training uses rollout ids >= 0, so negative ids never overlap, and every eval
+# sees the same set (eval rewards of different steps compare).
+EVAL_PROMPT_IDS = (-1, -2)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One eval: the mean greedy reward, or why it was skipped (``unhealthy``, ``pin_violation``, ...)."""
+
+    rollout_id: int
+    reward: float | None
+    weight_version: str | None = None
+    on: str = ""  # "eval_fleet" or "rollout" (the engines it ran on)
+    skipped: str | None = None
+    detail: str = ""
+    samples: int = 0
+    seconds: float = 0.0
+
+
+class EvalFailed(ControllerError):
+    """Eval requests failed on every engine."""
+
+
+class EngineEvalFn:
+    """The default eval function: greedy answers to the held-out prompts, scored by the task's reward."""
+
+    def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
+        self.task = task
+        self.tokenizer = CharTokenizer()
+        self.max_tries = max_tries
+
+    def prompts(self) -> list[str]:
+        return [p for rid in EVAL_PROMPT_IDS for p in self.task.prompts(rid)]
+
+    async def __call__(
+        self, rollout_id: int, engines: Callable[[], list[Engine]], on_unhealthy: OnUnhealthy
+    ) -> list[Sample]:
+        params = {"max_new_tokens": self.task.response_len, "temperature": 0.0, "ignore_eos": True}
+        todo = list(enumerate(self.prompts()))
+        total = len(todo)
+        done: dict[int, Sample] = {}
+        for _ in range(self.max_tries):
+            todo = [t for t in todo if t[0] not in done]
+            if not todo:
+                break
+            routable = [e for e in engines() if e.client is not None]
+            if not routable:
+                break
+            shards: dict[int, list[tuple[int, str]]] = {}
+            for n, item in enumerate(todo):
+                shards.setdefault(n % len(routable), []).append(item)
+            await asyncio.gather(
+                *(self._shard(routable[i], shard, params, done, on_unhealthy) for i, shard in shards.items())
+            )
+        if len(done) < total:
+            raise EvalFailed(f"eval {rollout_id}: {total - len(done)} of {total} prompts failed on every engine")
+        return [done[i] for i in sorted(done)]
+
+    async def _shard(
+        self,
+        engine: Engine,
+        shard: list[tuple[int, str]],
+        params: dict[str, Any],
+        done: dict[int, Sample],
+        on_unhealthy: OnUnhealthy,
+    ) -> None:
+        assert engine.client is not None
+        try:
+            answers = await engine.client.generate_batch(
+                input_ids=[self.tokenizer.encode(p) for _, p in shard], sampling_params=params
+            )
+        except EngineError as exc:
+            await on_unhealthy(engine.id, f"eval generate failed: {exc}")
+            return
+        for (index, prompt), answer in zip(shard, answers, strict=True):
+            done[index] = {
+                "index": index,
+                "prompt": prompt,
+                "response": answer.text,
+                "reward": self.task.reward(prompt, answer.text),
+                "weight_version": answer.meta_info.weight_version,
+                "engine": engine.id,
+            }
 
 
 class EngineRolloutFn:
@@ -129,6 +220,7 @@ class RolloutExecutor:
         self.task = task
         self.rollout_fn_path = rollout_fn_path
         self.rollout_fn: RolloutFn | None = None
+        self.eval_fn: EngineEvalFn | None = None
         self.constructed: list[str] = []
 
     def init(self) -> FireResult:
@@ -143,7 +235,8 @@ class RolloutExecutor:
                 self.rollout_fn = EngineRolloutFn(self.task)
             self.constructed.append("rollout_fn")
         if "construct_eval_fn" in result.effects:
-            self.constructed.append("eval_fn")  # eval reuses the task's reward (no separate object)
+            self.eval_fn = EngineEvalFn(self.task)
+            self.constructed.append("eval_fn")
         return result
 
     async def generate(self, rollout_id: int) -> list[Sample]:
@@ -164,6 +257,52 @@ class RolloutExecutor:
         if "save_rollout_data" in done.effects and self.config.save_debug_rollout_data:
             save_rollout(self.config.save_debug_rollout_data, rollout_id, samples, task=self.task.pattern)
         return samples
+
+    async def eval(self, rollout_id: int) -> EvalResult:
+        """The ``eval``/``eval_done`` moves around one eval: on the pinned eval fleet, else the rollout engines."""
+        t0 = time.monotonic()
+        controller = self.controller
+        fleet = controller.eval_fleet
+        if self.eval_fn is None:  # replay: the construction gate built no eval function
+            return EvalResult(rollout_id, None, skipped="no_eval_fn", detail=f"rollout manager in {self.state}")
+        if fleet is None and not controller.engines:  # plain train-only: no server to evaluate on
+            return EvalResult(rollout_id, None, skipped="no_engines", detail="no rollout server and no eval fleet")
+        await controller.begin_eval()
+        try:
+            if fleet is None:
+                samples = await self.eval_fn(rollout_id, controller.routable, controller.engine_unhealthy)
+                return _eval_result(rollout_id, samples, "rollout", t0)
+            if controller.weights is None:
+                raise ControllerError("eval: the eval fleet has no committed weights to pin")
+            pin = await fleet.pin(*controller.weights)
+            try:
+                if not pin.ok:
+                    return EvalResult(
+                        rollout_id, None, pin.weight_version, "eval_fleet", pin.reason, pin.detail, 0, _since(t0)
+                    )
+                try:
+                    samples = await self.eval_fn(rollout_id, fleet.routable, fleet.engine_unhealthy)
+                except EvalFailed as exc:
+                    return EvalResult(rollout_id, None, pin.weight_version, "eval_fleet", "unhealthy", str(exc))
+                return _eval_result(rollout_id, samples, "eval_fleet", t0)
+            finally:
+                await fleet.release()
+        finally:
+            await controller.end_eval()
+
+    @property
+    def state(self) -> str:
+        return self.machine.state
+
+
+def _since(t0: float) -> float:
+    return round(time.monotonic() - t0, 3)
+
+
+def _eval_result(rollout_id: int, samples: list[Sample], on: str, t0: float) -> EvalResult:
+    versions = sorted({str(s["weight_version"]) for s in samples})
+    reward = sum(float(s["reward"]) for s in samples) / len(samples)
+    return EvalResult(rollout_id, reward, ",".join(versions), on, samples=len(samples), seconds=_since(t0))
 
 
 class RolloutManager:
@@ -209,6 +348,12 @@ class RolloutManager:
         self.controller.check()
         await self.controller.catch_up()
         return await self.executor.generate(rollout_id)
+
+    async def eval(self, rollout_id: int) -> EvalResult:
+        """miles' ``rollout_manager.eval``: restarted rollout engines catch up first, as for generate."""
+        self.controller.check()
+        await self.controller.catch_up()
+        return await self.executor.eval(rollout_id)
 
     async def offload(self) -> None:
         await self.controller.offload()
