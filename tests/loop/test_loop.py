@@ -18,7 +18,8 @@ from lifecycle.trace import diff, load
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from trainer.loop import RunOptions, RunResult, parse_fault, run_loop
+from rollout.controller import ControllerError
+from trainer.loop import Progress, RunOptions, RunResult, parse_fault, run_loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -95,3 +96,65 @@ def test_seed_scenario_2_train_only_ft_equals_no_ft_and_rollout_ft_recovers(tmp_
     assert ("PendingWeights", "LoadingWeights") in path  # a recovered engine gets weights before it serves
     assert result.metrics[-1]["engines"] == {"engine-0": "Quiesced", "engine-1": "Quiesced"}
     assert "start_monitor" in _effects(events)
+
+
+def test_plain_train_only_trains_without_engines(tmp_path: Path) -> None:
+    """--debug-train-only without replay: the rollout fn is constructed and is the data source (the policy,
+    sampled on CPU from the trainer's checkpoints); no engine, server or monitor ever appears."""
+    config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
+    result = _run(config, tmp_path / "to", 6)
+    assert len(result.rewards) == 6
+    assert sum(result.rewards[-2:]) > sum(result.rewards[:2]), result.rewards  # on-policy: the reward moves up
+    assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # producer and trainer agree on the policy
+    events = read_jsonl(tmp_path / "to" / "events.jsonl")
+    assert not [e for e in events if e.get("machine") in ("engine", "monitor", "eval_fleet")]
+    effects = _effects(events)
+    assert "construct_rollout_fn" in effects
+    assert not effects & {"start_servers", "start_monitor", "probe_engine", "transfer_weights", "stop_servers"}
+    rollout = [e for e in events if e.get("machine") == "rollout" and e.get("event") == "lifecycle.transition"]
+    assert [e["dst"] for e in rollout[:2]] == ["Constructed", "Ready"]  # init, skip_servers
+    trains = [e for e in events if e.get("machine") == "trainer" and e.get("trigger") == "train_done"]
+    assert len(trains) == 6
+
+
+def test_train_only_with_the_engine_rollout_fn_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-introduce the bug (train-only constructs the engine rollout fn): the run stops, no routable engine."""
+    import rollout.executor
+
+    monkeypatch.setattr(rollout.executor, "starts_servers", lambda config: True)
+    config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
+    with pytest.raises(ControllerError, match="no routable engine"):
+        _run(config, tmp_path / "bug", 2)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_redraws_one_line_on_a_tty() -> None:
+    out = _Tty()
+    progress = Progress(10, out)
+    for step in range(3):
+        progress.step(step, 0.1 * step, 0.0, "S S", 0.5, "abab")
+    text = out.getvalue()
+    assert "\n" not in text and text.count("\r") == 3
+    last = text.split("\r")[-1]
+    assert "step   3/10 [######--------------] reward 0.200" in last
+    assert "engines [S S]" in last and "elapsed, ETA" in last
+    progress.close()
+    assert out.getvalue().endswith("\n")
+
+
+def test_progress_prints_a_line_per_step_otherwise() -> None:
+    out = io.StringIO()
+    progress = Progress(2, out)
+    progress.step(0, 0.25, 0.5, "Q Q", 1.0, "ab")
+    progress.step(1, 0.5, -0.5, "Q Q", 1.0, "ab")
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in out.getvalue()
+    assert lines[1].startswith("  step   2/2  reward 0.500  loss -0.500  engines [Q Q]")
+    quiet = io.StringIO()
+    Progress(2, quiet, quiet=True).step(0, 0.0, 0.0, "", 0.0, "")
+    assert quiet.getvalue() == ""
