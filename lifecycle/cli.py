@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any, NoReturn
 
 from lifecycle.config import LifecycleConfig, add_lifecycle_arguments, load_config_file
-from lifecycle.errors import LifecycleError, UsageError
+from lifecycle.errors import ConfigError, LifecycleError, UsageError
 
 EMBEDDED = {"cpu": "cpu.toml"}
 
@@ -48,9 +48,16 @@ def config_from_args(ns: argparse.Namespace, *, check_paths: bool = True) -> Lif
         source = f"embedded {source} defaults"
     elif source not in (None, "none"):
         values.update(load_config_file(source))
+    from_file = {str(k).lstrip("-").replace("-", "_") for k in values}
     explicit = {k: v for k, v in vars(ns).items() if k.replace("-", "_") in _flag_names()}
     values.update(explicit)
-    config = LifecycleConfig.from_mapping(values, check_paths=check_paths, source=None)
+    try:
+        config = LifecycleConfig.from_mapping(values, check_paths=check_paths, source=None)
+    except ConfigError as exc:
+        key = exc.flag.lstrip("-").replace("-", "_")
+        if exc.source is None and key in from_file and key not in explicit:  # the value came from the file: say so
+            raise exc.with_source(str(source)) from None
+        raise
     config.emit_warnings()
     return config
 
