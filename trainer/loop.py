@@ -273,6 +273,11 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 for fault in opts.faults:
                     if fault.step == step:
                         await _inject(fault, manager, trainer)
+                evals: dict[str, float] = {}  # this step's eval rewards (a skipped eval has none: see events)
+                if config.eval_interval is not None and step == 0:  # miles: eval before the first rollout
+                    initial = await manager.eval(step)
+                    if initial.reward is not None:
+                        evals["eval_reward"] = initial.reward
                 samples = await manager.generate(step)
                 await manager.offload()
                 stats = await trainer.train(samples)
@@ -280,7 +285,13 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 await manager.onload_kv()
-            record(step, samples, stats, ts)
+                if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
+                    periodic = await manager.eval(step)  # on the weights just pushed
+                    if periodic.reward is not None:
+                        if "eval_reward" in evals:
+                            evals["eval_reward_initial"] = evals["eval_reward"]
+                        evals["eval_reward"] = periodic.reward
+            record(step, samples, {**stats, **evals}, ts)
     finally:
         progress.close()
         try:
