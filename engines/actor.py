@@ -2,14 +2,21 @@
 
 An :class:`EngineActor` owns one engine server process; :class:`RayLauncher` is the engine
 slot's handle on it. Fault hooks (``kill_server``: the HTTP server dies while the actor lives;
-``crash``: the actor process itself dies) serve fault injection. ``watch()`` resolves the moment
-the server process exits -- or raises when the actor dies -- so death is detected from Ray
-itself, not at the next health probe.
+``crash``: the actor process itself dies; ``pause_server``: SIGSTOP, the server hangs without
+dying) serve fault injection (``engines.faults``). ``watch()`` resolves the moment the server
+process exits -- or raises when the actor dies -- so death is detected from Ray itself, not at
+the next health probe.
+
+``init_local_cluster(nodes=N)`` starts a head plus N-1 worker nodes on this machine
+(``ray.cluster_utils.Cluster``); worker nodes carry the ``rollout_engine`` resource and engine
+actors are spread over them, so removing a node (``remove_engine_node``) loses real engines and
+recovery relaunches them on a node that is still alive.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +75,16 @@ class EngineActor:
             return "never started"
         return f"exit code {self.process.wait_dead(None)}"  # blocking waitpid: no polling
 
+    def pause_server(self) -> int:
+        """SIGSTOP the server's process group: it hangs (health and generate stall) without dying."""
+        if self.process is None or not self.process.alive:
+            return -1
+        try:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+        except PermissionError:
+            os.kill(self.process.pid, signal.SIGSTOP)
+        return self.process.pid
+
     def crash(self) -> None:
         """The actor process dies (fault: actor/node loss); its server goes with it."""
         if self.process is not None:
@@ -99,7 +116,8 @@ class RayLauncher:
 
     def _ensure_actor(self) -> Any:
         if self.actor is None:
-            self.actor = EngineActor.options(name=None, **self.options).remote(self.engine_id)
+            options = self.options or engine_placement(self.engine_id)
+            self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)
         return self.actor
 
     async def launch(self) -> str:
@@ -158,9 +176,18 @@ class RayLauncher:
         await self.kill()
 
     def crash_actor(self) -> None:
-        """Fault hook: the actor process dies (fire and forget)."""
+        """Fault hook: the actor process dies (fire and forget); Ray reports the death to ``watch``."""
         if self.actor is not None:
             self.actor.crash.remote()
+
+    async def pause_server(self) -> int:
+        """Fault hook: the server hangs (SIGSTOP), the actor lives; the server pid."""
+        return int(await self._ensure_actor().pause_server.remote())
+
+    async def server_pid(self) -> int | None:
+        """The server process id (same machine: a local multi-node cluster), for a synchronous kill."""
+        pid = (await self.info())["server_pid"]
+        return None if pid is None else int(pid)
 
     def shutdown(self) -> None:
         if self.actor is not None:
@@ -170,11 +197,78 @@ class RayLauncher:
                 self.actor = None
 
 
-def init_local_cluster(num_cpus: int = 2, address: str | None = None) -> None:
-    """Start (or connect to) Ray once; a small local cluster by default."""
+ENGINE_RESOURCE = "rollout_engine"
+_cluster: Any = None  # the ray.cluster_utils.Cluster this process started (init_local_cluster(nodes>1))
+
+
+def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int = 1) -> None:
+    """Start (or connect to) Ray once; a small local cluster by default.
+
+    ``nodes > 1``: a head (the driver, trainer) plus ``nodes - 1`` worker nodes on this machine,
+    each offering ``rollout_engine`` slots, so engines live on other nodes than the trainer and a
+    node can be removed (fault ``lose-node``). The cluster is shut down when this process exits.
+    """
+    global _cluster
     if ray.is_initialized():
         return
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    elif nodes > 1:
+        from ray.cluster_utils import Cluster
+
+        _cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": num_cpus, "include_dashboard": False},
+            shutdown_at_exit=True,
+        )
+        for _ in range(nodes - 1):
+            _cluster.add_node(num_cpus=1, resources={ENGINE_RESOURCE: 4})
+        _cluster.wait_for_nodes()
+        ray.init(address=_cluster.address, include_dashboard=False, log_to_driver=False)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def _engine_nodes() -> list[str]:
+    """Alive nodes offering engine slots, in a stable order."""
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(ENGINE_RESOURCE, 0) > 0]
+    return sorted(str(n["NodeID"]) for n in nodes)
+
+
+def engine_placement(engine_id: str) -> dict[str, Any]:
+    """Actor options spreading engines over the worker nodes (engine i on node i mod n).
+
+    Computed when the actor is (re)created, over the nodes alive *then*: a relaunch after a node
+    loss lands on a surviving node. No engine nodes (a plain local cluster): no constraint.
+    """
+    if not ray.is_initialized():
+        return {}
+    nodes = _engine_nodes()
+    if not nodes:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    index = int(engine_id.rsplit("-", 1)[-1]) if engine_id.rsplit("-", 1)[-1].isdigit() else 0
+    node = nodes[index % len(nodes)]
+    return {
+        "resources": {ENGINE_RESOURCE: 1},
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=True),
+    }
+
+
+async def engine_node(launcher: RayLauncher) -> str:
+    """The Ray node id an engine's actor runs on."""
+    return str((await launcher.info())["node_id"])
+
+
+def remove_node(node_id: str) -> None:
+    """Remove a worker node of the local multi-node cluster: every actor on it dies (fault ``lose-node``)."""
+    if _cluster is None:
+        raise RuntimeError("lose-node needs a local multi-node cluster (lifecycle run --ray-nodes 3)")
+    for node in _cluster.list_all_nodes():
+        if node.node_id == node_id:
+            if node is _cluster.head_node:
+                raise RuntimeError(f"node {node_id} is the head node (the driver): not removed")
+            _cluster.remove_node(node, allow_graceful=False)
+            return
+    raise RuntimeError(f"node {node_id} is not a node of this cluster")

@@ -19,7 +19,7 @@ from engines.errors import EngineError
 from engines.restart import RestartBudget
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
-from lifecycle.events import EventLog
+from lifecycle.events import EventLog, bind_context
 from lifecycle.ledger import EffectLedger
 from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.machines import ENGINE
@@ -192,8 +192,9 @@ class Engine:
         """A probe threshold, a failed request or a death report: out of routing at once."""
         if self.state in ("Unhealthy", "Recovering", "Stopping", "Stopped", "Failed", "Disposed", "Init"):
             return
-        self.reason = reason
-        self._fire("mark_unhealthy")
+        self.reason = f"{reason} (while {self.state})"
+        with bind_context(reason=self.reason):  # the cause travels with the transition event
+            self._fire("mark_unhealthy")
 
     async def recover(self) -> None:
         """Unhealthy -> Recovering -> Starting -> PendingWeights, within the restart budget.

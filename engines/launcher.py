@@ -9,6 +9,8 @@ the same for both, and for the CPU torch engine and real SGLang servers alike.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable, Sequence
 
 from engines.errors import EngineTimeout
@@ -37,6 +39,21 @@ class ProcessControl:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive
+
+    async def server_pid(self) -> int | None:
+        """Fault hook: the server pid (for a synchronous kill at an exact machine transition)."""
+        return self.process.pid if self.process is not None and self.process.alive else None
+
+    async def pause_server(self) -> int:
+        """Fault hook: SIGSTOP the server's process group -- it hangs without dying."""
+        pid = await self.server_pid()
+        if pid is None:
+            return -1
+        try:
+            os.killpg(pid, signal.SIGSTOP)
+        except PermissionError:
+            os.kill(pid, signal.SIGSTOP)
+        return pid
 
 
 class LocalLauncher(ProcessControl):

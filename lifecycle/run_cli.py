@@ -36,7 +36,21 @@ def register_run(sub: Any) -> None:
     p.add_argument("--engines", type=int, default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, sampling and initial weights (default 0)")
     p.add_argument("--ray-address", default=None, metavar="ADDR", help="connect to this Ray cluster (host:port)")
-    p.add_argument("--inject", action="append", default=[], metavar="FAULT@STEP", help="e.g. kill-engine:1@3")
+    p.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="FAULT:INDEX@STEP",
+        help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of kill-engine, hang-engine, "
+        "kill-http, crash-during-update, crash-during-offload, lose-node, crash-trainer (see docs/reliability.md)",
+    )
+    p.add_argument(
+        "--ray-nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start a local multi-node Ray cluster: a head plus N-1 worker nodes hosting the engines (lose-node)",
+    )
     p.add_argument("--run-dir", default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
     p.add_argument("--trainer-workers", type=int, default=1, metavar="N", help="trainer workers (default 1)")
@@ -128,6 +142,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # imported by name: lifecycle/ stays free of Ray and torch at import time (and for its type checks)
     loop = importlib.import_module("trainer.loop")
     faults = tuple(loop.parse_fault(spec) for spec in ns.inject)
+    _positive("--ray-nodes", ns.ray_nodes)
+    if ns.ray_nodes > 1 and ns.ray_address:
+        raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
+    importlib.import_module("engines.faults").check_faults(
+        faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher
+    )
     run_dir = Path(ns.run_dir) if ns.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     _check_run_dir(run_dir)
     if ns.ray_address:
@@ -138,6 +158,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         run_dir=run_dir,
         ray_address=ns.ray_address,
         faults=faults,
+        ray_nodes=ns.ray_nodes,
         launcher=ns.launcher,
         workers=ns.trainer_workers,
         lr=ns.lr,

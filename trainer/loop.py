@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from engines.engine import Timeouts
+from engines.faults import FAULTS, Fault, FaultInjector, parse_fault  # noqa: F401  (FAULTS, parse_fault: re-exported)
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.events import EventLog, JsonlSink, bind_context
@@ -32,8 +33,6 @@ from rollout.executor import RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.task import PatternTask
 
-FAULTS = ("kill-engine", "crash-trainer")
-_FAULT_RE = re.compile(r"^(?P<kind>[a-z-]+):(?P<index>\d+)@(?P<step>\d+)$")
 SHORT = {
     "Serving": "S",
     "Quiesced": "Q",
@@ -48,28 +47,6 @@ SHORT = {
 }
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # kill-engine | crash-trainer
-    index: int
-    step: int
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.index}@{self.step}"
-
-
-def parse_fault(spec: str) -> Fault:
-    m = _FAULT_RE.match(spec.strip())
-    if not m or m["kind"] not in FAULTS:
-        raise ConfigError(
-            "--inject",
-            spec,
-            "not a fault spec",
-            f"use FAULT:INDEX@STEP with FAULT one of {', '.join(FAULTS)}, e.g. kill-engine:1@3",
-        )
-    return Fault(m["kind"], int(m["index"]), int(m["step"]))
-
-
 @dataclass
 class RunOptions:
     steps: int = 30
@@ -77,6 +54,8 @@ class RunOptions:
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     ray_address: str | None = None
     faults: tuple[Fault, ...] = ()
+    ray_nodes: int = 1  # > 1: a local multi-node Ray cluster (head + workers hosting the engines)
+    timeouts: Timeouts | None = None  # engine startup/request/death bounds (tests shorten them)
     launcher: str = "ray"  # ray | local
     workers: int = 1
     lr: float = 1e-2
@@ -213,7 +192,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     metrics_path = run_dir / "metrics.jsonl"
     metrics_path.write_text("")
     t0 = time.monotonic()
-    init_local_cluster(num_cpus=2, address=opts.ray_address)
+    init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
     trainer = TrainerGroup(
         config,
         run_dir,
@@ -233,6 +212,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         ledger=ledger,
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
+        timeouts=opts.timeouts,
     )
     rewards: list[float] = []
     metrics: list[dict[str, Any]] = []
@@ -388,16 +368,8 @@ async def _async_steps(
 
 
 async def _inject(fault: Fault, manager: RolloutManager, trainer: Any) -> None:
-    if fault.kind == "kill-engine":
-        engines = manager.controller.engines
-        if not 0 <= fault.index < len(engines):
-            raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
-        await manager.controller.kill_engine(fault.index)
-    elif fault.kind == "crash-trainer":
-        if not 0 <= fault.index < trainer.size:
-            raise ConfigError("--inject", str(fault), f"there are {trainer.size} workers", "use a valid worker rank")
-        await trainer.crash_worker(fault.index)
-        await asyncio.sleep(0.5)
+    """The fault injector (engines.faults) at this step's start; it logs a ``fault.injected`` event."""
+    await FaultInjector().inject(fault, manager.controller, trainer)
 
 
 def run(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:

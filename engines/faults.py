@@ -1,0 +1,302 @@
+"""Fault injection: ``lifecycle run --inject FAULT:INDEX@STEP`` and the reliability matrix.
+
+Seven faults, each a *real* failure of a real part (no mocked errors):
+
+========================  ==========================================================================
+``kill-engine``           the engine's Ray actor process dies (SIGKILL of server and actor); Ray
+                          reports the actor's death to the slot's watcher
+``hang-engine``           the server process is SIGSTOPped: health and generate stall, nothing dies;
+                          only a bounded wait (request timeout, probe timeout) can notice it
+``kill-http``             only the HTTP server process dies; the actor lives (its pid is unchanged)
+``crash-during-update``   the server is SIGKILLed the moment its engine machine enters a weight
+                          update (``LoadingWeights``/``UpdatingWeights*``), before the HTTP call
+``crash-during-offload``  the same at ``Offloaded`` (needs ``--offload-rollout``)
+``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
+``crash-trainer``         a trainer worker actor's process dies
+========================  ==========================================================================
+
+The armed faults (update, offload) act from an event-log sink, synchronously inside the machine
+transition, so the crash lands at an exact lifecycle point rather than "some time later".
+:func:`expected` is the contract of the matrix: for every fault and FT configuration, whether the
+run recovers or stops, and why. ``tests/reliability/test_matrix.py`` proves each cell and writes
+``docs/reliability.md`` from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.events import EventLog
+from lifecycle.predicates import heals_trainer, offloads_rollout, rollout_ft
+
+FAULTS = (
+    "kill-engine",
+    "hang-engine",
+    "kill-http",
+    "crash-during-update",
+    "crash-during-offload",
+    "lose-node",
+    "crash-trainer",
+)
+ENGINE_FAULTS = FAULTS[:-1]
+FAULT_DOCS = {
+    "kill-engine": "engine actor process SIGKILL (Ray reports the actor dead)",
+    "hang-engine": "engine server SIGSTOP: health and generate stall, nothing dies",
+    "kill-http": "HTTP server process SIGKILL, the Ray actor stays alive",
+    "crash-during-update": "server SIGKILL on entering a weight update, before the HTTP call",
+    "crash-during-offload": "server SIGKILL on entering Offloaded (--offload-rollout)",
+    "lose-node": "the Ray worker node hosting the engine is removed (--ray-nodes 3)",
+    "crash-trainer": "trainer worker actor process dies",
+}
+# The four FT configurations of the matrix (miles' flags).
+FT_CONFIGS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "train": {"use_fault_tolerance": True, "ft_components": ["train"]},
+    "rollout": {"use_fault_tolerance": True, "ft_components": ["rollout"]},
+    "both": {"use_fault_tolerance": True, "ft_components": ["train", "rollout"]},
+}
+UPDATE_STATES = frozenset({"LoadingWeights", "UpdatingWeights", "UpdatingWeightsKVReleased"})
+DETECTED = frozenset({"Unhealthy", "Recovering", "Failed"})
+_FAULT_RE = re.compile(r"^(?P<kind>[a-z-]+):(?P<index>\d+)@(?P<step>\d+)$")
+
+
+class FaultError(LifecycleError):
+    """An injected fault could not be applied, or the lifecycle did not notice it within its bound."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    index: int  # engine slot, or trainer worker rank for crash-trainer
+    step: int  # injected at the start of this step (0-based)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index}@{self.step}"
+
+    @property
+    def on_engine(self) -> bool:
+        return self.kind in ENGINE_FAULTS
+
+
+def parse_fault(spec: str) -> Fault:
+    m = _FAULT_RE.match(spec.strip())
+    if not m or m["kind"] not in FAULTS:
+        raise ConfigError(
+            "--inject",
+            spec,
+            "not a fault spec",
+            f"use FAULT:INDEX@STEP with FAULT one of {', '.join(FAULTS)}, e.g. kill-engine:1@3",
+        )
+    return Fault(m["kind"], int(m["index"]), int(m["step"]))
+
+
+def check_faults(
+    faults: Sequence[Fault], config: LifecycleConfig, *, ray_nodes: int = 1, workers: int = 1, launcher: str = "ray"
+) -> None:
+    """Refuse, before anything starts, a fault the run cannot host (one message naming --inject and the fix)."""
+    engines = config.num_rollout_engines if config.starts_servers else 0
+    for f in faults:
+        if f.on_engine and not 0 <= f.index < engines:
+            raise ConfigError("--inject", str(f), f"there are {engines} rollout engines", "use a valid engine index")
+        if f.kind == "crash-trainer" and not 0 <= f.index < workers:
+            raise ConfigError("--inject", str(f), f"there are {workers} trainer workers", "use a valid worker rank")
+        if f.kind == "crash-during-offload" and not offloads_rollout(config):
+            raise ConfigError("--inject", str(f), "rollout engines are never offloaded", "add --offload-rollout")
+        if f.kind == "lose-node" and launcher != "ray":
+            raise ConfigError("--inject", str(f), "needs engines in Ray actors", "drop --launcher local")
+        if f.kind == "lose-node" and ray_nodes < 2:
+            raise ConfigError(
+                "--inject", str(f), "needs a multi-node Ray cluster", "add --ray-nodes 3 (a head and 2 worker nodes)"
+            )
+
+
+# -- the contract of the matrix ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Expected:
+    outcome: str  # "recovers" | "stops"
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.outcome}: {self.text}"
+
+
+def ft_config(name: str, engines: int = 2) -> LifecycleConfig:
+    """The FT configuration ``name`` with ``engines`` rollout engines (the matrix uses 2)."""
+    return LifecycleConfig.from_mapping({**FT_CONFIGS[name], "rollout_num_gpus": engines})
+
+
+def expected(kind: str, ft: str) -> Expected:
+    """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
+    config = ft_config(ft)
+    if kind == "crash-trainer":
+        if heals_trainer(config):
+            return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
+        return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
+    if rollout_ft(config):
+        where = " on a surviving node" if kind == "lose-node" else ""
+        return Expected(
+            "recovers",
+            f"engine marked Unhealthy, relaunched{where}, loads the current weights before it is routed; run completes",
+        )
+    return Expected("stops", "EngineFailed names the engine, the state it was in and the reason; rollout FT off")
+
+
+# -- the injector -----------------------------------------------------------------------------------------
+class EngineSlot(Protocol):
+    id: str
+    launcher: Any
+
+    @property
+    def state(self) -> str: ...
+
+
+class Controller(Protocol):
+    engines: Sequence[Any]
+    log: EventLog | None
+    config: LifecycleConfig
+
+
+@dataclass
+class Injection:
+    """What was done, to which part, when (seconds since the injector started) -- for reports and tests."""
+
+    fault: Fault
+    target: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0
+    fired_at: float | None = None  # armed faults: when the crash actually happened
+
+
+class FaultInjector:
+    """Applies faults at step starts; armed faults fire from the event log at an exact transition."""
+
+    def __init__(self, faults: Sequence[Fault] = (), *, detect_timeout: float = 20.0) -> None:
+        self.faults = tuple(faults)
+        self.detect_timeout = detect_timeout
+        self.injections: list[Injection] = []
+        self._t0 = time.monotonic()
+
+    async def before_step(self, step: int, controller: Controller | None, trainer: Any) -> None:
+        for fault in self.faults:
+            if fault.step == step:
+                await self.inject(fault, controller, trainer)
+
+    async def inject(self, fault: Fault, controller: Controller | None, trainer: Any) -> Injection:
+        """Apply ``fault`` now; a ``fault.injected`` event (target, details) goes to the controller's log."""
+        record = await self._inject(fault, controller, trainer)
+        log = getattr(controller, "log", None)
+        if log is not None:
+            log.emit("fault.injected", fault=str(fault), target=record.target, **record.detail)
+        return record
+
+    async def _inject(self, fault: Fault, controller: Controller | None, trainer: Any) -> Injection:
+        now = time.monotonic() - self._t0
+        if fault.kind == "crash-trainer":
+            if not 0 <= fault.index < trainer.size:
+                raise ConfigError(
+                    "--inject", str(fault), f"there are {trainer.size} workers", "use a valid worker rank"
+                )
+            record = Injection(fault, f"trainer worker {fault.index}", at=now)
+            await trainer.crash_worker(fault.index)
+            await asyncio.sleep(0.5)  # the process is gone before the next call
+            self.injections.append(record)
+            return record
+        engines = list(controller.engines) if controller is not None else []
+        if not 0 <= fault.index < len(engines):
+            raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
+        assert controller is not None
+        engine = engines[fault.index]
+        record = Injection(fault, engine.id, at=now, detail={"state_before": engine.state})
+        self.injections.append(record)
+        launcher = engine.launcher
+        if fault.kind == "kill-engine":
+            record.detail["actor"] = await _info(launcher)
+            crash = getattr(launcher, "crash_actor", None)
+            if callable(crash):
+                crash()
+            else:  # a local launcher: the process is the whole engine
+                await launcher.kill()
+            await self._detected(engine)
+        elif fault.kind == "kill-http":
+            record.detail["actor"] = await _info(launcher)
+            await launcher.kill()  # the server process only (RayLauncher.kill == kill_server)
+            await self._detected(engine)
+            record.detail["actor_after"] = await _info(launcher)
+        elif fault.kind == "hang-engine":
+            record.detail["server_pid"] = await launcher.pause_server()
+        elif fault.kind in ("crash-during-update", "crash-during-offload"):
+            if fault.kind == "crash-during-offload" and not offloads_rollout(controller.config):
+                raise ConfigError(
+                    "--inject", str(fault), "rollout engines are never offloaded", "add --offload-rollout"
+                )
+            targets = UPDATE_STATES if fault.kind == "crash-during-update" else frozenset({"Offloaded"})
+            pid = await launcher.server_pid()
+            if pid is None:
+                raise FaultError(f"{fault}: {engine.id} has no server process to crash")
+            if controller.log is None:
+                raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
+            record.detail["server_pid"] = pid
+            self._arm(controller.log, engine.id, targets, pid, record)
+        elif fault.kind == "lose-node":
+            from engines.actor import engine_node, remove_node
+
+            node = await engine_node(launcher)
+            record.detail["node"] = node
+            await asyncio.to_thread(remove_node, node)
+            await self._detected(engine)
+        return record
+
+    def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
+        """One-shot sink: SIGKILL ``pid`` inside the transition of ``instance`` into ``targets``."""
+        fired = False
+
+        def sink(event: dict[str, Any]) -> None:
+            nonlocal fired
+            if fired or event.get("instance") != instance or event.get("dst") not in targets:
+                return
+            fired = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            record.fired_at = time.monotonic() - self._t0
+            record.detail["fired_in"] = event.get("dst")
+
+            def after() -> None:  # outside the dispatch loop that is calling us
+                log.remove_sink(sink)
+                log.emit("fault.fired", fault=str(record.fault), target=instance, state=event.get("dst"), pid=pid)
+
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon(after)
+
+        log.add_sink(sink)
+
+    async def _detected(self, engine: EngineSlot) -> None:
+        """Bounded: the lifecycle must have seen the fault (a transition) within ``detect_timeout``."""
+        deadline = time.monotonic() + self.detect_timeout
+        while engine.state not in DETECTED:
+            if time.monotonic() > deadline:
+                raise FaultError(
+                    f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {engine.state})"
+                )
+            await asyncio.sleep(0.02)
+
+
+async def _info(launcher: Any) -> dict[str, Any]:
+    info = getattr(launcher, "info", None)
+    if not callable(info):
+        return {}
+    try:
+        return dict(await info())
+    except Exception as exc:  # the actor is already gone: say so instead of failing the injection
+        return {"error": f"{type(exc).__name__}: {exc}"}

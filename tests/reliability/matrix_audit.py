@@ -1,0 +1,77 @@
+"""The rollout function of the reliability matrix: the default one, plus "nothing lost" checks.
+
+It runs *inside* every fault run (in-process cells and ``lifecycle run`` subprocess cells alike,
+via ``--rollout-function matrix_audit:factory``). Before each rollout it asks every routable
+(``Serving``) engine for ``/model_info`` -- a real HTTP call -- and requires the trainer's weight
+version (``str(rollout_id)``: the loop pushes version ``k+1`` at the end of step ``k``). After the
+rollout it requires exactly one sample per request index (none lost, none duplicated by a retry),
+each generated under that version. A violation raises, so the run fails where it happened; every
+rollout also appends one JSON line to ``$LIFECYCLE_MATRIX_AUDIT`` for the test to read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rollout.controller import ControllerError, InferenceController
+from rollout.executor import EngineRolloutFn, Sample
+from rollout.task import PatternTask
+
+AUDIT_ENV = "LIFECYCLE_MATRIX_AUDIT"
+
+
+class AuditedRollout:
+    def __init__(self, task: PatternTask) -> None:
+        self.task = task
+        self.inner = EngineRolloutFn(task)
+
+    async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
+        trainer_version = str(rollout_id)
+        committed = controller.weights[1] if controller.weights else None
+        versions: dict[str, str | None] = {}
+        nodes: dict[str, str] = {}
+        for engine in controller.routable():
+            assert engine.client is not None
+            versions[engine.id] = (await engine.client.model_info()).weight_version
+            info = getattr(engine.launcher, "info", None)
+            if callable(info):
+                nodes[engine.id] = str((await info()).get("node_id"))
+        samples = await self.inner(rollout_id, controller)
+        want = len(self.task.prompts(rollout_id)) * self.task.group_size
+        indexes = [int(s["index"]) for s in samples]
+        problems = []
+        if committed != trainer_version:
+            problems.append(f"controller committed version {committed!r}, trainer pushed {trainer_version!r}")
+        stale = {k: v for k, v in versions.items() if v != trainer_version}
+        if stale:
+            problems.append(f"Serving engines report weight versions {stale}, trainer has {trainer_version!r}")
+        if sorted(indexes) != list(range(want)):
+            problems.append(f"{len(samples)} samples for {want} requests (indexes {sorted(indexes)})")
+        sample_versions = sorted({str(s["weight_version"]) for s in samples})
+        if sample_versions != [trainer_version]:
+            problems.append(f"samples generated under versions {sample_versions}, want {trainer_version!r}")
+        row: dict[str, Any] = {
+            "rollout_id": rollout_id,
+            "trainer_version": trainer_version,
+            "serving_versions": versions,
+            "nodes": nodes,
+            "samples": len(samples),
+            "requests": want,
+            "sample_versions": sample_versions,
+            "states": controller.states(),
+            "problems": problems,
+        }
+        path = os.environ.get(AUDIT_ENV)
+        if path:
+            with Path(path).open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if problems:
+            raise ControllerError(f"rollout {rollout_id} audit: {'; '.join(problems)}")
+        return samples
+
+
+def factory(task: PatternTask) -> AuditedRollout:
+    return AuditedRollout(task)

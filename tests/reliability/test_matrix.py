@@ -1,0 +1,322 @@
+"""The reliability matrix: 7 real faults x 4 FT configurations = 28 cells, each a real short run.
+
+Every cell runs the real loop (Ray trainer worker, 2 CPU engine processes speaking SGLang's
+HTTP API) for 3 steps with the fault injected at the start of step 1, and asserts the outcome
+that ``engines.faults.expected`` promises -- recovered with all steps done, or stopped fast with
+an error naming the engine/worker, the state and the reason. Inside every run the
+``matrix_audit`` rollout function checks weight versions (``/model_info`` of every Serving
+engine) and sample accounting; from the event log each cell checks that a restarted engine is
+never routed before it loaded the weights and that the fault maps to a transition with a reason.
+``lose-node`` cells run ``lifecycle run --ray-nodes 3`` in a subprocess (a process can start Ray
+only once, and this session already has its local cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matrix_audit import AUDIT_ENV
+from reliability_report import DOC, CellResult, contract_rows, parse
+
+from engines.faults import FAULTS, FT_CONFIGS, UPDATE_STATES, Fault, check_faults, expected, ft_config, parse_fault
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
+from lifecycle.events import read_jsonl
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+STEPS, AT, ENGINE = 3, 1, 1
+CELL = {
+    "rollout_num_gpus": 2,
+    "rollout_health_check_interval": 2.0,
+    "rollout_health_check_timeout": 2.0,
+    "rollout_health_check_failure_threshold": 2,
+    "rollout_health_check_first_wait": 0.0,
+    "engine_restart_backoff": 0.1,
+}
+REQUEST_TIMEOUT = 8.0  # the engine client's bound: a hung engine is noticed by this (or by the probes)
+STOP_WITHIN = 90.0  # seconds from injection to the run's error, generous for 2 shared cores
+REASON = {  # what the transition's reason must say, per fault
+    "kill-engine": "actor died",
+    "hang-engine": "no answer within",
+    "kill-http": "exit code -9",
+    "lose-node": "actor died",
+}
+CELLS = [(fault, ft) for fault in FAULTS for ft in FT_CONFIGS]
+
+
+@dataclass
+class Run:
+    fault: Fault
+    ft: str
+    error: BaseException | str | None
+    seconds: float
+    events: list[dict[str, Any]]
+    audit: list[dict[str, Any]]
+    steps_done: int
+    stopped_at: float = field(default_factory=time.time)
+
+    def transitions(self, instance: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("instance") == instance and e.get("event") == "lifecycle.transition"]
+
+    def first(self, event: str) -> dict[str, Any]:
+        found = [e for e in self.events if e.get("event") == event]
+        assert found, f"no {event} event in the run"
+        return found[0]
+
+
+def cell_config(fault: str, ft: str) -> dict[str, Any]:
+    values = {**CELL, **FT_CONFIGS[ft]}
+    if fault == "crash-during-offload":
+        values["offload_rollout"] = True
+    return values
+
+
+def _read(run_dir: Path, audit: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    events = read_jsonl(run_dir / "events.jsonl") if (run_dir / "events.jsonl").exists() else []
+    rows = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+    metrics = run_dir / "metrics.jsonl"
+    done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    return events, rows, done
+
+
+def run_in_process(fault: Fault, ft: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+    from engines.engine import Timeouts
+    from trainer.loop import RunOptions, run_loop
+
+    audit = tmp / "audit.jsonl"
+    monkeypatch.setenv(AUDIT_ENV, str(audit))
+    config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft))
+    opts = RunOptions(
+        steps=STEPS,
+        seed=0,
+        run_dir=tmp / "run",
+        faults=(fault,),
+        timeouts=Timeouts(startup=120.0, request=REQUEST_TIMEOUT, death=10.0),
+        rollout_fn="matrix_audit:factory",
+        quiet=True,
+    )
+    error: BaseException | None = None
+    t0 = time.monotonic()
+    try:
+        asyncio.run(run_loop(config, opts, io.StringIO()))
+    except Exception as exc:  # the outcome under test: which error, and what it says
+        error = exc
+    run = Run(fault, ft, error, time.monotonic() - t0, *_read(tmp / "run", audit))
+    return run
+
+
+def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
+    """``lifecycle run --ray-nodes 3``: a head and 2 worker nodes, engines on the workers."""
+    audit = tmp / "audit.jsonl"
+    flags = []
+    for key, value in cell_config(fault.kind, ft).items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags += [flag, *value]
+        else:
+            flags += [flag, str(value)]
+    cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *flags]
+    cmd += ["--steps", str(STEPS), "--ray-nodes", "3", "--inject", str(fault), "--run-dir", str(tmp / "run")]
+    cmd += ["--rollout-function", "matrix_audit:factory", "--quiet"]
+    env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
+    seconds = time.monotonic() - t0
+    error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"
+    return Run(fault, ft, error, seconds, *_read(tmp / "run", audit))
+
+
+def _ts(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["ts"]).replace("Z", "+00:00")).timestamp()
+
+
+# -- the checks every cell makes ---------------------------------------------------------------------------
+def check_nothing_lost(run: Run) -> None:
+    """The audit ran in every completed rollout and found nothing (it raises inside the run otherwise)."""
+    assert run.audit, "the audited rollout function never ran"
+    assert all(not row["problems"] for row in run.audit), run.audit
+    assert all(row["samples"] == row["requests"] for row in run.audit)
+    assert all(row["serving_versions"] for row in run.audit), "a rollout with no Serving engine"
+
+
+def check_weights_before_routing(run: Run) -> None:
+    """Per engine: after every (re)start, the weights are loaded before it is resumed (routed)."""
+    for instance in ("engine-0", "engine-1"):
+        loaded = False
+        for t in run.transitions(instance):
+            if t["dst"] == "PendingWeights" and t["trigger"] == "ready":
+                loaded = False
+            elif t["src"] == "LoadingWeights" and t["trigger"] == "finish_update":
+                loaded = True
+            elif t["dst"] == "Serving":
+                assert loaded, f"{instance} routed before it loaded the weights: {t}"
+
+
+def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
+    """The fault became a transition of the target with a reason naming the cause."""
+    target = f"engine-{run.fault.index}"
+    marks = [t for t in run.transitions(target) if t["trigger"] == "mark_unhealthy"]
+    assert marks, f"{target} never marked unhealthy: {[t['dst'] for t in run.transitions(target)]}"
+    mark = marks[0]
+    reason = str(mark.get("reason", ""))
+    kind = run.fault.kind
+    if kind in REASON:
+        assert REASON[kind] in reason, reason
+    if kind == "crash-during-update":
+        assert mark["src"] in UPDATE_STATES, mark
+        assert run.first("fault.fired")["state"] in UPDATE_STATES
+    if kind == "crash-during-offload":
+        assert mark["src"] == "Offloaded", mark
+        assert run.first("fault.fired")["state"] == "Offloaded"
+    if kind == "kill-http":  # the actor lived: same actor process before and after the server died
+        injected = run.first("fault.injected")
+        assert injected["actor"]["actor_pid"] == injected["actor_after"]["actor_pid"], injected
+        assert injected["actor_after"]["alive"] is False
+    return mark
+
+
+def check_recovered(run: Run) -> str:
+    assert run.error is None, f"expected recovery, the run stopped: {run.error}"
+    assert run.steps_done == STEPS
+    if run.fault.kind == "crash-trainer":
+        path = [t["trigger"] for t in run.transitions("trainer")]
+        assert [p for p in path if p in ("worker_crashed", "heal", "healed")] == ["worker_crashed", "heal", "healed"]
+        return f"recovers: {STEPS}/{STEPS} steps; trainer worker_crashed -> heal -> healed, step retried"
+    mark = check_fault_maps_to_transition(run)
+    target = f"engine-{run.fault.index}"
+    path = [t["dst"] for t in run.transitions(target)]
+    start = path.index("Unhealthy")
+    tail = path[start:]
+    want = ["Unhealthy", "Recovering", "Starting", "PendingWeights", "LoadingWeights", "Quiesced"]
+    assert tail[: len(want)] == want, tail
+    last = run.audit[-1]
+    assert last["serving_versions"].get(target) == str(STEPS - 1), last  # the recovered engine serves again
+    where = ""
+    if run.fault.kind == "lose-node":
+        lost = run.first("fault.injected")["node"]
+        assert last["nodes"][target] != lost, (last["nodes"], lost)
+        where = f" on a surviving node ({last['nodes'][target][:8]}, lost {lost[:8]})"
+    return (
+        f"recovers: {STEPS}/{STEPS} steps; {target} {' -> '.join(want)}{where}; "
+        f"served v{STEPS - 1} in the last step; reason: {mark.get('reason')}"
+    )
+
+
+def check_stopped(run: Run) -> str:
+    assert run.error is not None, f"expected the run to stop, it completed {run.steps_done} steps"
+    message = str(run.error)
+    assert run.steps_done <= AT + 1, f"stopped late: {run.steps_done} steps done"
+    injected_at = _ts(run.first("fault.injected"))
+    assert run.stopped_at - injected_at < STOP_WITHIN, run.stopped_at - injected_at
+    if run.fault.kind == "crash-trainer":
+        assert "TrainerFailed" in message or type(run.error).__name__ == "TrainerFailed", message
+        assert "trainer worker" in message and "train fault tolerance is off" in message, message
+        path = [t["trigger"] for t in run.transitions("trainer")]
+        assert path[-2:] == ["worker_crashed", "fail"], path
+    else:
+        mark = check_fault_maps_to_transition(run)
+        target = f"engine-{run.fault.index}"
+        assert f"engine {target} failed in state" in message, message
+        assert f"(while {mark['src']})" in message, message  # the state it was in when the fault hit
+        assert "rollout fault tolerance is off" in message, message
+        assert [t["dst"] for t in run.transitions(target)][-2:] == ["Unhealthy", "Failed"] or "Failed" in [
+            t["dst"] for t in run.transitions(target)
+        ]
+    name = type(run.error).__name__ if isinstance(run.error, BaseException) else "exit 2"
+    return f"stops: after {run.stopped_at - injected_at:.1f}s, {name}: {message.splitlines()[-1][:300]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "ft"), CELLS, ids=[f"{k}-{ft}" for k, ft in CELLS])
+def test_cell(
+    kind: str,
+    ft: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    matrix_results: dict[tuple[str, str], CellResult],
+) -> None:
+    pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    index = 0 if kind == "crash-trainer" else ENGINE
+    fault = Fault(kind, index, AT)
+    if kind == "lose-node":
+        run = run_subprocess(fault, ft, tmp_path)
+    else:
+        request.getfixturevalue("ray_cluster")
+        run = run_in_process(fault, ft, tmp_path, monkeypatch)
+    outcome = expected(kind, ft).outcome
+    check_weights_before_routing(run)
+    if run.audit or outcome == "recovers":
+        check_nothing_lost(run)
+    observed = check_recovered(run) if outcome == "recovers" else check_stopped(run)
+    assert observed.startswith(outcome)
+    matrix_results[(kind, ft)] = CellResult(kind, ft, observed, run.seconds)
+
+
+# -- fast checks -------------------------------------------------------------------------------------------
+def test_committed_doc_is_current() -> None:
+    """docs/reliability.md has one row per cell whose expected column is the contract, and observed agrees."""
+    assert DOC.exists(), "docs/reliability.md is missing: run pytest tests/reliability/test_matrix.py"
+    rows = parse(DOC.read_text())
+    want = contract_rows()
+    assert [(f, ft) for f, ft, _, _ in rows] == [(f, ft) for f, ft, _ in want], "cells differ"
+    for (fault, ft, exp, observed), (_, _, contract) in zip(rows, want, strict=True):
+        assert exp == contract, f"{fault}/{ft}: doc says {exp!r}, the contract says {contract!r}: re-run the matrix"
+        assert observed.split(":", 1)[0] == contract.split(":", 1)[0], f"{fault}/{ft}: observed {observed!r}"
+
+
+def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: change one expected outcome and it does."""
+    import reliability_report
+
+    import engines.faults as faults
+
+    real = faults.expected
+
+    def changed(kind: str, ft: str) -> faults.Expected:
+        return faults.Expected("recovers", "changed") if (kind, ft) == ("kill-engine", "none") else real(kind, ft)
+
+    monkeypatch.setattr(reliability_report, "expected", changed)
+    with pytest.raises(AssertionError, match="kill-engine/none"):
+        test_committed_doc_is_current()
+
+
+def test_expected_follows_the_predicates() -> None:
+    """Rollout faults recover exactly under rollout FT, trainer crashes exactly under train FT."""
+    for kind, ft in CELLS:
+        comps = set(FT_CONFIGS[ft].get("ft_components", []))
+        heals = ("train" in comps) if kind == "crash-trainer" else ("rollout" in comps)
+        assert expected(kind, ft).outcome == ("recovers" if heals else "stops"), (kind, ft)
+
+
+def test_fault_specs_and_refusals() -> None:
+    assert [str(parse_fault(f"{k}:1@2")) for k in FAULTS] == [f"{k}:1@2" for k in FAULTS]
+    with pytest.raises(ConfigError, match="--inject"):
+        parse_fault("melt-engine:1@2")
+    config = ft_config("rollout")
+    two = LifecycleConfig.from_mapping({**FT_CONFIGS["rollout"], "rollout_num_gpus": 2})
+    with pytest.raises(ConfigError, match="--offload-rollout"):
+        check_faults([parse_fault("crash-during-offload:0@1")], two)
+    with pytest.raises(ConfigError, match="--ray-nodes 3"):
+        check_faults([parse_fault("lose-node:0@1")], two)
+    with pytest.raises(ConfigError, match="engine index"):
+        check_faults([parse_fault("kill-engine:5@1")], two)
+    with pytest.raises(ConfigError, match="worker rank"):
+        check_faults([parse_fault("crash-trainer:1@1")], config)
+    check_faults([parse_fault("lose-node:1@1")], two, ray_nodes=3)
