@@ -328,3 +328,28 @@ def test_manager_evals_on_the_pinned_fleet_and_disposes_it(tmp_path: Path) -> No
         assert not fleet.engines[0].launcher.alive()
 
     asyncio.run(run())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_loop_writes_eval_rewards_into_metrics(tmp_path: Path) -> None:
+    """``lifecycle run --steps 4 --eval-interval 2 --eval-num-gpus 1``: evals at step 0 (before generate)
+    and after the weight updates of steps 1 and 3, each on the fleet pinned to the weights just pushed."""
+    import io
+
+    from lifecycle.events import read_jsonl
+    from trainer.loop import RunOptions, run_loop
+
+    config = _config({**MONITORED, "rollout_num_gpus": 2, "eval_num_gpus": 1, "eval_interval": 2})
+    opts = RunOptions(steps=4, seed=0, run_dir=tmp_path / "run", launcher="local", quiet=True)
+    asyncio.run(run_loop(config, opts, io.StringIO()))
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    with_eval = [m["step"] for m in metrics if "eval_reward" in m]
+    assert with_eval == [0, 1, 3], metrics
+    assert all(0.0 <= float(m["eval_reward"]) <= 1.0 for m in metrics if "eval_reward" in m)
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    fleet = [e for e in events if e.get("machine") == "eval_fleet" and e.get("event") == "lifecycle.transition"]
+    assert [e["dst"] for e in fleet].count("Pinned") == 3
+    assert fleet[0]["dst"] == "Idle" and fleet[-1]["dst"] == "Disposed"
+    pins = [e for e in events if e.get("machine") == "engine" and e.get("instance") == "eval-0"]
+    assert any(e.get("trigger") == "begin_update" for e in pins)
