@@ -139,6 +139,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if config.starts_servers:
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
+    # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once
+    run_dir = Path(ns.run_dir) if ns.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _check_run_dir(run_dir)
+    if ns.ray_address:
+        _check_ray_address(ns.ray_address)
     # imported by name: lifecycle/ stays free of Ray and torch at import time (and for its type checks)
     loop = importlib.import_module("trainer.loop")
     faults = tuple(loop.parse_fault(spec) for spec in ns.inject)
@@ -148,10 +153,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     importlib.import_module("engines.faults").check_faults(
         faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher
     )
-    run_dir = Path(ns.run_dir) if ns.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    _check_run_dir(run_dir)
-    if ns.ray_address:
-        _check_ray_address(ns.ray_address)
     opts = loop.RunOptions(
         steps=ns.steps,
         seed=ns.seed,
