@@ -1,0 +1,663 @@
+"""The bad-input corpus: every case driven end to end through the real ``lifecycle`` CLI.
+
+Each case must end as ONE paragraph on stderr that names the flag or the file and says how to fix
+it, exit code 2, and no traceback -- unless ``--debug`` is given, which must show one (still exit 2).
+Most cases run in-process through ``lifecycle.cli.main`` (fast, no Ray); the ones marked ``proc``
+also run as true subprocesses (``python -m lifecycle.cli``). Engine cases start real CPU engine
+processes; one slow case runs a real replay job on Ray whose second replay file is corrupt, so the
+error is raised *inside* a running ``lifecycle run``.
+
+This complements tests/unit/test_config.py (LifecycleConfig on its own) with what a user types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lifecycle.cli as cli
+import lifecycle.trace as trace
+from lifecycle.errors import LifecycleError
+from rollout.replay import SCHEMA, save_rollout
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = {"group": 0, "prompt_ids": [1, 2], "output_ids": [3, 4], "reward": 1.0, "response": "ab"}
+Setup = Callable[[Path], None]
+
+
+# -- the files the cases point at ------------------------------------------------------------------
+def _write(name: str, content: str | bytes) -> Setup:
+    def setup(tmp: Path) -> None:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+    return setup
+
+
+def _mkdir(name: str) -> Setup:
+    return lambda tmp: (tmp / name).mkdir(parents=True, exist_ok=True)
+
+
+def _replay(
+    rollout_id: int = 0, samples: list[dict[str, Any]] | None = None, damage: Callable[[Path], None] | None = None
+) -> Setup:
+    """A replay file written by the product (right schema and checksum), then optionally damaged."""
+
+    def setup(tmp: Path) -> None:
+        path = save_rollout(
+            str(tmp / "replay" / "{rollout_id}.json"), rollout_id, [SAMPLE] if samples is None else samples
+        )
+        if damage is not None:
+            damage(path)
+
+    return setup
+
+
+def _edit_json(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        doc = json.loads(path.read_text())
+        doc = change(doc) or doc
+        path.write_text(json.dumps(doc))
+
+    return damage
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Case:
+    """``argv`` may hold ``{tmp}``; ``names`` (also formatted) must all appear in the error paragraph."""
+
+    id: str
+    argv: tuple[str, ...]
+    names: tuple[str, ...]
+    setup: tuple[Setup, ...] = ()
+    proc: bool = False  # also run as a real subprocess
+    argv_fn: Callable[[], tuple[str, ...]] | None = field(default=None, compare=False)
+
+    def materialise(self, tmp: Path) -> tuple[list[str], list[str]]:
+        for setup in self.setup:
+            setup(tmp)
+        argv = self.argv_fn() if self.argv_fn else self.argv
+        return [a.format(tmp=tmp) for a in argv], [n.format(tmp=tmp) for n in self.names]
+
+
+REPLAY = ("run", "--quiet", "--run-dir", "{tmp}/run", "--load-debug-rollout-data", "{tmp}/replay/{{rollout_id}}.json")
+R0 = "{tmp}/replay/0.json"
+
+CASES: list[Case] = [
+    # --- config files ---------------------------------------------------------------------------------
+    Case(
+        "toml-truncated",
+        ("explain", "--config", "{tmp}/c.toml"),
+        ("--config", "{tmp}/c.toml"),
+        (_write("c.toml", "rollout_num_gpus = [\n"),),
+        proc=True,
+    ),
+    Case(
+        "yaml-broken",
+        ("explain", "--config", "{tmp}/c.yaml"),
+        ("--config", "{tmp}/c.yaml"),
+        (_write("c.yaml", "rollout_num_gpus: [1,\n\n  foo: {\n"),),
+    ),
+    Case(
+        "json-truncated",
+        ("check", "--config", "{tmp}/c.json"),
+        ("--config", "{tmp}/c.json"),
+        (_write("c.json", '{"rollout_num_gpus": 2,'),),
+    ),
+    Case(
+        "toml-unknown-key",
+        ("explain", "--config", "{tmp}/c.toml"),
+        ("{tmp}/c.toml", "--rolout-num-gpu", "--rollout-num-gpus"),
+        (_write("c.toml", "rollout_num_gpus = 2\nrolout_num_gpu = 3\n"),),
+    ),
+    Case(
+        "toml-wrong-type",
+        ("graph", "--config", "{tmp}/c.toml"),
+        ("{tmp}/c.toml", "--rollout-num-gpus"),
+        (_write("c.toml", 'rollout_num_gpus = "two"\n'),),
+    ),
+    Case(
+        "yaml-bad-bool",
+        ("explain", "--config", "{tmp}/c.yml"),
+        ("{tmp}/c.yml", "--use-fault-tolerance"),
+        (_write("c.yml", "use_fault_tolerance: maybe\nrollout_num_gpus: 2\n"),),
+    ),
+    Case(
+        "json-bad-component",
+        ("check", "--config", "{tmp}/c.json"),
+        ("{tmp}/c.json", "--ft-components", "rollout"),
+        (_write("c.json", '{"use_fault_tolerance": true, "ft_components": ["rollot"], "rollout_num_gpus": 2}'),),
+    ),
+    Case(
+        "json-not-a-table",
+        ("explain", "--config", "{tmp}/c.json"),
+        ("--config", "{tmp}/c.json"),
+        (_write("c.json", "[1, 2]"),),
+    ),
+    Case(
+        "toml-lifecycle-not-a-table",
+        ("explain", "--config", "{tmp}/c.toml"),
+        ("{tmp}/c.toml", "--lifecycle"),
+        (_write("c.toml", "lifecycle = 3\n"),),
+    ),
+    Case(
+        "yaml-empty-needs-gpus",
+        ("run", "--config", "{tmp}/c.yaml"),
+        ("--rollout-num-gpus",),
+        (_write("c.yaml", ""),),
+    ),
+    Case(
+        "config-unknown-suffix",
+        ("explain", "--config", "{tmp}/c.ini"),
+        ("--config", "{tmp}/c.ini", ".toml"),
+        (_write("c.ini", "x = 1\n"),),
+    ),
+    Case(
+        "config-is-a-directory",
+        ("explain", "--config", "{tmp}/c.toml"),
+        ("--config", "{tmp}/c.toml", "directory"),
+        (_mkdir("c.toml"),),
+    ),
+    Case("config-missing", ("run", "--config", "{tmp}/nope.toml"), ("--config", "{tmp}/nope.toml"), proc=True),
+    Case(
+        "config-not-utf8",
+        ("explain", "--config", "{tmp}/c.toml"),
+        ("--config", "{tmp}/c.toml", "UTF-8"),
+        (_write("c.toml", b"\xff\xfe\x00rollout_num_gpus = 2"),),
+        proc=True,
+    ),
+    # --- flags ------------------------------------------------------------------------------------------
+    Case("flag-not-a-number", ("explain", "--rollout-num-gpus", "abc"), ("--rollout-num-gpus",)),
+    Case(
+        "flag-jitter-out-of-range",
+        ("explain", "--rollout-health-check-jitter", "1.5"),
+        ("--rollout-health-check-jitter",),
+    ),
+    Case(
+        "flag-timeout-over-interval",
+        ("explain", "--rollout-health-check-interval", "5", "--rollout-health-check-timeout", "60"),
+        ("--rollout-health-check-timeout",),
+    ),
+    Case("flag-modes-exclude", ("explain", "--debug-train-only", "--debug-rollout-only"), ("--debug-rollout-only",)),
+    Case(
+        "flag-backoff-over-cap",
+        ("explain", "--engine-restart-backoff", "60", "--engine-restart-backoff-max", "10"),
+        ("--engine-restart-backoff",),
+    ),
+    Case("flag-infinite", ("check", "--rollout-health-check-interval", "1e999"), ("--rollout-health-check-interval",)),
+    Case("flag-unknown", ("explain", "--rollout-num-gpu", "2"), ("--rollout-num-gpu",), proc=True),
+    # --- lifecycle run -------------------------------------------------------------------------------------
+    Case("run-steps-zero", ("run", "--steps", "0", "--run-dir", "{tmp}/run"), ("--steps",)),
+    Case("run-steps-not-int", ("run", "--steps", "abc"), ("--steps",), proc=True),
+    Case("run-engines-zero", ("run", "--engines", "0", "--run-dir", "{tmp}/run"), ("--engines",)),
+    Case("run-engines-negative", ("run", "--engines=-2", "--run-dir", "{tmp}/run"), ("--engines",)),
+    Case("run-workers-zero", ("run", "--trainer-workers", "0", "--run-dir", "{tmp}/run"), ("--trainer-workers",)),
+    Case("run-launcher-unknown", ("run", "--launcher", "docker"), ("--launcher", "docker")),
+    Case("run-lr-nan", ("run", "--lr", "nan", "--run-dir", "{tmp}/run"), ("--lr",)),
+    Case(
+        "run-rollout-fn-missing-module",
+        ("run", "--rollout-function", "no_such_mod:make", "--run-dir", "{tmp}/run"),
+        ("--rollout-function", "no_such_mod"),
+    ),
+    Case(
+        "run-rollout-fn-missing-attr",
+        ("run", "--rollout-function", "json:no_such_factory", "--run-dir", "{tmp}/run"),
+        ("--rollout-function", "no_such_factory"),
+    ),
+    Case(
+        "run-inject-unknown-fault",
+        ("run", "--inject", "explode:1@2", "--run-dir", "{tmp}/run"),
+        ("--inject", "explode:1@2"),
+    ),
+    Case("run-inject-malformed", ("run", "--inject", "kill-engine@3", "--run-dir", "{tmp}/run"), ("--inject",)),
+    Case(
+        "run-ray-address-unreachable",
+        (),
+        ("--ray-address",),
+        proc=True,
+        argv_fn=lambda: ("run", "--run-dir", "{tmp}/run", "--ray-address", f"127.0.0.1:{_free_port()}"),
+    ),
+    Case(
+        "run-ray-address-malformed",
+        ("run", "--run-dir", "{tmp}/run", "--ray-address", "nohost:abc"),
+        ("--ray-address", "nohost:abc"),
+    ),
+    Case(
+        "run-dir-under-a-file",
+        ("run", "--run-dir", "{tmp}/blocker/run"),
+        ("--run-dir", "{tmp}/blocker/run"),
+        (_write("blocker", ""),),
+        proc=True,
+    ),
+    # --- replay data through lifecycle run ---------------------------------------------------------------------
+    Case(
+        "replay-dir-missing",
+        ("run", "--load-debug-rollout-data", "{tmp}/nodir/{{rollout_id}}.json"),
+        ("--load-debug-rollout-data", "{tmp}/nodir"),
+    ),
+    Case(
+        "replay-template-malformed",
+        ("run", "--load-debug-rollout-data", "{tmp}/{{bad}}.json"),
+        ("--load-debug-rollout-data", "{{rollout_id}}"),
+    ),
+    Case("replay-file-missing", REPLAY, ("--load-debug-rollout-data", R0, "rollout 0"), (_mkdir("replay"),)),
+    Case(
+        "replay-truncated",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "truncated"),
+        (_replay(damage=lambda p: p.write_text(p.read_text()[:40])),),
+        proc=True,
+    ),
+    Case(
+        "replay-wrong-version",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "rl-lifecycle/rollout@0"),
+        (_replay(damage=lambda p: p.write_text(p.read_text().replace(SCHEMA, "rl-lifecycle/rollout@0"))),),
+    ),
+    Case(
+        "replay-edited",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "checksum"),
+        (_replay(damage=_edit_json(lambda d: d["samples"][0].update(reward=0.0))),),
+    ),
+    Case(
+        "replay-no-schema",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "schema"),
+        (_replay(damage=_edit_json(lambda d: {"samples": d["samples"]})),),
+    ),
+    Case(
+        "replay-not-json",
+        REPLAY,
+        ("--load-debug-rollout-data", R0),
+        (_replay(damage=lambda p: p.write_bytes(b"\x80PK\x03\x04")),),
+    ),
+    Case(
+        "replay-other-rollout",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "holds rollout 4"),
+        (_replay(4, damage=lambda p: p.rename(p.with_name("0.json"))),),
+    ),
+    Case("replay-no-samples", REPLAY, ("--load-debug-rollout-data", R0, "no samples"), (_replay(samples=[]),)),
+    Case(
+        "replay-sample-without-reward",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "'reward'"),
+        (_replay(samples=[{k: v for k, v in SAMPLE.items() if k != "reward"}]),),
+    ),
+    Case(
+        "replay-sample-bad-ids",
+        REPLAY,
+        ("--load-debug-rollout-data", R0, "'prompt_ids'"),
+        (_replay(samples=[{**SAMPLE, "prompt_ids": "1 2"}]),),
+    ),
+    # --- check --------------------------------------------------------------------------------------------------
+    Case("check-engines-out-of-range", ("check", "--engines", "9"), ("--engines",)),
+    Case("check-engines-not-int", ("check", "--engines", "abc"), ("--engines",)),
+    Case(
+        "check-unknown-invariant", ("check", "--invariant", "no_such_invariant"), ("--invariant", "no_such_invariant")
+    ),
+    Case("check-unknown-mutant", ("check", "--mutant", "no_such_mutant"), ("--mutant", "no_such_mutant"), proc=True),
+    # --- graph ----------------------------------------------------------------------------------------------------
+    Case("graph-unknown-format", ("graph", "--format", "gif"), ("--format", "gif"), proc=True),
+    Case("graph-unknown-machine", ("graph", "--machine", "router"), ("--machine", "router")),
+    Case("graph-unknown-preset", ("graph", "--preset", "ft-all"), ("--preset", "ft-all")),
+    Case("graph-preset-and-flags", ("graph", "--preset", "replay", "--use-fault-tolerance"), ("--preset",)),
+    Case(
+        "graph-output-unwritable",
+        ("graph", "--machine", "engine", "-o", "{tmp}/blocker/g.mmd"),
+        ("-o", "{tmp}/blocker/g.mmd"),
+        (_write("blocker", ""),),
+    ),
+    Case("graph-check-missing-dir", ("graph", "--check", "{tmp}/no-graphs"), ("--check", "{tmp}/no-graphs")),
+    Case(
+        "graph-compare-missing",
+        ("graph", "--format", "html", "-o", "{tmp}/r.html", "--compare", "{tmp}/ref.json"),
+        ("--compare", "{tmp}/ref.json"),
+    ),
+    Case(
+        "graph-compare-wrong-schema",
+        ("graph", "--format", "html", "-o", "{tmp}/r.html", "--compare", "{tmp}/ref.json"),
+        ("--compare", "{tmp}/ref.json", "rl-lifecycle/graph@1"),
+        (_write("ref.json", '{"schema": "other@9"}'),),
+    ),
+    Case("graph-compare-without-html", ("graph", "--compare", "{tmp}/ref.json"), ("--compare", "--format html")),
+    # --- trace ------------------------------------------------------------------------------------------------------
+    Case("trace-missing", ("trace", "show", "{tmp}/events.jsonl"), ("{tmp}/events.jsonl",)),
+    Case("trace-directory", ("trace", "show", "{tmp}"), ("{tmp}", "directory")),
+    Case(
+        "trace-garbage-line",
+        ("trace", "show", "{tmp}/e.jsonl"),
+        ("{tmp}/e.jsonl", ":1:"),
+        (_write("e.jsonl", 'garbage\n{"event": "x"}\n'),),
+        proc=True,
+    ),
+    Case(
+        "trace-non-object-line",
+        ("trace", "show", "{tmp}/e.jsonl"),
+        ("{tmp}/e.jsonl", "event 2"),
+        (_write("e.jsonl", '{"event": "x"}\n[1, 2]\n{"event": "y"}\n'),),
+    ),
+    Case(
+        "trace-binary",
+        ("trace", "show", "{tmp}/e.jsonl"),
+        ("{tmp}/e.jsonl",),
+        (_write("e.jsonl", b"\x89PNG\r\n\x1a\n\x00"),),
+    ),
+    Case(
+        "trace-diff-missing-side",
+        ("trace", "diff", "{tmp}/a.jsonl", "{tmp}/b.jsonl"),
+        ("{tmp}/b.jsonl",),
+        (_write("a.jsonl", '{"event": "x"}\n'),),
+    ),
+]
+
+
+# -- the checks ---------------------------------------------------------------------------------------------
+def _paragraph_problems(err: str, names: list[str]) -> list[str]:
+    """Why ``err`` is not a good error report (empty list: it is one)."""
+    problems = []
+    text = err.strip()
+    if "Traceback" in err:
+        problems.append("a traceback without --debug")
+    if not text:
+        return [*problems, "nothing on stderr"]
+    if "\n" in text:
+        problems.append(f"{text.count(chr(10)) + 1} lines, not one paragraph")
+    if not text.startswith("lifecycle") or ": error: " not in text:
+        problems.append("does not start with 'lifecycle ...: error:'")
+    if "Fix:" not in text:
+        problems.append("no 'Fix:'")
+    problems += [f"does not name {n!r}" for n in names if n not in text]
+    return problems
+
+
+def check_in_process(case: Case, tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv, names = case.materialise(tmp)
+    capsys.readouterr()
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, f"{case.id}: exit {code}, stderr {err!r}"
+    assert not _paragraph_problems(err, names), f"{case.id}: {_paragraph_problems(err, names)}: {err!r}"
+    code = cli.main(["--debug", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, f"{case.id} --debug: exit {code}"
+    assert "Traceback (most recent call last)" in err, f"{case.id}: --debug shows no traceback: {err!r}"
+    assert err.strip().splitlines()[-1].startswith("lifecycle"), "the paragraph still ends the --debug output"
+
+
+def _cli(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "lifecycle.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    check_in_process(case, tmp_path, capsys)
+
+
+PROC = [c for c in CASES if c.proc]
+
+
+@pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
+def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
+    argv, names = case.materialise(tmp_path)
+    plain = _cli(argv)
+    assert plain.returncode == 2, plain
+    assert not _paragraph_problems(plain.stderr, names), (_paragraph_problems(plain.stderr, names), plain.stderr)
+    debug = _cli(["--debug", *argv])
+    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr, debug
+
+
+def test_corpus_is_large_and_distinct() -> None:
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+    assert len(PROC) >= 8
+    assert {c.argv[0] for c in CASES if c.argv} == {"run", "check", "graph", "explain", "trace"}
+
+
+# -- permissions: a real unreadable config and a real unwritable run dir (root cannot be refused, so drop to nobody) --
+def _as_nobody() -> list[str] | None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def world_tmp(tmp_path: Path) -> Iterator[Path]:
+    """A folder (and parents) that user nobody can traverse."""
+    tmp_path.chmod(0o755)
+    for parent in tmp_path.parents:
+        if parent == Path("/"):
+            break
+        if parent.stat().st_uid == 0:
+            parent.chmod(parent.stat().st_mode | 0o005)
+    yield tmp_path
+
+
+@pytest.mark.parametrize("kind", ["unreadable-config", "unwritable-run-dir"])
+def test_permission_refusals_as_an_unprivileged_user(kind: str, world_tmp: Path) -> None:
+    prefix = _as_nobody()
+    if prefix is None:
+        pytest.skip("needs root and setpriv to run the CLI as an unprivileged user")
+    if kind == "unreadable-config":
+        target = world_tmp / "secret.toml"
+        target.write_text("rollout_num_gpus = 2\n")
+        target.chmod(0o000)
+        argv, names = ["explain", "--config", str(target)], ["--config", str(target), "Permission denied"]
+    else:
+        target = world_tmp / "readonly"
+        target.mkdir()
+        target.chmod(0o555)
+        argv, names = ["run", "--run-dir", str(target / "run")], ["--run-dir", str(target / "run"), "Permission denied"]
+    env = {**os.environ, "HOME": str(world_tmp)}
+    cmd = [*prefix, sys.executable, "-m", "lifecycle.cli", *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    if "Permission denied" in out.stderr and "lifecycle" not in out.stderr:
+        pytest.skip(f"user nobody cannot run the venv's python here: {out.stderr[-200:]}")
+    assert out.returncode == 2, out
+    assert not _paragraph_problems(out.stderr, names), (_paragraph_problems(out.stderr, names), out.stderr)
+
+
+# -- the corpus can fail: re-introduce each fixed behaviour and watch the check catch it ---------------------------
+def _case(case_id: str) -> Case:
+    return next(c for c in CASES if c.id == case_id)
+
+
+def test_catches_the_argparse_usage_dump(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli._Parser, "error", argparse.ArgumentParser.error)  # usage block + SystemExit, as before
+    with pytest.raises((AssertionError, SystemExit)):
+        check_in_process(_case("run-steps-not-int"), tmp_path, capsys)
+
+
+def test_catches_a_multi_line_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_paragraph", str)  # the YAML parser's message, line breaks and all
+    with pytest.raises(AssertionError, match="not one paragraph"):
+        check_in_process(_case("yaml-broken"), tmp_path, capsys)
+
+
+def test_catches_a_non_object_event_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lifecycle.events import canonical, read_jsonl
+
+    monkeypatch.setattr(trace, "load", lambda path, only=None: [canonical(e) for e in read_jsonl(path)])
+    with pytest.raises(AttributeError):
+        check_in_process(_case("trace-non-object-line"), tmp_path, capsys)
+
+
+def test_catches_a_silent_debug_flag(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli.traceback, "print_exception", lambda *a, **k: None)
+    with pytest.raises(AssertionError, match="no traceback"):
+        check_in_process(_case("flag-not-a-number"), tmp_path, capsys)
+
+
+def test_catches_a_replay_file_the_trainer_cannot_use(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import rollout.replay
+
+    monkeypatch.setattr(rollout.replay, "_check_trainable", lambda *a: None)
+    # without the check the run would go on to start Ray: stop it right there instead
+    monkeypatch.setattr(
+        "lifecycle.run_cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
+    )
+    with pytest.raises(RuntimeError, match="got past replay"):
+        check_in_process(_case("replay-no-samples"), tmp_path, capsys)
+
+
+def test_good_input_still_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The checks are not simply 'everything fails': the same commands with good files succeed."""
+    (tmp_path / "c.toml").write_text("rollout_num_gpus = 2\n")
+    assert cli.main(["explain", "--config", str(tmp_path / "c.toml")]) == 0
+    (tmp_path / "e.jsonl").write_text('{"event": "x"}\n')
+    assert cli.main(["trace", "show", str(tmp_path / "e.jsonl")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# -- engines: a taken port and a weights file of the wrong shape -------------------------------------------------------
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield int(s.getsockname()[1])
+
+
+def test_engine_port_already_taken(taken_port: int) -> None:
+    from engines.errors import EngineStartError
+    from engines.process import ServerProcess, torch_engine_command
+
+    out = subprocess.run(
+        [sys.executable, "-m", "engines.torch_engine", "--port", str(taken_port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert out.stderr.strip().count("\n") == 0 and f"--port {taken_port}" in out.stderr and "--port 0" in out.stderr
+    proc = ServerProcess(torch_engine_command(port=taken_port), engine_id="taken")  # the launcher's path
+    with pytest.raises(EngineStartError) as info:
+        proc.start(timeout=60)
+    assert (
+        info.value.returncode == 2 and "already in use" in str(info.value) and f"--port {taken_port}" in str(info.value)
+    )
+    assert isinstance(info.value, LifecycleError)
+
+
+def _wide_weights(path: Path) -> Path:
+    from engines.model import ModelConfig, TinyCausalLM
+
+    wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
+    return TinyCausalLM(wide, seed=1).save_weights(path)
+
+
+def test_engine_weights_of_the_wrong_shape_at_start(tmp_path: Path) -> None:
+    """``lifecycle-torch-engine --weights FILE`` of the wrong shape: exit 2, one line naming file and tensor."""
+    from engines.process import torch_engine_command
+
+    bad = _wide_weights(tmp_path / "wide.safetensors")
+    out = subprocess.run(
+        torch_engine_command(port=0, weights=bad), capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    line = out.stderr.strip()
+    assert "\n" not in line and "--weights" in line and str(bad) in line and "'tok_emb.weight'" in line, line
+
+
+@pytest.mark.slow
+def test_engine_weights_of_the_wrong_shape_at_runtime(tmp_path: Path) -> None:
+    """``/update_weights_from_disk`` with the wrong shape on a serving engine: HTTP 400 naming file and
+    tensor, and the old weights keep serving (same version)."""
+    import asyncio
+
+    from engines.client import EngineClient
+    from engines.errors import EngineHTTPError
+    from engines.process import ServerProcess, torch_engine_command
+
+    bad = _wide_weights(tmp_path / "wide.safetensors")
+    with ServerProcess(torch_engine_command(port=0), engine_id="shape") as engine:
+
+        async def attempt() -> tuple[EngineHTTPError, str, str]:
+            async with EngineClient(engine.url, engine_id="shape", timeout=30.0) as client:
+                before = (await client.model_info()).weight_version
+                try:
+                    await client.update_weights_from_disk(str(bad), weight_version="never")
+                except EngineHTTPError as exc:
+                    return exc, before, (await client.model_info()).weight_version
+                raise AssertionError("a wrong-shape weights file was accepted")
+
+        exc, before, after = asyncio.run(attempt())
+    assert exc.status == 400 and str(bad) in exc.body and "does not match the model's" in exc.body
+    assert after == before
+
+
+# -- inside a running job: the second replay file is corrupt ----------------------------------------------------
+@pytest.mark.slow
+def test_replay_file_corrupt_mid_run_is_exit_2_and_one_paragraph(tmp_path: Path) -> None:
+    """Rollout 0 is fine (read before Ray starts, trained on); rollout 1 is truncated: the error is raised
+    inside the running loop, after Ray, the trainer and step 0 -- and still ends as exit 2 + one paragraph."""
+    template = str(tmp_path / "replay" / "{rollout_id}.json")
+    samples = [{**SAMPLE, "group": g, "reward": float(g % 2)} for g in range(4) for _ in range(2)]
+    save_rollout(template, 0, samples)
+    broken = save_rollout(template, 1, samples)
+    broken.write_text(broken.read_text()[:60])
+    run_dir = tmp_path / "run"
+    argv = ["run", "--steps", "3", "--quiet", "--run-dir", str(run_dir), "--load-debug-rollout-data", template]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lifecycle.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 2, err[-3000:]
+    ours = [ln for ln in err.splitlines() if ln.startswith("lifecycle")]  # Ray prints its own INFO lines
+    assert len(ours) == 1 and "Traceback" not in err, err[-3000:]
+    assert not _paragraph_problems(ours[0], ["--load-debug-rollout-data", str(broken), "rollout 1", "truncated"])
+    events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(e.get("machine") == "trainer" and e.get("step") == 0 for e in events), "step 0 trained first"
+    time.sleep(0.5)
