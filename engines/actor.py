@@ -15,6 +15,7 @@ recovery relaunches them on a node that is still alive.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import Sequence
@@ -92,6 +93,9 @@ class EngineActor:
         os._exit(1)
 
 
+CALL_TIMEOUT = 10.0  # bound on a control call to an engine actor (kill, info, fault hooks)
+
+
 class RayLauncher:
     """An engine slot's handle on its actor. All Ray calls go through here."""
 
@@ -134,21 +138,26 @@ class RayLauncher:
         return str(url)
 
     async def kill(self) -> None:
+        """SIGKILL the server (bounded: an actor that does not answer is killed by Ray instead)."""
         if self.actor is None:
             return
         try:
-            await self.actor.kill_server.remote()
+            await asyncio.wait_for(self.actor.kill_server.remote(), CALL_TIMEOUT)
         except RayActorError:
             self.actor = None
+        except TimeoutError:
+            self.shutdown()
 
     async def wait_dead(self, timeout: float) -> bool:
         if self.actor is None:
             return True
         try:
-            return bool(await self.actor.wait_dead.remote(timeout))
+            return bool(await asyncio.wait_for(self.actor.wait_dead.remote(timeout), timeout + CALL_TIMEOUT))
         except RayActorError:
             self.actor = None
             return True
+        except TimeoutError:
+            return False
 
     def alive(self) -> bool:
         if self.actor is None:
@@ -169,7 +178,7 @@ class RayLauncher:
             return f"actor died: {type(exc).__name__}"
 
     async def info(self) -> dict[str, Any]:
-        return dict(await self._ensure_actor().info.remote())
+        return dict(await asyncio.wait_for(self._ensure_actor().info.remote(), CALL_TIMEOUT))
 
     async def kill_server(self) -> None:
         """Fault hook: the server dies, the actor lives."""
@@ -182,7 +191,7 @@ class RayLauncher:
 
     async def pause_server(self) -> int:
         """Fault hook: the server hangs (SIGSTOP), the actor lives; the server pid."""
-        return int(await self._ensure_actor().pause_server.remote())
+        return int(await asyncio.wait_for(self._ensure_actor().pause_server.remote(), CALL_TIMEOUT))
 
     async def server_pid(self) -> int | None:
         """The server process id (same machine: a local multi-node cluster), for a synchronous kill."""
@@ -254,6 +263,19 @@ def engine_placement(engine_id: str) -> dict[str, Any]:
         "resources": {ENGINE_RESOURCE: 1},
         "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=True),
     }
+
+
+def driver_node_placement() -> dict[str, Any]:
+    """On a multi-node cluster this process started: pin an actor to the driver's (head) node.
+
+    Trainer workers ask for no CPUs, so Ray may put them on any node; a ``lose-node`` fault must
+    take engines, not the trainer, with it.
+    """
+    if _cluster is None or not ray.is_initialized():
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
 
 
 async def engine_node(launcher: RayLauncher) -> str:

@@ -75,6 +75,8 @@ class TrainerGroup:
         for w in self.workers:
             await w.call("pid")  # the actor has built its policy and optimizer
         self._fire("ready")
+        if self.size == 1 and heals_trainer(self.config):  # a crash before the first step heals from here
+            self._last_state = await self.workers[0].call("get_state")
         return await self._write_weights(0)
 
     async def _write_weights(self, step: int) -> tuple[str, str]:
@@ -113,12 +115,19 @@ class TrainerGroup:
         return stats
 
     async def _crashed(self, reason: str) -> None:
+        state = self.state  # where the crash hit: named in the error
         self._fire("worker_crashed")
         if not self._fire("heal").ok:
             self._fire("fail")
+            dead = []
+            for w in self.workers:  # which rank died: a call to a dead actor fails at once
+                try:
+                    await w.call("pid")
+                except WorkerCrashed:
+                    dead.append(str(w.rank))
             raise TrainerFailed(
-                f"trainer worker crashed ({reason}); not healed: train fault tolerance is off "
-                "(use --use-fault-tolerance --ft-components train)"
+                f"trainer worker {', '.join(dead) or '?'} crashed in state {state} ({reason}); not healed: "
+                "train fault tolerance is off (use --use-fault-tolerance --ft-components train)"
             )
         alive, dead = [], []
         for w in self.workers:

@@ -84,7 +84,10 @@ class WorkerHandle:
 
     def __init__(self, rank: int, model_size: str, seed: int, lr: float, temperature: float) -> None:
         self.rank = rank
-        self.actor = TrainerWorker.remote(rank, model_size, seed, lr, temperature)  # type: ignore[attr-defined]
+        from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
+
+        options = driver_node_placement()
+        self.actor = TrainerWorker.options(**options).remote(rank, model_size, seed, lr, temperature)  # type: ignore[attr-defined]
 
     @staticmethod
     async def _await(ref: Any) -> Any:

@@ -225,7 +225,8 @@ def check_stopped(run: Run) -> str:
     assert run.stopped_at - injected_at < STOP_WITHIN, run.stopped_at - injected_at
     if run.fault.kind == "crash-trainer":
         assert "TrainerFailed" in message or type(run.error).__name__ == "TrainerFailed", message
-        assert "trainer worker" in message and "train fault tolerance is off" in message, message
+        assert f"trainer worker {run.fault.index} crashed in state Training" in message, message
+        assert "train fault tolerance is off" in message, message
         path = [t["trigger"] for t in run.transitions("trainer")]
         assert path[-2:] == ["worker_crashed", "fail"], path
     else:
