@@ -234,8 +234,8 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
             _cluster.add_node(num_cpus=1, resources={ENGINE_RESOURCE: 4})
         _cluster.wait_for_nodes()
         ray.init(address=_cluster.address, include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    else:  # "local": our own instance, never a cluster someone else started on this machine (/tmp/ray)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def _engine_nodes() -> list[str]:
