@@ -208,6 +208,7 @@ class RayLauncher:
 
 ENGINE_RESOURCE = "rollout_engine"
 _cluster: Any = None  # the ray.cluster_utils.Cluster this process started (init_local_cluster(nodes>1))
+_removed: set[str] = set()  # node ids removed by remove_node (placement avoids them)
 
 
 def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int = 1) -> None:
@@ -241,7 +242,8 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
 def _engine_nodes() -> list[str]:
     """Alive nodes offering engine slots, in a stable order."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(ENGINE_RESOURCE, 0) > 0]
-    return sorted(str(n["NodeID"]) for n in nodes)
+    # a removed node stays "Alive" in the GCS until its health checks time out: skip it at once
+    return sorted(str(n["NodeID"]) for n in nodes if str(n["NodeID"]) not in _removed)
 
 
 def engine_placement(engine_id: str) -> dict[str, Any]:
@@ -291,6 +293,7 @@ def remove_node(node_id: str) -> None:
         if node.node_id == node_id:
             if node is _cluster.head_node:
                 raise RuntimeError(f"node {node_id} is the head node (the driver): not removed")
+            _removed.add(node_id)
             _cluster.remove_node(node, allow_graceful=False)
             return
     raise RuntimeError(f"node {node_id} is not a node of this cluster")

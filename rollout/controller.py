@@ -249,15 +249,27 @@ class InferenceController:
             self._unwatch(engine)
             if self.monitor is not None:
                 self.monitor.remove_engine(engine.id)
-            try:
-                await engine.recover()
-            except EngineFailed as exc:
-                self.failures.append(exc)
+            failure = await self._recover_within_budget(engine)
+            if failure is not None:
+                self.failures.append(failure)
                 continue
             self._watch(engine)
             self._monitor_add(engine)
             recovered.append(engine.id)
         return recovered
+
+    @staticmethod
+    async def _recover_within_budget(engine: Engine) -> EngineFailed | None:
+        """Restart until it starts; a relaunch that fails to start (start_failed: Unhealthy again) is
+        retried -- each try spends the restart budget, which ends in Failed -- instead of leaving an
+        Unhealthy engine that the next weight update's snapshot would wait on."""
+        while True:
+            try:
+                await engine.recover()
+                return None
+            except EngineFailed as exc:
+                if engine.state != "Unhealthy":
+                    return exc
 
     # -- generate boundaries ----------------------------------------------------------------------------
     async def begin_generate(self) -> FireResult:
