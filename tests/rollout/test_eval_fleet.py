@@ -99,7 +99,7 @@ def test_pin_pins_every_engine_and_restarts_a_killed_one(tmp_path: Path) -> None
         assert pin.ok and pin.state == "Pinned" and pin.reason is None, pin
         assert pin.versions == {"eval-0": "v1", "eval-1": "v1"} == await _versions(fleet)
         assert [e.id for e in fleet.routable()] == ["eval-0", "eval-1"]  # Serving only while pinned
-        assert ledger.ever("probe_engine") and ledger.ever("load_snapshot")
+        assert ledger.ever("probe_engine", "eval_fleet") and ledger.ever("load_snapshot", "eval_fleet")
         await fleet.release()
         assert fleet.state == "Idle" and fleet.routable() == []
         assert set(fleet.states().values()) == {"Quiesced"}
@@ -176,7 +176,7 @@ def test_monitored_fleet_does_not_probe_and_a_bounded_wait_becomes_unhealthy(tmp
         assert (state, reason) == ("SkippedUnhealthy", "unhealthy"), fleet.last
         assert fleet.last is not None and "eval-1" in fleet.last.detail
         assert 1.5 < took < 2.0 + 3.0
-        assert not ledger.ever("probe_engine")  # the rollout monitor covers the eval engines here
+        assert not ledger.ever("probe_engine", "eval_fleet")  # the rollout monitor covers them here
         assert fleet.state == "Idle" and fleet.states()["eval-1"] == "Unhealthy"
         pin = await fleet.pin(path, "v3")  # the next pin restarts the engine the wait gave up on
         assert pin.ok and pin.restarted == ("eval-1",), pin
@@ -353,3 +353,37 @@ def test_loop_writes_eval_rewards_into_metrics(tmp_path: Path) -> None:
     assert fleet[0]["dst"] == "Idle" and fleet[-1]["dst"] == "Disposed"
     pins = [e for e in events if e.get("machine") == "engine" and e.get("instance") == "eval-0"]
     assert any(e.get("trigger") == "begin_update" for e in pins)
+
+
+def test_under_rollout_ft_the_rollout_monitor_covers_the_eval_engines(tmp_path: Path) -> None:
+    """The delegation: the fleet does not probe, the rollout monitor (running during generate/eval) does,
+    and the engine it marks is restarted by the fleet's next pin."""
+    config = _config({**MONITORED, "eval_num_gpus": 1, "rollout_health_check_failure_threshold": 1})
+    ledger = EffectLedger()
+
+    async def run() -> None:
+        manager = RolloutManager(config, PatternTask(), launcher_factory=_factory, ledger=ledger, timeouts=TIMEOUTS)
+        try:
+            await manager.init((_weights(tmp_path, 1, "0"), "0"))
+            controller, fleet = manager.controller, manager.controller.eval_fleet
+            assert fleet is not None and controller.monitor is not None
+            controller.monitor.health("eval-0")  # registered with the rollout monitor
+            pid = _hang(fleet.engines[0])
+            await controller.begin_generate()  # monitor resumed: it probes rollout and eval engines
+            deadline = time.monotonic() + 15.0
+            while fleet.engines[0].state != "Unhealthy":
+                assert time.monotonic() < deadline, fleet.states()
+                await asyncio.sleep(0.1)
+            await controller.end_generate()
+            assert "failed probes" in fleet.engines[0].reason
+            assert controller.states() == {"engine-0": "Quiesced"}  # the rollout engine is untouched
+            result = await manager.eval(0)
+            assert result.skipped is None and result.weight_version == "0", result
+            assert fleet.last is not None and fleet.last.restarted == ("eval-0",)
+            assert _pid(fleet.engines[0]) != pid
+            assert not ledger.ever("probe_engine", "eval_fleet")  # the fleet never probed: the monitor did
+            assert ledger.ever("probe_engine", "monitor")
+        finally:
+            await manager.dispose()
+
+    asyncio.run(run())
