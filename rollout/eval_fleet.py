@@ -17,6 +17,10 @@ In both cases a process death reported by the launcher (Ray/the OS: ``alive()`` 
 acted on at pin time -- that is a death report, not a probe. Restarting is the fleet's own:
 ``stop`` (death confirmed) then ``start`` on the engine machine, bounded by the engine's restart
 budget (``--engine-max-restarts``) -- it never goes through rollout FT's ``recover``.
+
+The spec has no ``unhealthy`` edge out of ``LoadingSnapshot``: an engine whose load *fails* (HTTP
+error, death mid-load) does not hold the requested version, so it is reported as ``pin_violation``
+(the detail says "load failed") and is marked Unhealthy, so the next pin restarts it.
 """
 
 from __future__ import annotations
