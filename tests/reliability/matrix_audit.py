@@ -41,18 +41,8 @@ class AuditedRollout:
                 nodes[engine.id] = str((await info()).get("node_id"))
         samples = await self.inner(rollout_id, controller)
         want = len(self.task.prompts(rollout_id)) * self.task.group_size
-        indexes = [int(s["index"]) for s in samples]
-        problems = []
-        if committed != trainer_version:
-            problems.append(f"controller committed version {committed!r}, trainer pushed {trainer_version!r}")
-        stale = {k: v for k, v in versions.items() if v != trainer_version}
-        if stale:
-            problems.append(f"Serving engines report weight versions {stale}, trainer has {trainer_version!r}")
-        if sorted(indexes) != list(range(want)):
-            problems.append(f"{len(samples)} samples for {want} requests (indexes {sorted(indexes)})")
+        problems = find_problems(trainer_version, committed, versions, samples, want)
         sample_versions = sorted({str(s["weight_version"]) for s in samples})
-        if sample_versions != [trainer_version]:
-            problems.append(f"samples generated under versions {sample_versions}, want {trainer_version!r}")
         row: dict[str, Any] = {
             "rollout_id": rollout_id,
             "trainer_version": trainer_version,
@@ -71,6 +61,25 @@ class AuditedRollout:
         if problems:
             raise ControllerError(f"rollout {rollout_id} audit: {'; '.join(problems)}")
         return samples
+
+
+def find_problems(
+    trainer_version: str, committed: str | None, versions: dict[str, str | None], samples: list[Sample], want: int
+) -> list[str]:
+    """Everything "nothing lost" forbids, as messages (empty: all good)."""
+    problems = []
+    if committed != trainer_version:
+        problems.append(f"controller committed version {committed!r}, trainer pushed {trainer_version!r}")
+    stale = {k: v for k, v in versions.items() if v != trainer_version}
+    if stale:
+        problems.append(f"Serving engines report weight versions {stale}, trainer has {trainer_version!r}")
+    indexes = sorted(int(s["index"]) for s in samples)
+    if indexes != list(range(want)):
+        problems.append(f"{len(samples)} samples for {want} requests (indexes {indexes})")
+    sample_versions = sorted({str(s["weight_version"]) for s in samples})
+    if sample_versions != [trainer_version]:
+        problems.append(f"samples generated under versions {sample_versions}, want {trainer_version!r}")
+    return problems
 
 
 def factory(task: PatternTask) -> AuditedRollout:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from matrix_audit import AUDIT_ENV
+from matrix_audit import AUDIT_ENV, find_problems
 from reliability_report import DOC, CellResult, contract_rows, parse
 
 from engines.faults import FAULTS, FT_CONFIGS, UPDATE_STATES, Fault, check_faults, expected, ft_config, parse_fault
@@ -321,3 +321,31 @@ def test_fault_specs_and_refusals() -> None:
     with pytest.raises(ConfigError, match="worker rank"):
         check_faults([parse_fault("crash-trainer:1@1")], config)
     check_faults([parse_fault("lose-node:1@1")], two, ray_nodes=3)
+
+
+def test_audit_catches_loss_duplicates_and_stale_weights() -> None:
+    """The in-run audit is able to fail: each violation it exists for is reported."""
+    good = [{"index": i, "weight_version": "2"} for i in range(4)]
+    assert find_problems("2", "2", {"engine-0": "2"}, good, 4) == []
+    assert "Serving engines report" in find_problems("2", "2", {"engine-1": "1"}, good, 4)[0]
+    assert "3 samples for 4" in find_problems("2", "2", {"engine-0": "2"}, good[:3], 4)[0]
+    dup = [*good[:3], {"index": 2, "weight_version": "2"}]
+    assert "indexes [0, 1, 2, 2]" in find_problems("2", "2", {"engine-0": "2"}, dup, 4)[0]
+    stale = [*good[:3], {"index": 3, "weight_version": "1"}]
+    assert "under versions ['1', '2']" in find_problems("2", "2", {"engine-0": "2"}, stale, 4)[0]
+    assert "committed version '1'" in find_problems("2", "1", {"engine-0": "2"}, good, 4)[0]
+
+
+def test_routing_check_catches_serving_before_weights() -> None:
+    """check_weights_before_routing fails when a restarted engine is resumed before it loaded weights."""
+
+    def t(trigger: str, src: str, dst: str) -> dict[str, Any]:
+        return {"instance": "engine-1", "event": "lifecycle.transition", "trigger": trigger, "src": src, "dst": dst}
+
+    fine = [t("ready", "Starting", "PendingWeights"), t("begin_update", "PendingWeights", "LoadingWeights")]
+    fine += [t("finish_update", "LoadingWeights", "Quiesced"), t("resume", "Quiesced", "Serving")]
+    run = Run(Fault("kill-engine", 1, 1), "rollout", None, 0.0, fine, [], 3)
+    check_weights_before_routing(run)
+    run.events = [*fine, t("ready", "Starting", "PendingWeights"), t("resume", "Quiesced", "Serving")]
+    with pytest.raises(AssertionError, match="routed before it loaded the weights"):
+        check_weights_before_routing(run)
