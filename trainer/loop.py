@@ -336,7 +336,18 @@ async def _async_steps(
     trainer: Any,
     record: Callable[[int, list[dict[str, Any]], dict[str, float], float], None],
 ) -> None:
-    """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights."""
+    """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
+
+    Evals (``--eval-interval``) run as in the sync loop -- before the first rollout and after every
+    K-th weight update -- at moments when no generation is in flight (the rollout manager is Ready).
+    """
+    interval = manager.config.eval_interval
+    evals: dict[str, float] = {}
+    if interval is not None:
+        with bind_context(step=0, rollout_id=0):
+            initial = await manager.eval(0)  # miles: eval before the first rollout
+        if initial.reward is not None:
+            evals["eval_reward"] = initial.reward
     pending: asyncio.Task[list[dict[str, Any]]] | None = _start_generate(manager, 0)
     try:
         for step in range(opts.steps):
@@ -360,7 +371,14 @@ async def _async_steps(
                     )
                 await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
-            record(step, samples, stats, ts)
+                if interval is not None and (step + 1) % interval == 0:
+                    periodic = await manager.eval(step)  # generate(k+1) has ended: the manager is Ready
+                    if periodic.reward is not None:
+                        if "eval_reward" in evals:
+                            evals["eval_reward_initial"] = evals["eval_reward"]
+                        evals["eval_reward"] = periodic.reward
+            record(step, samples, {**stats, **evals}, ts)
+            evals = {}
     finally:
         if pending is not None and not pending.done():
             pending.cancel()

@@ -41,9 +41,10 @@ CPU = {
 }
 
 
-def _run(run_dir: Path, steps: int, **kwargs: Any) -> RunResult:
+def _run(run_dir: Path, steps: int, *, eval_interval: int | None = None, **kwargs: Any) -> RunResult:
     opts = RunOptions(steps=steps, seed=0, run_dir=run_dir, launcher="local", async_mode=True, **kwargs)
-    return asyncio.run(run_loop(LifecycleConfig.from_mapping(CPU), opts, io.StringIO()))
+    config = LifecycleConfig.from_mapping({**CPU, "eval_interval": eval_interval})
+    return asyncio.run(run_loop(config, opts, io.StringIO()))
 
 
 @pytest.fixture
@@ -73,12 +74,10 @@ def _overlaps(events: list[dict[str, Any]]) -> int:
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_async_loop_overlaps_generate_with_train_and_learns(tmp_path: Path, versions: dict[int, set[str]]) -> None:
-    steps = 14
-    result = _run(tmp_path / "run", steps)
+def test_async_loop_overlaps_generate_with_train(tmp_path: Path, versions: dict[int, set[str]]) -> None:
+    steps = 5
+    result = _run(tmp_path / "run", steps, eval_interval=2)
     assert len(result.rewards) == steps
-    head, tail = result.rewards[:4], result.rewards[-4:]
-    assert sum(tail) / 4 >= 1.5 * sum(head) / 4, result.rewards  # it learns, one step off-policy
     events = read_jsonl(tmp_path / "run" / "events.jsonl")
     assert _overlaps(events) >= steps - 2  # generate(k+1) runs while train(k) does
     # one step off-policy: rollout k+1 was generated with the weights of update k (version k), and never
@@ -89,6 +88,19 @@ def test_async_loop_overlaps_generate_with_train_and_learns(tmp_path: Path, vers
     assert len(begins) == steps and all(e["src"] == "Ready" for e in begins)
     assert not [e for e in events if e.get("trigger") == "offload" and e.get("machine") == "rollout"]
     assert result.metrics[-1]["engines"] == {"engine-0": "Quiesced", "engine-1": "Quiesced"}
+    # evals as in the sync loop (before the first rollout, after every 2nd update), never during a generation
+    assert [m["step"] for m in result.metrics if "eval_reward" in m] == [0, 1, 3]
+    assert [e["src"] for e in rollout if e["trigger"] == "eval"] == ["Ready"] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_async_loop_learns_one_step_off_policy(tmp_path: Path, versions: dict[int, set[str]]) -> None:
+    steps = 14
+    result = _run(tmp_path / "run", steps)
+    head, tail = result.rewards[:4], result.rewards[-4:]
+    assert sum(tail) / 4 >= 1.5 * sum(head) / 4, result.rewards
+    assert versions == {k: {str(max(k - 1, 0))} for k in range(steps)}
 
 
 @pytest.mark.usefixtures("ray_cluster")
