@@ -67,6 +67,10 @@ def cmd_check(ns: argparse.Namespace) -> int:
         raise ConfigError("--mutant", ns.mutant, "unknown mutant", f"choose from: {', '.join(MUTANTS)}")
     if ns.engines < 1 or ns.engines > 4:
         raise ConfigError("--engines", ns.engines, "explore 1 to 4 engines", "use --engines 2 (default) or 3")
+    if ns.faults < 0:
+        raise ConfigError("--faults", ns.faults, "must not be negative", "use --faults 0 (no faults) or more")
+    if ns.jobs < 1:
+        raise ConfigError("--jobs", ns.jobs, "must be at least 1", "use --jobs 1 to explore in this process")
     single = _single_config(ns)
     if single is not None:
         groups = [[single]]

@@ -317,6 +317,8 @@ CASES: list[Case] = [
     # --- check --------------------------------------------------------------------------------------------------
     Case("check-engines-out-of-range", ("check", "--engines", "9"), ("--engines",)),
     Case("check-engines-not-int", ("check", "--engines", "abc"), ("--engines",)),
+    Case("check-faults-negative", ("check", "--faults=-1"), ("--faults",)),
+    Case("check-jobs-zero", ("check", "--jobs", "0"), ("--jobs",)),
     Case(
         "check-unknown-invariant", ("check", "--invariant", "no_such_invariant"), ("--invariant", "no_such_invariant")
     ),
