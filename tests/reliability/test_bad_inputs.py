@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -662,4 +661,3 @@ def test_replay_file_corrupt_mid_run_is_exit_2_and_one_paragraph(tmp_path: Path)
     assert not _paragraph_problems(ours[0], ["--load-debug-rollout-data", str(broken), "rollout 1", "truncated"])
     events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
     assert any(e.get("machine") == "trainer" and e.get("step") == 0 for e in events), "step 0 trained first"
-    time.sleep(0.5)
