@@ -1,0 +1,227 @@
+"""The trainer group on real Ray actors: healing under train FT, failing fast without it, and the
+rollout recovery that ``update_weights`` performs only when its move says ``recover_engine``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.events import TRANSITION, EventLog, MemorySink
+from lifecycle.machine import LifecycleMachine
+from lifecycle.machines import ROLLOUT
+
+pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+from rollout.controller import InferenceController  # noqa: E402
+from rollout.task import PatternTask  # noqa: E402
+from trainer.group import TrainerFailed, TrainerGroup  # noqa: E402
+from trainer.workers import WorkerCrashed  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+TRAIN_FT = {"use_fault_tolerance": True, "ft_components": ["train"], "rollout_num_gpus": 1}
+NO_FT = {"rollout_num_gpus": 1}
+ROLLOUT_FT = {"use_fault_tolerance": True, "ft_components": ["rollout"], "rollout_num_gpus": 1}
+
+
+def _samples(n_groups: int = 2, group_size: int = 2) -> list[dict[str, Any]]:
+    """A small GRPO batch in the executor's sample format (rewards differ inside each group)."""
+    task = PatternTask(prompts_per_step=n_groups, group_size=group_size, response_len=4)
+    from engines.model import CharTokenizer
+
+    tok = CharTokenizer()
+    out = []
+    for g, prompt in enumerate(task.prompts(0)):
+        for k in range(group_size):
+            response = "abab" if k % 2 == 0 else "zzzz"
+            out.append(
+                {
+                    "index": g * group_size + k,
+                    "group": g,
+                    "prompt": prompt,
+                    "prompt_ids": tok.encode(prompt),
+                    "output_ids": tok.encode(response),
+                    "response": response,
+                    "reward": task.reward(prompt, response),
+                    "logprobs": [-1.0] * len(response),
+                    "weight_version": "0",
+                }
+            )
+    return out
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+def _group(tmp_path: Path, flags: dict[str, Any], workers: int) -> tuple[TrainerGroup, MemorySink]:
+    sink = MemorySink()
+    group = TrainerGroup(LifecycleConfig.from_mapping(flags), tmp_path, workers=workers, log=EventLog([sink]))
+    return group, sink
+
+
+def _trainer_moves(sink: MemorySink) -> list[str]:
+    return [e["trigger"] for e in sink if e.get("event") == TRANSITION and e["machine"] == "trainer"]
+
+
+async def _wait_dead(group: TrainerGroup, rank: int) -> None:
+    for _ in range(200):  # bounded: a call to a dead actor fails at once
+        try:
+            await asyncio.wait_for(group.workers[rank].call("pid"), 5.0)
+        except WorkerCrashed:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"worker {rank} still alive")
+
+
+def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # starts a replacement worker actor (or waits for a dead one): tens of seconds on 2 cores
+def test_train_ft_two_workers_replaces_the_crashed_worker_from_its_peer(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    group, sink = _group(tmp_path, TRAIN_FT, workers=2)
+
+    async def scenario() -> None:
+        try:
+            await group.start()
+            await group.train(_samples())
+            old_actor = group.workers[1].actor
+            await group.crash_worker(1)
+            await _wait_dead(group, 1)
+            stats = await group.train(_samples())  # crashes, heals, retries the step
+            assert "loss" in stats
+            assert group.state == "Ready" and group.heals == 1
+            assert group.workers[1].actor is not old_actor and group.workers[1].rank == 1
+            peer = await group.workers[0].call("get_state")
+            healed = await group.workers[1].call("get_state")
+            assert _same_params(peer["model"], healed["model"])  # bitwise: healed from the peer, then one more step
+        finally:
+            await group.dispose()
+
+    loop.run_until_complete(scenario())
+    moves = _trainer_moves(sink)
+    i = moves.index("worker_crashed")
+    assert moves[i - 1 : i + 6] == ["train", "worker_crashed", "heal", "healed", "train", "train_done", "dispose"]
+
+
+@pytest.mark.slow  # starts a replacement worker actor (or waits for a dead one): tens of seconds on 2 cores
+def test_train_ft_one_worker_heals_from_the_saved_state(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    """No peer: the replacement restores the group's last good state -- also before the first step."""
+    group, sink = _group(tmp_path, TRAIN_FT, workers=1)
+
+    async def scenario() -> None:
+        try:
+            await group.start()
+            saved = await group.workers[0].call("get_state")
+            await group.crash_worker(0)
+            await _wait_dead(group, 0)
+            restored: dict[str, Any] = {}
+            real_step = group._step
+
+            async def spy_step(samples: Any) -> dict[str, float]:
+                if group.heals and not restored:  # the retried step: see what the replacement holds first
+                    restored.update(await group.workers[0].call("get_state"))
+                return await real_step(samples)
+
+            group._step = spy_step  # type: ignore[method-assign]
+            await group.train(_samples())
+            assert group.state == "Ready" and group.heals == 1
+            assert _same_params(saved["model"], restored["model"])
+        finally:
+            await group.dispose()
+
+    loop.run_until_complete(scenario())
+    assert "healed" in _trainer_moves(sink)
+
+
+@pytest.mark.slow  # starts a replacement worker actor (or waits for a dead one): tens of seconds on 2 cores
+def test_train_ft_one_worker_without_a_saved_state_cannot_heal(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    """The check above can fail: drop the saved state and the same crash is not healed."""
+    group, _ = _group(tmp_path, TRAIN_FT, workers=1)
+
+    async def scenario() -> None:
+        try:
+            await group.start()
+            group._last_state = None
+            await group.crash_worker(0)
+            await _wait_dead(group, 0)
+            with pytest.raises(TrainerFailed, match="no peer or saved state"):
+                await group.train(_samples())
+        finally:
+            await group.dispose()
+
+    loop.run_until_complete(scenario())
+
+
+@pytest.mark.slow  # starts a replacement worker actor (or waits for a dead one): tens of seconds on 2 cores
+def test_no_train_ft_fails_naming_worker_and_flag(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    group, sink = _group(tmp_path, NO_FT, workers=1)
+
+    async def scenario() -> None:
+        try:
+            await group.start()
+            await group.crash_worker(0)
+            await _wait_dead(group, 0)
+            with pytest.raises(TrainerFailed) as info:
+                await group.train(_samples())
+            message = str(info.value)
+            assert "worker 0" in message, message
+            assert "--use-fault-tolerance --ft-components train" in message, message
+            assert group.state == "Failed"
+        finally:
+            await group.dispose()
+
+    loop.run_until_complete(scenario())
+    assert _trainer_moves(sink)[-3:] == ["train", "worker_crashed", "fail"]
+
+
+class RecordingController(InferenceController):
+    """The real controller (no engines), recording whether the trainer asked it to recover engines."""
+
+    calls: list[str]
+
+    async def recover_unhealthy(self) -> list[str]:
+        self.calls.append("recover_unhealthy")
+        return await super().recover_unhealthy()
+
+    async def update_weights(self, path: str, version: str) -> list[str]:
+        self.calls.append(f"update_weights {Path(path).name} v{version}")
+        return await super().update_weights(path, version)
+
+
+@pytest.mark.parametrize(
+    ("flags", "recovers"), [(ROLLOUT_FT, True), (TRAIN_FT, False), (NO_FT, False)], ids=["rollout", "train", "none"]
+)
+def test_update_weights_recovers_rollout_engines_only_when_the_move_says_so(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop, flags: dict[str, Any], recovers: bool
+) -> None:
+    config = LifecycleConfig.from_mapping(flags)
+    group, sink = _group(tmp_path, flags, workers=1)
+    controller = RecordingController(config, LifecycleMachine(ROLLOUT, config, "rollout"))
+    controller.calls = []
+
+    async def scenario() -> Any:
+        try:
+            await group.start()
+            return await group.update_weights(controller, 1)
+        finally:
+            await group.dispose()
+
+    result = loop.run_until_complete(scenario())
+    assert result.ok and ("recover_engine" in result.effects) is recovers
+    assert controller.calls == (["recover_unhealthy"] if recovers else []) + ["update_weights step-1.safetensors v1"]
+    assert (tmp_path / "weights" / "step-1.safetensors").is_file()
+    moves = _trainer_moves(sink)
+    assert moves[-3:] == ["update_weights", "update_done", "dispose"]
