@@ -233,6 +233,11 @@ CASES: list[Case] = [
     ),
     Case("run-inject-malformed", ("run", "--inject", "kill-engine@3", "--run-dir", "{tmp}/run"), ("--inject",)),
     Case(
+        "run-inject-engine-out-of-range",
+        ("run", "--engines", "1", "--inject", "kill-engine:9@0", "--run-dir", "{tmp}/run"),
+        ("--inject", "kill-engine:9@0"),
+    ),
+    Case(
         "run-ray-address-unreachable",
         (),
         ("--ray-address",),
