@@ -112,7 +112,7 @@ def bare_fire() -> Iterator[None]:
     async def afire(self: AsyncLifecycleMachine, trigger: str) -> FireResult:
         return _bare(self, trigger)
 
-    LifecycleMachine.fire, AsyncLifecycleMachine.fire = _bare, afire  # type: ignore[method-assign,assignment]
+    LifecycleMachine.fire, AsyncLifecycleMachine.fire = _bare, afire  # type: ignore[method-assign]
     try:
         yield
     finally:

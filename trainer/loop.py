@@ -222,19 +222,20 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         """One step's metrics row (metrics.jsonl) and its progress line."""
         reward = sum(float(s["reward"]) for s in samples) / len(samples)
         rewards.append(reward)
+        seconds = round(time.monotonic() - ts, 3)
         row = {
             "step": step,
             "reward": round(reward, 6),
             "samples": len(samples),
             **{k: round(v, 6) for k, v in stats.items()},
             "engines": manager.controller.states(),
-            "seconds": round(time.monotonic() - ts, 3),
+            "seconds": seconds,
         }
         metrics.append(row)
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         example = samples[0]["response"] if samples else ""
-        progress.step(step, reward, stats.get("loss", 0.0), _states(manager), row["seconds"], example)
+        progress.step(step, reward, stats.get("loss", 0.0), _states(manager), seconds, example)
 
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
