@@ -38,7 +38,7 @@ class PolicyRolloutFn:
 
     def load(self, path: str, version: str) -> None:
         """Adopt the trainer's weights file (a checked load: a wrong file names itself)."""
-        if self.model is None:
+        if self.model is None or self.model.config.name != self.model_size:
             self.model = TinyCausalLM(self.model_size)
         self.model.load_weights(path)
         self.version = version

@@ -242,7 +242,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     try:
         weights = await trainer.start()
         await manager.init(weights)
-        _feed_policy_source(manager, weights)
+        _feed_policy_source(manager, weights, model_size=opts.model_size)
         say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
         progress.t0 = time.monotonic()
         if opts.async_mode:
@@ -306,10 +306,12 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
         )
 
 
-def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
+def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:
     """Plain train-only: hand the trainer's weights to the engine-less data producer."""
     fn = manager.executor.rollout_fn
     if isinstance(fn, PolicyRolloutFn):
+        if model_size is not None:
+            fn.model_size = model_size  # the trainer's model family and size
         fn.load(*weights)
 
 

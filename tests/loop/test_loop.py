@@ -158,3 +158,39 @@ def test_progress_prints_a_line_per_step_otherwise() -> None:
     quiet = io.StringIO()
     Progress(2, quiet, quiet=True).step(0, 0.0, 0.0, "", 0.0, "")
     assert quiet.getvalue() == ""
+
+
+def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) -> None:
+    """No Ray, no engine: samples are deterministic per rollout, grouped, rewarded, and their logprobs are the
+    trainer's own (``token_logprobs`` on the same tokens) -- so GRPO trains on-policy on them."""
+    import torch
+
+    from engines.errors import WeightsFileError
+    from engines.model import TinyCausalLM
+    from rollout.policy_source import PolicyRolloutFn
+    from rollout.task import PatternTask
+    from trainer.policy import batch_tensors
+
+    model = TinyCausalLM("tiny", seed=3)
+    path = str(model.save_weights(tmp_path / "w.safetensors"))
+    task = PatternTask(seed=0)
+    producer = PolicyRolloutFn(task)
+    with pytest.raises(ControllerError, match="no policy weights"):
+        asyncio.run(producer(0, None))  # type: ignore[arg-type]
+    producer.load(path, "7")
+    samples = asyncio.run(producer(2, None))  # type: ignore[arg-type]
+    assert len(samples) == task.prompts_per_step * task.group_size
+    assert samples == asyncio.run(producer(2, None))  # type: ignore[arg-type]
+    assert samples != asyncio.run(producer(3, None))  # type: ignore[arg-type]
+    assert {s["weight_version"] for s in samples} == {"7"}
+    assert all(len(s["output_ids"]) == task.response_len for s in samples)
+    assert [s["group"] for s in samples] == [i // task.group_size for i in range(len(samples))]
+    assert all(s["reward"] == task.reward(s["prompt"], s["response"]) for s in samples)
+    ids, mask = batch_tensors(samples)
+    with torch.no_grad():
+        trainer_lps = model.token_logprobs(ids, temperature=task.temperature)[mask.bool()]
+    engine_lps = torch.tensor([lp for s in samples for lp in s["logprobs"]])
+    assert torch.allclose(trainer_lps, engine_lps, atol=1e-4)
+    producer.model_size = "small"  # a trainer of another size: its file is checked against that size
+    with pytest.raises(WeightsFileError, match=r"w\.safetensors"):
+        producer.load(path, "8")
