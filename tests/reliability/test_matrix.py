@@ -36,7 +36,14 @@ from lifecycle.events import read_jsonl
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-STEPS, AT, ENGINE = 3, 1, 1
+STEPS, AT, ENGINE = 3, 1, 1  # 3 steps, fault at the start of step 1, on engine-1
+
+
+def steps_for(kind: str) -> int:
+    """One more step when recovery lands in the last step's update (so the recovered engine serves again)."""
+    return STEPS + 1 if kind == "crash-during-update" else STEPS
+
+
 CELL = {
     "rollout_num_gpus": 2,
     "rollout_health_check_interval": 2.0,
@@ -99,7 +106,7 @@ def run_in_process(fault: Fault, ft: str, tmp: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(AUDIT_ENV, str(audit))
     config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft))
     opts = RunOptions(
-        steps=STEPS,
+        steps=steps_for(fault.kind),
         seed=0,
         run_dir=tmp / "run",
         faults=(fault,),
@@ -130,7 +137,16 @@ def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
         else:
             flags += [flag, str(value)]
     cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *flags]
-    cmd += ["--steps", str(STEPS), "--ray-nodes", "3", "--inject", str(fault), "--run-dir", str(tmp / "run")]
+    cmd += [
+        "--steps",
+        str(steps_for(fault.kind)),
+        "--ray-nodes",
+        "3",
+        "--inject",
+        str(fault),
+        "--run-dir",
+        str(tmp / "run"),
+    ]
     cmd += ["--rollout-function", "matrix_audit:factory", "--quiet"]
     env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
@@ -192,11 +208,12 @@ def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
 
 def check_recovered(run: Run) -> str:
     assert run.error is None, f"expected recovery, the run stopped: {run.error}"
-    assert run.steps_done == STEPS
+    steps = steps_for(run.fault.kind)
+    assert run.steps_done == steps
     if run.fault.kind == "crash-trainer":
         path = [t["trigger"] for t in run.transitions("trainer")]
         assert [p for p in path if p in ("worker_crashed", "heal", "healed")] == ["worker_crashed", "heal", "healed"]
-        return f"recovers: {STEPS}/{STEPS} steps; trainer worker_crashed -> heal -> healed, step retried"
+        return f"recovers: {steps}/{steps} steps; trainer worker_crashed -> heal -> healed, step retried"
     mark = check_fault_maps_to_transition(run)
     target = f"engine-{run.fault.index}"
     path = [t["dst"] for t in run.transitions(target)]
@@ -205,15 +222,15 @@ def check_recovered(run: Run) -> str:
     want = ["Unhealthy", "Recovering", "Starting", "PendingWeights", "LoadingWeights", "Quiesced"]
     assert tail[: len(want)] == want, tail
     last = run.audit[-1]
-    assert last["serving_versions"].get(target) == str(STEPS - 1), last  # the recovered engine serves again
+    assert last["serving_versions"].get(target) == str(steps - 1), last  # the recovered engine serves again
     where = ""
     if run.fault.kind == "lose-node":
         lost = run.first("fault.injected")["node"]
         assert last["nodes"][target] != lost, (last["nodes"], lost)
         where = f" on a surviving node ({last['nodes'][target][:8]}, lost {lost[:8]})"
     return (
-        f"recovers: {STEPS}/{STEPS} steps; {target} {' -> '.join(want)}{where}; "
-        f"served v{STEPS - 1} in the last step; reason: {mark.get('reason')}"
+        f"recovers: {steps}/{steps} steps; {target} {' -> '.join(want)}{where}; "
+        f"served v{steps - 1} in the last step; reason: {mark.get('reason')}"
     )
 
 
@@ -344,7 +361,7 @@ def test_routing_check_catches_serving_before_weights() -> None:
 
     fine = [t("ready", "Starting", "PendingWeights"), t("begin_update", "PendingWeights", "LoadingWeights")]
     fine += [t("finish_update", "LoadingWeights", "Quiesced"), t("resume", "Quiesced", "Serving")]
-    run = Run(Fault("kill-engine", 1, 1), "rollout", None, 0.0, fine, [], 3)
+    run = Run(Fault("kill-engine", 1, 1), "rollout", None, 0.0, fine, [], STEPS)
     check_weights_before_routing(run)
     run.events = [*fine, t("ready", "Starting", "PendingWeights"), t("resume", "Quiesced", "Serving")]
     with pytest.raises(AssertionError, match="routed before it loaded the weights"):
