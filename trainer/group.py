@@ -154,7 +154,12 @@ class TrainerGroup:
             return result
         if "recover_engine" in result.effects and sink is not None:
             await sink.recover_unhealthy()
-        path, version = await self._write_weights(step)
+        try:
+            path, version = await self._write_weights(step)
+        except WorkerCrashed as exc:  # a crash found while writing: heal (or fail) as in train, then redo the move
+            await self._crashed(str(exc))
+            result = await self.update_weights(sink, step)
+            return result
         if sink is not None:
             await sink.update_weights(path, version)
         self._fire("update_done")

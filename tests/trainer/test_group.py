@@ -225,3 +225,34 @@ def test_update_weights_recovers_rollout_engines_only_when_the_move_says_so(
     assert (tmp_path / "weights" / "step-1.safetensors").is_file()
     moves = _trainer_moves(sink)
     assert moves[-3:] == ["update_weights", "update_done", "dispose"]
+
+
+@pytest.mark.slow  # starts a replacement worker actor
+@pytest.mark.parametrize(("flags", "heals"), [(TRAIN_FT, True), (NO_FT, False)], ids=["train-ft", "no-ft"])
+def test_a_crash_found_by_update_weights_heals_or_fails(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop, flags: dict[str, Any], heals: bool
+) -> None:
+    """The crash surfaces while writing the weights: healed and the move redone, or Failed naming the flag."""
+    group, sink = _group(tmp_path, flags, workers=1)
+
+    async def scenario() -> None:
+        try:
+            await group.start()
+            await group.crash_worker(0)
+            await _wait_dead(group, 0)
+            if heals:
+                result = await group.update_weights(None, 1)
+                assert result.ok and group.state == "Ready" and group.heals == 1
+                assert (tmp_path / "weights" / "step-1.safetensors").is_file()
+            else:
+                with pytest.raises(TrainerFailed, match="--ft-components train"):
+                    await group.update_weights(None, 1)
+                assert group.state == "Failed"
+        finally:
+            await group.dispose()
+
+    loop.run_until_complete(scenario())
+    moves = _trainer_moves(sink)
+    i = moves.index("worker_crashed")
+    want = ["heal", "healed", "update_weights", "update_done"] if heals else ["fail"]
+    assert moves[i - 1 : i + 1 + len(want)] == ["update_weights", "worker_crashed", *want], moves
