@@ -148,3 +148,18 @@ def test_cli_async_with_offload_names_the_flag(tmp_path: Path, capsys: pytest.Ca
     assert main(["run", "--async", "--offload-rollout", "--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--async" in err[0] and "offload" in err[0]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+def test_async_loop_recovers_a_killed_engine(tmp_path: Path) -> None:
+    """Rollout FT under --async: an engine killed between steps is recovered by the next weight update
+    (after the overlapping generation ended on the surviving engine) and training continues."""
+    from engines.faults import parse_fault
+
+    result = _run(tmp_path / "kill", 5, faults=(parse_fault("kill-engine:1@2"),))
+    assert len(result.rewards) == 5
+    events = read_jsonl(tmp_path / "kill" / "events.jsonl")
+    path = [(e["src"], e["dst"]) for e in events if e.get("instance") == "engine-1" and e.get("src")]
+    assert ("Unhealthy", "Recovering") in path and ("PendingWeights", "LoadingWeights") in path
+    assert result.metrics[-1]["engines"] == {"engine-0": "Quiesced", "engine-1": "Quiesced"}
