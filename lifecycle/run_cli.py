@@ -18,6 +18,7 @@ from typing import Any
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
+from lifecycle.predicates import offloads_rollout
 
 
 def register_run(sub: Any) -> None:
@@ -121,10 +122,23 @@ def _check_rollout_function(path: str) -> None:
         raise ConfigError("--rollout-function", path, f"{attr!r} is not callable", fix)
 
 
+def check_async(config: LifecycleConfig, async_mode: bool) -> None:
+    """--async overlaps generate(k+1) with train(k): the engines are never idle, so nothing can offload them."""
+    if async_mode and offloads_rollout(config):
+        raise ConfigError(
+            "--async",
+            True,
+            "the async loop generates step k+1 while training step k, so the rollout engines are never idle "
+            "and cannot be offloaded (offload is allowed only from Ready)",
+            "drop --offload-rollout/--offload/--colocate, or run without --async",
+        )
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     from lifecycle.cli import config_from_args
 
     config = config_from_args(ns)
+    check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
     _check_lr(ns.lr)
@@ -167,7 +181,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         quiet=ns.quiet,
         async_mode=ns.async_mode,
     )
-    loop.check_options(config, opts)  # before Ray starts: e.g. --async with --offload-rollout
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     loop.run(config, opts)
     return 0

@@ -24,10 +24,9 @@ from typing import Any, TextIO
 from engines.engine import Timeouts
 from engines.faults import FAULTS, Fault, FaultInjector, parse_fault  # noqa: F401  (FAULTS, parse_fault: re-exported)
 from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
-from lifecycle.predicates import offloads_rollout
+from lifecycle.run_cli import check_async
 from rollout.controller import ControllerError
 from rollout.executor import RolloutManager
 from rollout.policy_source import PolicyRolloutFn
@@ -295,15 +294,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 
 
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
-    """Refuse combinations the machines cannot honour, before anything starts."""
-    if opts.async_mode and offloads_rollout(config):
-        raise ConfigError(
-            "--async",
-            True,
-            "the async loop generates step k+1 while training step k, so the rollout engines are never idle "
-            "and cannot be offloaded (offload is allowed only from Ready)",
-            "drop --offload-rollout/--offload/--colocate, or run without --async",
-        )
+    """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
+    check_async(config, opts.async_mode)
 
 
 def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:
