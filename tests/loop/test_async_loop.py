@@ -113,7 +113,7 @@ def test_update_without_waiting_for_generate_is_caught(tmp_path: Path, monkeypat
     original = EngineRolloutFn.__call__
 
     async def slow(self: EngineRolloutFn, rollout_id: int, controller: Any) -> list[dict[str, Any]]:
-        await asyncio.sleep(1.5 if rollout_id > 0 else 0.0)
+        await asyncio.sleep(4.0 if rollout_id > 0 else 0.0)  # outlasts a training step, even on a busy machine
         return await original(self, rollout_id, controller)
 
     monkeypatch.setattr(EngineRolloutFn, "__call__", slow)
