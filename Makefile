@@ -43,6 +43,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_machine.py
 	$(BIN)/python benchmarks/bench_check.py
 	$(BIN)/python benchmarks/bench_engines.py
+	$(BIN)/python benchmarks/bench_loop.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts
