@@ -28,7 +28,7 @@ from engines.errors import EngineStartError
 from engines.process import ServerProcess
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]  # ray stubs lack actor options
 class EngineActor:
     """Runs in its own Ray worker process; the server is a child process of the actor."""
 
@@ -121,7 +121,7 @@ class RayLauncher:
     def _ensure_actor(self) -> Any:
         if self.actor is None:
             options = self.options or engine_placement(self.engine_id)
-            self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)
+            self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)  # type: ignore[attr-defined]
         return self.actor
 
     async def launch(self) -> str:
@@ -241,7 +241,7 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
 
 def _engine_nodes() -> list[str]:
     """Alive nodes offering engine slots, in a stable order."""
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(ENGINE_RESOURCE, 0) > 0]
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(ENGINE_RESOURCE, 0) > 0]  # type: ignore[no-untyped-call]
     # a removed node stays "Alive" in the GCS until its health checks time out: skip it at once
     return sorted(str(n["NodeID"]) for n in nodes if str(n["NodeID"]) not in _removed)
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from engines.client import EngineClient
 from engines.errors import EngineError
+from engines.protocol import PauseMode
 from engines.restart import RestartBudget
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
@@ -169,7 +170,7 @@ class Engine:
         self._fire("resume")
         await self._require(self.client).continue_generation()
 
-    async def drain(self, mode: str = "retract") -> None:
+    async def drain(self, mode: PauseMode = "retract") -> None:
         """Serving -> Quiesced: out of routing, in-flight generation paused."""
         self._fire("drain")
         await self._require(self.client).pause_generation(mode=mode)

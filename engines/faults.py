@@ -161,9 +161,16 @@ class EngineSlot(Protocol):
 
 
 class Controller(Protocol):
-    engines: Sequence[Any]
-    log: EventLog | None
-    config: LifecycleConfig
+    """What the injector reads of an InferenceController (read-only, so a list[Engine] fits)."""
+
+    @property
+    def engines(self) -> Sequence[Any]: ...
+
+    @property
+    def log(self) -> EventLog | None: ...
+
+    @property
+    def config(self) -> LifecycleConfig: ...
 
 
 @dataclass

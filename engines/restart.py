@@ -50,6 +50,6 @@ class RestartBudget:
         self._prune(now)
         if len(self._times) >= self.max_restarts:
             return None
-        delay = min(self.backoff * (2 ** len(self._times)), self.backoff_max)
+        delay = float(min(self.backoff * (2 ** len(self._times)), self.backoff_max))
         self._times.append(now)
         return delay

@@ -20,7 +20,12 @@ from lifecycle.errors import LifecycleError
 SCHEMA = "rl-lifecycle/rollout@1"
 # What the trainer reads from every sample (GRPO groups, token ids, reward): checked up front under
 # ``trainable=True`` so a damaged-but-checksummed file is a ReplayDataError, not a KeyError in a worker.
-TRAIN_FIELDS = {"group": (int, str), "prompt_ids": list, "output_ids": list, "reward": (int, float)}
+TRAIN_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "group": (int, str),
+    "prompt_ids": list,
+    "output_ids": list,
+    "reward": (int, float),
+}
 
 
 class ReplayDataError(LifecycleError):

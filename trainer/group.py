@@ -119,17 +119,18 @@ class TrainerGroup:
         self._fire("worker_crashed")
         if not self._fire("heal").ok:
             self._fire("fail")
-            dead = []
+            dead_ranks: list[str] = []
             for w in self.workers:  # which rank died: a call to a dead actor fails at once
                 try:
                     await w.call("pid")
                 except WorkerCrashed:
-                    dead.append(str(w.rank))
+                    dead_ranks.append(str(w.rank))
             raise TrainerFailed(
-                f"trainer worker {', '.join(dead) or '?'} crashed in state {state} ({reason}); not healed: "
+                f"trainer worker {', '.join(dead_ranks) or '?'} crashed in state {state} ({reason}); not healed: "
                 "train fault tolerance is off (use --use-fault-tolerance --ft-components train)"
             )
-        alive, dead = [], []
+        alive: list[WorkerHandle] = []
+        dead: list[WorkerHandle] = []
         for w in self.workers:
             try:
                 await w.call("pid")
