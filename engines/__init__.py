@@ -1,5 +1,6 @@
 """Engines: the engine machine driving real inference servers (CPU torch engine, SGLang).
 
-Thin for now: the engine *lifecycle* lives in :data:`lifecycle.machines.ENGINE`; the processes,
-HTTP client and health monitor arrive with the Engines issue.
+The engine *lifecycle* is :data:`lifecycle.machines.ENGINE`; :class:`engines.engine.Engine` drives
+it against a real process through a launcher (``engines.launcher.LocalLauncher`` or
+``engines.actor.RayLauncher``), talking SGLang's HTTP API through ``engines.client.EngineClient``.
 """
