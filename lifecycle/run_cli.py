@@ -56,6 +56,20 @@ def register_run(sub: Any) -> None:
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
     p.add_argument("--trainer-workers", type=int, default=1, metavar="N", help="trainer workers (default 1)")
     p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
+    p.add_argument(
+        "--engine-request-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="bound on every engine HTTP request; one that runs out marks the engine Unhealthy (default 30)",
+    )
+    p.add_argument(
+        "--engine-startup-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="bound on an engine's start until /health_generate answers; then start_failed (default 60)",
+    )
     p.add_argument("--rollout-function", default=None, metavar="MODULE:ATTR", help="your rollout fn factory")
     p.add_argument(
         "--async",
@@ -101,6 +115,11 @@ def _positive(flag: str, value: int) -> None:
         raise ConfigError(flag, value, "must be at least 1", f"set {flag} to a positive number")
 
 
+def _seconds(flag: str, value: float) -> None:
+    if not math.isfinite(value) or value <= 0:  # an unbounded or zero wait is never what a user means
+        raise ConfigError(flag, value, "must be a finite number of seconds greater than 0", f"use e.g. {flag} 30")
+
+
 def _check_lr(value: float) -> None:
     if not math.isfinite(value) or value <= 0:  # nan/inf/<=0 would only surface as a dead trainer actor
         raise ConfigError("--lr", value, "must be a finite number greater than 0", "use e.g. --lr 1e-2")
@@ -142,6 +161,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
     _check_lr(ns.lr)
+    _seconds("--engine-request-timeout", ns.engine_request_timeout)
+    _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
     if ns.rollout_function:
         _check_rollout_function(ns.rollout_function)
     if config.load_debug_rollout_data is not None:
@@ -180,6 +201,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         rollout_fn=ns.rollout_function,
         quiet=ns.quiet,
         async_mode=ns.async_mode,
+        timeouts=importlib.import_module("engines.engine").Timeouts(
+            startup=ns.engine_startup_timeout, request=ns.engine_request_timeout
+        ),
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     loop.run(config, opts)

@@ -217,6 +217,16 @@ CASES: list[Case] = [
     Case("run-launcher-unknown", ("run", "--launcher", "docker"), ("--launcher", "docker")),
     Case("run-lr-nan", ("run", "--lr", "nan", "--run-dir", "{tmp}/run"), ("--lr",)),
     Case(
+        "run-request-timeout-zero",
+        ("run", "--engine-request-timeout", "0", "--run-dir", "{tmp}/run"),
+        ("--engine-request-timeout",),
+    ),
+    Case(
+        "run-startup-timeout-inf",
+        ("run", "--engine-startup-timeout", "inf", "--run-dir", "{tmp}/run"),
+        ("--engine-startup-timeout",),
+    ),
+    Case(
         "run-rollout-fn-missing-module",
         ("run", "--rollout-function", "no_such_mod:make", "--run-dir", "{tmp}/run"),
         ("--rollout-function", "no_such_mod"),
