@@ -67,6 +67,7 @@ class HealthMonitor:
         self._lock = asyncio.Lock()  # one machine event at a time, even with concurrent probes
         self._epoch = 0
         self._task: asyncio.Task[None] | None = None
+        self._loops: set[asyncio.Task[None]] = set()  # probe loops still running (a paused one ends after its sleep)
         self.discarded = 0  # probe failures that came back after a pause
 
     # -- membership ----------------------------------------------------------------------------
@@ -98,6 +99,8 @@ class HealthMonitor:
         if result.ok:
             self._epoch += 1
             self._task = asyncio.create_task(self._run(self._epoch), name=f"monitor-{self.group}")
+            self._loops.add(self._task)
+            self._task.add_done_callback(self._loops.discard)
 
     async def pause(self) -> None:
         """Stop probing; results of probes still in flight will be discarded."""
@@ -107,14 +110,16 @@ class HealthMonitor:
 
     async def stop(self) -> None:
         self._epoch += 1
-        task, self._task = self._task, None
+        self._task = None
         if self.machine.state in ("Paused", "Running"):
             await self._fire("stop")
         elif self.machine.state == "Init":
             await self._fire("dispose")
-        if task is not None:
+        # every probe loop, also those a pause left to finish their sleep: none outlives the monitor
+        loops = list(self._loops)
+        for task in loops:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*loops, return_exceptions=True)
 
     async def engine_died(self, engine_id: str, reason: str) -> None:
         """Ray/the OS reported the engine's death: mark it now, whether probing or paused."""

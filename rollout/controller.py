@@ -271,6 +271,28 @@ class InferenceController:
                 if engine.state != "Unhealthy":
                     return exc
 
+    # -- single engines (an operator's stop/start) ------------------------------------------------------
+    async def stop_engine(self, engine_id: str) -> None:
+        """Take one engine out for good: out of routing, killed, ``Stopped`` once its death is confirmed.
+
+        Under the engine lock, so it never cuts into a weight-update snapshot; unwatched first, so the
+        death we cause is not reported as a fault (and never recovered).
+        """
+        engine = self.engine(engine_id)
+        async with self.lock:
+            self._unwatch(engine)
+            if self.monitor is not None:
+                self.monitor.remove_engine(engine.id)
+            await engine.stop()
+
+    async def start_engine(self, engine_id: str) -> None:
+        """Start a stopped engine again; it waits in ``PendingWeights`` until ``catch_up`` loads the weights."""
+        engine = self.engine(engine_id)
+        async with self.lock:
+            await engine.start()
+            self._watch(engine)
+            self._monitor_add(engine)
+
     # -- generate boundaries ----------------------------------------------------------------------------
     async def begin_generate(self) -> FireResult:
         return await self._op("generate")

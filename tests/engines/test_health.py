@@ -171,3 +171,23 @@ def test_no_monitor_without_monitors_rollout(flags):
     monitor, ledger = asyncio.run(run())
     assert monitor is None
     assert len(ledger) == 0
+
+
+def test_stop_ends_every_probe_loop_also_one_a_pause_left_sleeping():
+    """A pause lets the probe loop finish its sleep; stop must not leave it pending (a leaked task)."""
+
+    async def run() -> tuple[list[bool], int]:
+        config = _config(rollout_health_check_interval=30.0, rollout_health_check_timeout=1.0)
+        monitor, _ = await _monitor(config)
+        monitor.add_engine("engine-0", _ok())
+        await monitor.resume()
+        await asyncio.sleep(0.05)  # one round done, now sleeping 30 s
+        loops = list(monitor._loops)
+        await monitor.pause()
+        await monitor.resume()  # a second loop while the first still sleeps
+        loops += [t for t in monitor._loops if t not in loops]
+        await monitor.stop()
+        return [t.done() for t in loops], len(monitor._loops)
+
+    done, left = asyncio.run(run())
+    assert len(done) == 2 and all(done) and left == 0

@@ -279,3 +279,27 @@ def test_no_rollout_ft_starts_no_monitor(flags: dict[str, Any], tmp_path: Path) 
         assert rig.c.engines[0].state == "Quiesced" and rig.manager.executor.constructed == ["rollout_fn", "eval_fn"]
     finally:
         rig.close()
+
+
+def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(rig: Rig) -> None:
+    """An operator's stop/start of one engine: Stopped only once dead, never recovered; back via catch_up."""
+    c = rig.c
+    engine = c.engines[0]
+    rig.run(rig.manager.generate(5))  # Serving -> Quiesced at generate_done, weights committed
+    committed = c.weights
+    assert committed is not None
+    rig.run(c.stop_engine("engine-0"))
+    assert engine.state == "Stopped" and not engine.launcher.alive()  # the process is really gone
+    assert c.monitor is not None and "engine-0" not in c.monitor._engines
+    rig.run(asyncio.sleep(0.3))
+    assert engine.state == "Stopped"  # the death we caused is not a fault: no Unhealthy, no recovery
+    with pytest.raises(ControllerError, match="no routable engine"):
+        rig.run(rig.manager.executor.generate(6))  # bypasses catch_up: nothing may serve
+    rig.run(c.start_engine("engine-0"))
+    assert engine.state == "PendingWeights" and not engine.routable
+    samples = rig.run(rig.manager.generate(6))  # catch_up hands it the committed weights first
+    assert {s["weight_version"] for s in samples} == {committed[1]}
+    assert rig.run(rig.served_version(0)) == committed[1]
+    moves = [t for i, t in rig.spy.moves("engine-0")]
+    last_stop = len(moves) - 1 - moves[::-1].index("stop")
+    assert "recover" not in moves[last_stop:] and "confirm_dead" in moves[last_stop:]
