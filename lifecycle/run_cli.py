@@ -70,7 +70,18 @@ def register_run(sub: Any) -> None:
         metavar="S",
         help="bound on an engine's start until /health_generate answers; then start_failed (default 60)",
     )
-    p.add_argument("--rollout-function", default=None, metavar="MODULE:ATTR", help="your rollout fn factory")
+    p.add_argument(
+        "--rollout-function",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="your rollout fn factory: factory(task) -> async rollout_fn(rollout_id, controller) -> samples",
+    )
+    p.add_argument(
+        "--data-source",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="your prompts: factory(task) -> object with prompts(rollout_id) -> list[str] (miles' data source)",
+    )
     p.add_argument(
         "--async",
         dest="async_mode",
@@ -125,20 +136,20 @@ def _check_lr(value: float) -> None:
         raise ConfigError("--lr", value, "must be a finite number greater than 0", "use e.g. --lr 1e-2")
 
 
-def _check_rollout_function(path: str) -> None:
+def _check_factory(flag: str, path: str, example: str) -> None:
     """Import ``MODULE:ATTR`` now, so a typo is a flag error before Ray starts, not a traceback mid-run."""
     module, _, attr = path.partition(":")
-    fix = "pass MODULE:ATTR of an importable factory, e.g. mypkg.rollout:make_rollout_fn"
+    fix = f"pass MODULE:ATTR of an importable factory, e.g. {example}"
     if not module or not attr:
-        raise ConfigError("--rollout-function", path, "not in MODULE:ATTR form", fix)
+        raise ConfigError(flag, path, "not in MODULE:ATTR form", fix)
     try:
         factory = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise ConfigError("--rollout-function", path, f"cannot import {module!r} ({exc})", fix) from None
+        raise ConfigError(flag, path, f"cannot import {module!r} ({exc})", fix) from None
     except AttributeError:
-        raise ConfigError("--rollout-function", path, f"module {module!r} has no {attr!r}", fix) from None
+        raise ConfigError(flag, path, f"module {module!r} has no {attr!r}", fix) from None
     if not callable(factory):
-        raise ConfigError("--rollout-function", path, f"{attr!r} is not callable", fix)
+        raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
@@ -164,7 +175,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
     if ns.rollout_function:
-        _check_rollout_function(ns.rollout_function)
+        _check_factory("--rollout-function", ns.rollout_function, "mypkg.rollout:make_rollout_fn")
+    if ns.data_source:
+        _check_factory("--data-source", ns.data_source, "mypkg.data:make_source")
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a
         # small machine); later files are checked as each step reads them (ReplayDataError, exit 2).
@@ -199,6 +212,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         workers=ns.trainer_workers,
         lr=ns.lr,
         rollout_fn=ns.rollout_function,
+        data_source=ns.data_source,
         quiet=ns.quiet,
         async_mode=ns.async_mode,
         timeouts=importlib.import_module("engines.engine").Timeouts(

@@ -19,6 +19,7 @@ A user can plug in their own rollout function by import path (``module:attr``): 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import time
 from collections.abc import Awaitable, Callable
@@ -37,7 +38,7 @@ from lifecycle.predicates import starts_servers
 from rollout.controller import ControllerError, InferenceController, LauncherFactory
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_rollout, save_rollout
-from rollout.task import PatternTask
+from rollout.task import DataSource, PatternTask
 
 Sample = dict[str, Any]
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
@@ -192,6 +193,17 @@ class EngineRolloutFn:
             }
 
 
+def load_data_source(path: str, task: PatternTask) -> DataSource:
+    """``module:attr`` -> the user's data source factory, called with the task (miles' --data-source-path)."""
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"data source path {path!r}: use module:attr")
+    source: DataSource = getattr(importlib.import_module(module), attr)(task)
+    if not callable(getattr(source, "prompts", None)):
+        raise ValueError(f"data source {path!r}: the factory's result has no prompts(rollout_id) method")
+    return source
+
+
 def load_rollout_fn(path: str, task: PatternTask) -> RolloutFn:
     """``module:attr`` -> the user's factory, called with the task (miles' --rollout-function-path)."""
     module, _, attr = path.partition(":")
@@ -213,12 +225,15 @@ class RolloutExecutor:
         task: PatternTask,
         *,
         rollout_fn_path: str | None = None,
+        data_source_path: str | None = None,
     ) -> None:
         self.config = config
         self.machine = machine
         self.controller = controller
         self.task = task
         self.rollout_fn_path = rollout_fn_path
+        self.data_source_path = data_source_path
+        self.data_source: DataSource | None = None
         self.rollout_fn: RolloutFn | None = None
         self.eval_fn: EngineEvalFn | None = None
         self.constructed: list[str] = []
@@ -226,6 +241,10 @@ class RolloutExecutor:
     def init(self) -> FireResult:
         result = self.machine.fire("init")
         if "construct_rollout_fn" in result.effects:
+            if self.data_source_path:  # the data source feeds the rollout fn: built behind the same gate
+                self.data_source = load_data_source(self.data_source_path, self.task)
+                self.task = dataclasses.replace(self.task, source=self.data_source)
+                self.constructed.append("data_source")
             if self.rollout_fn_path:
                 self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
             elif not starts_servers(self.config):
@@ -319,6 +338,7 @@ class RolloutManager:
         timeouts: Timeouts | None = None,
         seed: int = 0,
         rollout_fn_path: str | None = None,
+        data_source_path: str | None = None,
     ) -> None:
         self.config = config
         self.machine = LifecycleMachine(ROLLOUT, config, "rollout", log=log, ledger=ledger)
@@ -331,7 +351,14 @@ class RolloutManager:
             timeouts=timeouts,
             seed=seed,
         )
-        self.executor = RolloutExecutor(config, self.machine, self.controller, task, rollout_fn_path=rollout_fn_path)
+        self.executor = RolloutExecutor(
+            config,
+            self.machine,
+            self.controller,
+            task,
+            rollout_fn_path=rollout_fn_path,
+            data_source_path=data_source_path,
+        )
 
     @property
     def state(self) -> str:

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import random
 import string
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lifecycle.errors import LifecycleError
+
+
+class DataSource(Protocol):
+    """Where a rollout's prompts come from (miles' data source): plugged in with ``--data-source MODULE:ATTR``."""
+
+    def prompts(self, rollout_id: int) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,7 @@ class PatternTask:
     response_len: int = 8
     temperature: float = 1.0
     seed: int = 0
+    source: DataSource | None = field(default=None, compare=False, repr=False)  # None: the built-in prompts
 
     def __post_init__(self) -> None:
         if not self.pattern:
@@ -34,7 +43,9 @@ class PatternTask:
             raise ValueError("prompts_per_step, group_size and response_len must be positive")
 
     def prompts(self, rollout_id: int) -> list[str]:
-        """The prompts of one rollout: deterministic from (seed, rollout_id)."""
+        """The prompts of one rollout: the plugged-in data source's, else deterministic from (seed, rollout_id)."""
+        if self.source is not None:
+            return checked_prompts(self.source.prompts(rollout_id), rollout_id)
         rng = random.Random(self.seed * 1_000_003 + rollout_id)
         letters = string.ascii_lowercase
         return [
@@ -66,3 +77,19 @@ class PatternTask:
             "ignore_eos": True,
             "sampling_seed": (self.seed * 1_000_003 + rollout_id) * 4096 + index,
         }
+
+
+class DataSourceError(LifecycleError, ValueError):
+    """A plugged-in data source returned something the rollout cannot use (names the flag)."""
+
+
+def checked_prompts(prompts: object, rollout_id: int) -> list[str]:
+    """A user's prompts, checked once here rather than failing deep inside tokenisation or a worker."""
+    fix = "return a non-empty list of non-empty strings from prompts(rollout_id)"
+    if not isinstance(prompts, list | tuple) or not prompts:
+        problem = f"rollout {rollout_id}: got {prompts!r}, not a list of prompts"
+        raise DataSourceError(f"--data-source: {problem}. Fix: {fix}")
+    bad = [p for p in prompts if not isinstance(p, str) or not p]
+    if bad:
+        raise DataSourceError(f"--data-source: rollout {rollout_id}: bad prompt {bad[0]!r}. Fix: {fix}")
+    return list(prompts)

@@ -60,6 +60,7 @@ class RunOptions:
     lr: float = 1e-2
     model_size: str = "tiny"
     rollout_fn: str | None = None
+    data_source: str | None = None  # MODULE:ATTR of a prompts source (miles --data-source-path)
     task: PatternTask | None = None
     quiet: bool = False
     async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
@@ -211,6 +212,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         ledger=ledger,
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
+        data_source_path=opts.data_source,
         timeouts=opts.timeouts,
     )
     rewards: list[float] = []

@@ -217,6 +217,11 @@ CASES: list[Case] = [
     Case("run-launcher-unknown", ("run", "--launcher", "docker"), ("--launcher", "docker")),
     Case("run-lr-nan", ("run", "--lr", "nan", "--run-dir", "{tmp}/run"), ("--lr",)),
     Case(
+        "run-data-source-missing-module",
+        ("run", "--data-source", "no_such_prompts:make", "--run-dir", "{tmp}/run"),
+        ("--data-source", "no_such_prompts"),
+    ),
+    Case(
         "run-request-timeout-zero",
         ("run", "--engine-request-timeout", "0", "--run-dir", "{tmp}/run"),
         ("--engine-request-timeout",),
