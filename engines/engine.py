@@ -106,12 +106,21 @@ class Engine:
         return client
 
     # -- start ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Init/Stopped -> Starting -> PendingWeights (alive, not routable until it has weights)."""
-        self._fire("start")
-        await self._launch()
+    async def start(self, *, confirm: bool = True) -> None:
+        """Init/Stopped -> Starting -> PendingWeights (alive, not routable until it has weights).
 
-    async def _launch(self) -> None:
+        ``confirm=False`` stops at a healthy ``Starting``: a controller launching many engines at once
+        then calls :meth:`confirm_ready` in slot order, so the event log does not depend on which
+        process happened to answer first.
+        """
+        self._fire("start")
+        await self._launch(confirm=confirm)
+
+    def confirm_ready(self) -> None:
+        """Starting (process healthy) -> PendingWeights."""
+        self._fire("ready")
+
+    async def _launch(self, *, confirm: bool = True) -> None:
         try:
             self.url = await asyncio.wait_for(self.launcher.launch(), self.timeouts.startup)
             if self.client is not None:
@@ -123,7 +132,8 @@ class Engine:
             self._fire("start_failed")
             raise EngineFailed(self.id, "Starting", self.reason) from exc
         self.weight_version = None
-        self._fire("ready")
+        if confirm:
+            self._fire("ready")
 
     async def _wait_healthy(self) -> None:
         """Poll /health_generate until it answers (bounded by the startup timeout), then flush the cache."""

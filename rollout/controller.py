@@ -170,7 +170,11 @@ class InferenceController:
             )
             for i in range(count)
         ]
-        outcomes = await asyncio.gather(*(e.start() for e in self.engines), return_exceptions=True)
+        # launched concurrently, confirmed in slot order: the event log is the same in every run
+        outcomes = await asyncio.gather(*(e.start(confirm=False) for e in self.engines), return_exceptions=True)
+        for engine, outcome in zip(self.engines, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                engine.confirm_ready()
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             self.machine.fire("servers_failed")

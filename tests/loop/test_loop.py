@@ -194,3 +194,16 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
     producer.model_size = "small"  # a trainer of another size: its file is checked against that size
     with pytest.raises(WeightsFileError, match=r"w\.safetensors"):
         producer.load(path, "8")
+
+
+def test_whole_event_log_is_deterministic_without_a_monitor(tmp_path: Path) -> None:
+    """Invariant 8 for the whole log (every machine): engines launch concurrently but are confirmed
+    in slot order, so two runs of one config write the same events. (With a monitor, probe events
+    follow the wall clock; compare those runs with ``--only``.)"""
+    config = LifecycleConfig.from_mapping({"rollout_num_gpus": 3})
+    for name in ("a", "b"):
+        _run(config, tmp_path / name, 2)
+    a, b = load(tmp_path / "a" / "events.jsonl"), load(tmp_path / "b" / "events.jsonl")
+    readies = [e["instance"] for e in a if e.get("machine") == "engine" and e.get("trigger") == "ready"]
+    assert readies == ["engine-0", "engine-1", "engine-2"]
+    assert diff(a, b) is None, diff(a, b)
