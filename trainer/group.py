@@ -48,6 +48,7 @@ class TrainerGroup:
         temperature: float = 1.0,
         log: EventLog | None = None,
         ledger: EffectLedger | None = None,
+        call_timeout: float = 300.0,
     ) -> None:
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
@@ -55,6 +56,7 @@ class TrainerGroup:
         self.run_dir = Path(run_dir)
         self.size = workers
         self.model_args = (model_size, seed, lr, temperature)
+        self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.machine = LifecycleMachine(TRAINER, config, "trainer", log=log, ledger=ledger)
         self.workers: list[WorkerHandle] = []
         self._last_state: Any = None
@@ -70,7 +72,7 @@ class TrainerGroup:
     async def start(self) -> tuple[str, str]:
         """allocate -> initialize -> ready; returns the initial weights (path, version '0')."""
         self._fire("allocate")
-        self.workers = [WorkerHandle(rank, *self.model_args) for rank in range(self.size)]
+        self.workers = [self._worker(rank) for rank in range(self.size)]
         self._fire("initialize")
         for w in self.workers:
             await w.call("pid")  # the actor has built its policy and optimizer
@@ -114,17 +116,23 @@ class TrainerGroup:
                 stats[k] = stats.get(k, 0.0) + v / len(results)
         return stats
 
+    def _worker(self, rank: int) -> WorkerHandle:
+        return WorkerHandle(rank, *self.model_args, call_timeout=self.call_timeout)
+
+    async def _alive(self, worker: WorkerHandle) -> bool:
+        """A short ping: a dead actor fails at once, a hung one runs out of the (short) bound."""
+        try:
+            await worker.call("pid", timeout=min(10.0, self.call_timeout))
+        except WorkerCrashed:
+            return False
+        return True
+
     async def _crashed(self, reason: str) -> None:
         state = self.state  # where the crash hit: named in the error
         self._fire("worker_crashed")
         if not self._fire("heal").ok:
             self._fire("fail")
-            dead_ranks: list[str] = []
-            for w in self.workers:  # which rank died: a call to a dead actor fails at once
-                try:
-                    await w.call("pid")
-                except WorkerCrashed:
-                    dead_ranks.append(str(w.rank))
+            dead_ranks = [str(w.rank) for w in self.workers if not await self._alive(w)]
             raise TrainerFailed(
                 f"trainer worker {', '.join(dead_ranks) or '?'} crashed in state {state} ({reason}); not healed: "
                 "train fault tolerance is off (use --use-fault-tolerance --ft-components train)"
@@ -132,16 +140,13 @@ class TrainerGroup:
         alive: list[WorkerHandle] = []
         dead: list[WorkerHandle] = []
         for w in self.workers:
-            try:
-                await w.call("pid")
-                alive.append(w)
-            except WorkerCrashed:
-                dead.append(w)
+            (alive if await self._alive(w) else dead).append(w)
         state = await alive[0].call("get_state") if alive else self._last_state
         if state is None:
             raise TrainerFailed(f"trainer worker crashed ({reason}); no peer or saved state to heal from")
         for w in dead:
-            replacement = WorkerHandle(w.rank, *self.model_args)
+            w.kill()  # dead, or hung: either way it must not come back
+            replacement = self._worker(w.rank)
             await replacement.call("set_state", state)
             self.workers[self.workers.index(w)] = replacement
         self.heals += 1

@@ -8,8 +8,10 @@ any peer's state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +20,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 
 class WorkerCrashed(Exception):
-    """A trainer worker actor died (or its task crashed the process)."""
+    """A trainer worker actor died (or its task crashed the process), or did not answer in time."""
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -78,12 +80,29 @@ class TrainerWorker:
     def crash(self) -> None:
         os._exit(1)
 
+    def hang(self, seconds: float) -> None:
+        """Fault hook: the worker stops answering (one task at a time: every later call waits)."""
+        time.sleep(seconds)
+
 
 class WorkerHandle:
     """The group's handle on one worker actor; Ray errors become :class:`WorkerCrashed`."""
 
-    def __init__(self, rank: int, model_size: str, seed: int, lr: float, temperature: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        model_size: str,
+        seed: int,
+        lr: float,
+        temperature: float,
+        *,
+        call_timeout: float = 300.0,
+        startup_timeout: float = 120.0,
+    ) -> None:
         self.rank = rank
+        self.call_timeout = call_timeout
+        self.startup_timeout = startup_timeout  # the first call also waits for the actor's torch import
+        self._answered = False
         from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
 
         options = driver_node_placement()
@@ -96,8 +115,21 @@ class WorkerHandle:
         except (RayActorError, RayTaskError) as exc:
             raise WorkerCrashed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
-    async def call(self, method: str, *args: Any) -> Any:
-        return await self._await(getattr(self.actor, method).remote(*args))
+    async def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """One bounded call: a worker that does not answer in time counts as crashed (no wait without a bound)."""
+        bound = self.call_timeout if timeout is None else timeout
+        if not self._answered:
+            bound = max(bound, self.startup_timeout)
+        try:
+            result = await asyncio.wait_for(self._await(getattr(self.actor, method).remote(*args)), bound)
+        except TimeoutError:
+            raise WorkerCrashed(f"trainer worker {self.rank}: no answer to {method} within {bound:g}s") from None
+        self._answered = True
+        return result
+
+    def hang(self, seconds: float) -> None:
+        """Fault injection: the worker stops answering for ``seconds`` (fire and forget)."""
+        self.actor.hang.remote(seconds)
 
     def crash(self) -> None:
         self.actor.crash.remote()

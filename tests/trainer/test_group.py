@@ -256,3 +256,39 @@ def test_a_crash_found_by_update_weights_heals_or_fails(
     i = moves.index("worker_crashed")
     want = ["heal", "healed", "update_weights", "update_done"] if heals else ["fail"]
     assert moves[i - 1 : i + 1 + len(want)] == ["update_weights", "worker_crashed", *want], moves
+
+
+@pytest.mark.slow  # waits out two short bounds and starts a replacement actor
+@pytest.mark.parametrize("flags", [TRAIN_FT, NO_FT], ids=["train-ft", "no-ft"])
+def test_a_hung_worker_is_a_bounded_wait_then_a_crash(
+    flags: dict[str, Any], tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """No wait without a bound: a worker that stops answering is a worker crash after ``call_timeout``."""
+    sink = MemorySink()
+    config = LifecycleConfig.from_mapping(flags)
+    group = TrainerGroup(config, tmp_path, workers=1, log=EventLog([sink]), call_timeout=4.0)
+
+    async def scenario() -> tuple[float, BaseException | None]:
+        try:
+            await group.start()
+            await group.train(_samples())
+            hung = group.workers[0]
+            hung.hang(600.0)
+            t0 = asyncio.get_running_loop().time()
+            try:
+                await group.train(_samples())
+            except TrainerFailed as exc:
+                return asyncio.get_running_loop().time() - t0, exc
+            assert group.workers[0] is not hung and group.heals == 1 and group.state == "Ready"
+            return asyncio.get_running_loop().time() - t0, None
+        finally:
+            await group.dispose()
+
+    elapsed, error = loop.run_until_complete(scenario())
+    assert elapsed < 120  # bounded: the 4 s call bound, a 4 s ping, and a replacement's start-up
+    assert "worker_crashed" in _trainer_moves(sink)
+    if flags is NO_FT:
+        assert error is not None and "trainer worker 0" in str(error) and "no answer to compute_grads" in str(error)
+        assert "--ft-components train" in str(error)
+    else:
+        assert error is None
