@@ -599,10 +599,11 @@ def loop_machine(case: Case) -> type[RuleBasedStateMachine]:
 
 
 def _settings(examples: int | None = None, steps: int = 10) -> settings:
-    # examples are cheap (the world persists), actions are not (seconds each): dev (30) -> 5 per config, ci (300) -> 15
-    scale = max(5, settings().max_examples // 20)
+    # examples are cheap (the world persists), actions are not (seconds each, real processes): dev (30) -> 4
+    # per config, ci (300) -> 8; the product model's own hypothesis suite is the thorough one
+    scale = max(4, settings().max_examples // 40)
     return settings(
-        max_examples=examples or min(scale, 15),
+        max_examples=examples or min(scale, 8),
         stateful_step_count=steps,
         deadline=None,
         database=None,  # a persistent world cannot replay a saved example
