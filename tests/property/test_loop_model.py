@@ -68,6 +68,9 @@ COMMON: dict[str, Any] = {
     "rollout_health_check_timeout": 5.0,
     "rollout_health_check_first_wait": 0.0,
     "engine_restart_backoff": 0.05,
+    # the world persists across examples, so kills add up; running out of restarts is the model's
+    # environment move env.give_up, which this test does not choose: the budget must never run out here
+    "engine_max_restarts": 10_000,
 }
 MONITOR_NOISE = frozenset({"probe", "probe_failed"})  # the monitor's own rounds: the model takes them separately
 
