@@ -39,25 +39,14 @@ from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.machine import LifecycleMachine
-from lifecycle.machines import EVAL_FLEET
+from lifecycle.machines import ENGINE, EVAL_FLEET
 
 SkipReason = Literal["unhealthy", "pin_violation"]
 LauncherFactory = Callable[[str], Any]
 EngineHook = Callable[[Engine], None]
 
-# engine states an eval engine may be marked Unhealthy from (the engine spec's mark_unhealthy sources)
-_MARKABLE = frozenset(
-    {
-        "Serving",
-        "PendingWeights",
-        "LoadingWeights",
-        "Quiesced",
-        "UpdatingWeights",
-        "Offloaded",
-        "WeightsOnly",
-        "UpdatingWeightsKVReleased",
-    }
-)
+# engine states an eval engine may be marked Unhealthy from: the engine spec's mark_unhealthy sources
+_MARKABLE = frozenset(s for t in ENGINE.transitions if t.trigger == "mark_unhealthy" for s in t.source)
 _LOADABLE = frozenset({"PendingWeights", "Quiesced"})  # an alive eval engine, ready for begin_update
 _NEEDS_RESTART = frozenset({"Init", "Unhealthy", "Stopped"})
 
