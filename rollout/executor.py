@@ -193,24 +193,25 @@ class EngineRolloutFn:
             }
 
 
-def load_data_source(path: str, task: PatternTask) -> DataSource:
-    """``module:attr`` -> the user's data source factory, called with the task (miles' --data-source-path)."""
+def _factory(path: str, what: str) -> Any:
+    """``module:attr`` -> the named attribute (the CLI has already checked that it imports)."""
     module, _, attr = path.partition(":")
     if not module or not attr:
-        raise ValueError(f"data source path {path!r}: use module:attr")
-    source: DataSource = getattr(importlib.import_module(module), attr)(task)
+        raise ValueError(f"{what} path {path!r}: use module:attr")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_data_source(path: str, task: PatternTask) -> DataSource:
+    """The user's data source factory, called with the task (miles' --data-source-path)."""
+    source: DataSource = _factory(path, "data source")(task)
     if not callable(getattr(source, "prompts", None)):
         raise ValueError(f"data source {path!r}: the factory's result has no prompts(rollout_id) method")
     return source
 
 
 def load_rollout_fn(path: str, task: PatternTask) -> RolloutFn:
-    """``module:attr`` -> the user's factory, called with the task (miles' --rollout-function-path)."""
-    module, _, attr = path.partition(":")
-    if not module or not attr:
-        raise ValueError(f"rollout function path {path!r}: use module:attr")
-    factory = getattr(importlib.import_module(module), attr)
-    fn: RolloutFn = factory(task)
+    """The user's rollout function factory, called with the task (miles' --rollout-function-path)."""
+    fn: RolloutFn = _factory(path, "rollout function")(task)
     return fn
 
 
