@@ -51,8 +51,10 @@ class Timer:
     """Time spent inside outermost ``fire`` calls made during a step: wall and this thread's CPU.
 
     CPU time (``time.thread_time``) is the layer's own cost: it does not count the moments the OS
-    runs another process (a busy 2-core machine preempts often). Wall time counts them, and for
-    the async machine also whatever other coroutine ran while ``fire`` was suspended: an upper bound.
+    runs another process (a busy 2-core machine preempts often). Wall time counts them: an upper
+    bound. An async ``fire`` does not suspend unless an effect handler awaits (the loop registers
+    none; ``LeanAsyncMachine`` awaits ``transitions``' callbacks without tasks), so its CPU time is
+    its own too, not other coroutines'.
     """
 
     def __init__(self) -> None:
@@ -87,7 +89,7 @@ def timed_fire(timer: Timer) -> Iterator[None]:
             timer.depth -= 1
 
     async def afire(self: AsyncLifecycleMachine, trigger: str) -> FireResult:
-        # an awaited fire may let other coroutines run meanwhile: counted too (an over-estimate, never under)
+        # no suspension inside (see Timer), so thread CPU time here is this fire's own
         if "step" not in get_contextvars():
             return await async_fire(self, trigger)
         t, c = time.perf_counter(), time.thread_time()
@@ -128,14 +130,68 @@ def bare_fire() -> Iterator[None]:
         LifecycleMachine.fire, AsyncLifecycleMachine.fire = sync_fire, async_fire  # type: ignore[method-assign]
 
 
-def one_run(steps: int, seed: int, wrap: Callable[[], Any]) -> list[float]:
-    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (the first step is dropped: warm-up)."""
+def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[float, float]]:
+    """Median CPU µs of one engine event, warm and with ``evict_mb`` MB touched before each event.
+
+    Why: inside the loop an event costs several times its tight-loop cost, because torch, aiohttp
+    and Ray run between two events and evict the layer's objects from the CPU caches. Evicting on
+    purpose here reproduces that, for our machine (JSONL sink attached) and for raw ``transitions``
+    on the same spec, so the in-loop number can be read against a same-run baseline.
+    """
+    from transitions import Machine
+
+    from lifecycle.events import EventLog, JsonlSink, bind_context
+    from lifecycle.machine import transitions_kwargs
+    from lifecycle.machines import ENGINE
+
+    config = _default_config()
+    cycle = ("drain", "begin_update", "finish_update", "resume")
+    evict = bytearray(evict_mb * 1024 * 1024)
+
+    def touch() -> None:
+        for i in range(0, len(evict), 64):
+            evict[i] ^= 1
+
+    def median_us(fire: Callable[[str], Any], cold: bool) -> float:
+        times = []
+        with bind_context(step=1, rollout_id=1):
+            for i in range(events):
+                if cold:
+                    touch()
+                c = time.thread_time()
+                fire(cycle[i % len(cycle)])
+                times.append(time.thread_time() - c)
+        return statistics.median(times) * 1e6
+
+    class Raw:
+        state = "Init"
+
+    raw = Raw()
+    Machine(model=raw, **transitions_kwargs(ENGINE.compile(config)))
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = LifecycleMachine(ENGINE, config, "e0", log=EventLog([JsonlSink(Path(tmp) / "events.jsonl")]))
+        for t in ("start", "ready", "begin_update", "finish_update", "resume"):
+            ours.fire(t)
+            raw.trigger(t)  # type: ignore[attr-defined]
+        return {
+            "lifecycle (ledger + JSONL log)": (median_us(ours.fire, False), median_us(ours.fire, True)),
+            "raw transitions": (median_us(raw.trigger, False), median_us(raw.trigger, True)),  # type: ignore[attr-defined]
+        }
+
+
+def _default_config() -> Any:
     from lifecycle.cli import add_config_arguments
-    from trainer.loop import RunOptions, run_loop
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    config = config_from_args(parser.parse_args([]))
+    return config_from_args(parser.parse_args([]))
+
+
+def one_run(steps: int, seed: int, wrap: Callable[[], Any]) -> list[float]:
+    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (the first step is dropped: warm-up)."""
+    from trainer.loop import RunOptions, run_loop
+
+    config = _default_config()
     with tempfile.TemporaryDirectory() as tmp, wrap():
         opts = RunOptions(steps=steps, seed=seed, run_dir=Path(tmp) / "run", quiet=True)
         result = asyncio.run(run_loop(config, opts, io.StringIO()))
@@ -185,6 +241,10 @@ def main() -> None:
         f"P3 A/B: median step {a * 1e3:.0f} ms with the lifecycle vs {b * 1e3:.0f} ms with a bare fire: "
         f"{a / b:.3f}x (step-to-step spread of the baseline: {spread:.0%}; the difference is within noise)"
     )
+    costs = cold_event_cost()
+    print("  one engine event, median CPU: warm vs with 32 MB touched before it (caches evicted, as in the loop):")
+    for name, (warm, cold) in costs.items():
+        print(f"    {name:32s} {warm:6.1f} us warm, {cold:6.1f} us cold ({cold / warm:.1f}x)")
 
 
 if __name__ == "__main__":

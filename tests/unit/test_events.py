@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import structlog
 
 from lifecycle import ENGINE, EventLog, LifecycleConfig, LifecycleMachine, bind_context, capture
-from lifecycle.events import TRANSITION, StructlogSink, canonical, read_jsonl
+from lifecycle.events import TRANSITION, StructlogSink, canonical, read_jsonl, utc_now
 
 CFG = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FIELDS = {"event", "machine", "instance", "seq", "src", "dst", "trigger", "guards", "effects", "ts"}
@@ -110,3 +112,40 @@ os.kill(os.getpid(), signal.SIGKILL)
     events = read_jsonl(path)
     assert len(events) == 400
     assert all(e["event"] == TRANSITION for e in events)
+
+
+def test_timestamps_are_structlog_iso_utc_and_follow_the_clock():
+    """The hand-rolled clock writes what structlog's ``TimeStamper(fmt="iso", utc=True)`` writes."""
+    stamper = structlog.processors.TimeStamper(fmt="iso", key="ts", utc=True)
+    log = EventLog()
+    with log.capture() as events:
+        before = datetime.now(UTC)
+        for i in range(50):
+            log.emit("tick", i=i)
+        reference = stamper(None, "info", {})["ts"]
+        after = datetime.now(UTC)
+    stamps = [e["ts"] for e in events]
+    shape = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+    assert shape.match(reference) and all(shape.match(s) for s in stamps)
+    parsed = [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in stamps]
+    assert before - timedelta(microseconds=1) <= parsed[0] and parsed[-1] <= after
+    assert parsed == sorted(parsed)
+    assert utc_now() >= stamps[-1]  # same fixed-width format: string order is time order
+
+
+def test_events_keep_structlog_key_order_and_merge_structlog_bound_context():
+    log = EventLog()
+    with log.capture() as events, bind_context(rollout_id=3), structlog.contextvars.bound_contextvars(user="x"):
+        log.emit("e", machine="m", rollout_id=99)  # an explicit field wins over the context
+    (e,) = events
+    assert list(e) == ["event", "machine", "rollout_id", "user", "ts"]
+    assert (e["rollout_id"], e["user"]) == (99, "x")
+
+
+def test_jsonl_sink_writes_non_json_values_as_strings(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog()
+    with log.to_jsonl(path):
+        log.emit("e", path=tmp_path, ratio=0.5)
+    (e,) = read_jsonl(path)
+    assert e["path"] == str(tmp_path) and e["ratio"] == 0.5

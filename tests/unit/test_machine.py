@@ -152,3 +152,58 @@ def test_async_machine_blocked_and_illegal():
             await m.fire("probe")
 
     asyncio.run(run())
+
+
+def test_async_fire_without_awaiting_handlers_does_not_yield_to_the_event_loop():
+    """A transition is atomic for other coroutines (and cheap): no task per callback list.
+
+    Plain ``AsyncMachine`` gathers every callback list, which suspends the caller ~10 times per
+    event; a probe loop's ``fire`` then interleaved with every other coroutine.
+    """
+
+    async def run() -> list[str]:
+        m = AsyncLifecycleMachine(MONITOR, FT_ROLLOUT, "g")
+        seen: list[str] = []
+
+        async def other() -> None:
+            seen.append("other ran")
+
+        task = asyncio.ensure_future(other())
+        for trigger in ("create", "resume", "probe", "probe_failed", "pause"):
+            await m.fire(trigger)
+        seen.append(f"fires done in {m.state}")
+        await task
+        return seen
+
+    assert asyncio.run(run()) == ["fires done in Paused", "other ran"]
+
+
+def test_lean_async_machine_still_gathers_lists_of_several_callbacks():
+    from lifecycle.machine import LeanAsyncMachine
+
+    order: list[str] = []
+
+    async def slow(_event: object = None) -> None:
+        order.append("slow start")
+        await asyncio.sleep(0.01)
+        order.append("slow end")
+
+    async def fast(_event: object = None) -> None:
+        order.append("fast")
+
+    async def run() -> str:
+        machine = LeanAsyncMachine(
+            model=None,
+            states=["A", "B"],
+            initial="A",
+            auto_transitions=False,
+            queued=True,
+            transitions=[{"trigger": "go", "source": "A", "dest": "B", "after": [slow, fast]}],
+        )
+        holder = type("Model", (), {"state": "A"})()
+        machine.add_model(holder)
+        await holder.go()  # type: ignore[attr-defined]
+        return holder.state  # type: ignore[attr-defined,no-any-return]
+
+    assert asyncio.run(run()) == "B"
+    assert order == ["slow start", "fast", "slow end"]  # concurrent, as transitions documents
