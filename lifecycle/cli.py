@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, NoReturn
 
-from lifecycle.config import LifecycleConfig, add_lifecycle_arguments, load_config_file
+from lifecycle.config import LifecycleConfig, RaisingParser, add_lifecycle_arguments, load_config_file
 from lifecycle.errors import ConfigError, LifecycleError, UsageError
 
 EMBEDDED = {"cpu": "cpu.toml"}
@@ -107,10 +107,8 @@ def cmd_explain(ns: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a rejected command line raises :class:`UsageError` instead of printing the
-    whole usage block and exiting: ``main`` then reports it like any other bad input (one paragraph,
-    exit 2). Subparsers inherit the class (``add_subparsers`` uses ``type(self)``)."""
+class _Parser(RaisingParser):
+    """The CLI's parser (its own class, so a test can swap ``error`` back to argparse's)."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.prog, message)

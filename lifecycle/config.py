@@ -19,9 +19,9 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
-from lifecycle.errors import ConfigError
+from lifecycle.errors import ConfigError, UsageError
 
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("health_generate", "health")
@@ -578,8 +578,12 @@ class LifecycleConfig:
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None, *, check_paths: bool = True) -> LifecycleConfig:
-        """Parse miles-style flags with a parser made by :func:`add_lifecycle_arguments`."""
-        parser = argparse.ArgumentParser(prog="lifecycle")
+        """Parse miles-style flags with a parser made by :func:`add_lifecycle_arguments`.
+
+        An unknown flag or a missing value raises :class:`UsageError` (a library call should not
+        end the caller's process); a value the config rejects raises :class:`ConfigError`.
+        """
+        parser = RaisingParser(prog="lifecycle")
         add_lifecycle_arguments(parser)
         return cls.from_namespace(parser.parse_args(argv), check_paths=check_paths)
 
@@ -657,6 +661,16 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             "--config", str(p), "the file does not hold a table of settings", "write settings as `key = value` lines"
         )
     return data
+
+
+class RaisingParser(argparse.ArgumentParser):
+    """argparse, but a rejected command line raises :class:`UsageError` instead of printing the
+    usage block and exiting, so the CLI reports it like any other bad input (one paragraph, exit 2)
+    and a library caller gets an exception. Subparsers inherit the class (``add_subparsers`` uses
+    ``type(self)``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self.prog, message)
 
 
 def add_lifecycle_arguments(parser: argparse.ArgumentParser, *, suppress_defaults: bool = False) -> None:

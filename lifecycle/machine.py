@@ -97,7 +97,7 @@ class LeanAsyncMachine(AsyncMachine):
     what ``gather`` of one does, minus the task; lists of two or more still go through ``gather``.
     """
 
-    async def callbacks(self, funcs: Any, event_data: Any) -> None:
+    async def callbacks(self, funcs: Any, event_data: Any) -> None:  # type: ignore[override]  # stubs: sync
         if funcs:  # most lists are empty: skip building partials and coroutines for them
             await self.await_all([partial(event_data.machine.callback, func, event_data) for func in funcs])
 

@@ -25,7 +25,7 @@ from lifecycle.config import (
     add_lifecycle_arguments,
     load_config_file,
 )
-from lifecycle.errors import ConfigError
+from lifecycle.errors import ConfigError, UsageError
 
 # Servers start in normal and rollout-only mode, so most rows need a GPU count to get past that check.
 GPUS = {"rollout_num_gpus": 2}
@@ -1119,3 +1119,14 @@ def test_fuzz_plausible_mapping_is_config_or_config_error(values: dict[str, Any]
     if config is not None:
         _check_config(config)
         assert LifecycleConfig.from_args(config.to_flags(), check_paths=False) == config
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [(["--no-such-flag"], "--no-such-flag"), (["--rollout-num-gpus"], "--rollout-num-gpus")],
+)
+def test_from_args_raises_usage_error_instead_of_exiting(argv: list[str], names: str) -> None:
+    """A library call must not end the caller's process with argparse's SystemExit(2)."""
+    with pytest.raises(UsageError) as info:
+        LifecycleConfig.from_args(argv, check_paths=False)
+    assert names in str(info.value) and "Fix:" in str(info.value)
