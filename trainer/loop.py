@@ -28,7 +28,7 @@ from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
 from lifecycle.run_cli import check_async
 from rollout.controller import ControllerError
-from rollout.executor import RolloutManager
+from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.task import PatternTask
 
@@ -219,7 +219,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     metrics: list[dict[str, Any]] = []
     progress = Progress(opts.steps, out, quiet=opts.quiet)
 
-    def record(step: int, samples: list[dict[str, Any]], stats: dict[str, float], ts: float) -> None:
+    def record(step: int, samples: list[dict[str, Any]], stats: dict[str, Any], ts: float) -> None:
         """One step's metrics row (metrics.jsonl) and its progress line."""
         reward = sum(float(s["reward"]) for s in samples) / len(samples)
         rewards.append(reward)
@@ -228,7 +228,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
             "step": step,
             "reward": round(reward, 6),
             "samples": len(samples),
-            **{k: round(v, 6) for k, v in stats.items()},
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()},
             "engines": manager.controller.states(),
             "seconds": seconds,
         }
@@ -255,11 +255,9 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 for fault in opts.faults:
                     if fault.step == step:
                         await _inject(fault, manager, trainer)
-                evals: dict[str, float] = {}  # this step's eval rewards (a skipped eval has none: see events)
+                evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
                 if config.eval_interval is not None and step == 0:  # miles: eval before the first rollout
-                    initial = await manager.eval(step)
-                    if initial.reward is not None:
-                        evals["eval_reward"] = initial.reward
+                    _add_eval(evals, await manager.eval(step))
                 samples = await manager.generate(step)
                 await manager.offload()
                 stats = await trainer.train(samples)
@@ -268,11 +266,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 await manager.onload_kv()
                 if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
-                    periodic = await manager.eval(step)  # on the weights just pushed
-                    if periodic.reward is not None:
-                        if "eval_reward" in evals:
-                            evals["eval_reward_initial"] = evals["eval_reward"]
-                        evals["eval_reward"] = periodic.reward
+                    _add_eval(evals, await manager.eval(step))  # on the weights just pushed
             record(step, samples, {**stats, **evals}, ts)
     finally:
         progress.close()
@@ -331,7 +325,7 @@ async def _async_steps(
     opts: RunOptions,
     manager: RolloutManager,
     trainer: Any,
-    record: Callable[[int, list[dict[str, Any]], dict[str, float], float], None],
+    record: Callable[[int, list[dict[str, Any]], dict[str, Any], float], None],
 ) -> None:
     """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
 
@@ -339,12 +333,10 @@ async def _async_steps(
     K-th weight update -- at moments when no generation is in flight (the rollout manager is Ready).
     """
     interval = manager.config.eval_interval
-    evals: dict[str, float] = {}
+    evals: dict[str, Any] = {}
     if interval is not None:
         with bind_context(step=0, rollout_id=0):
-            initial = await manager.eval(0)  # miles: eval before the first rollout
-        if initial.reward is not None:
-            evals["eval_reward"] = initial.reward
+            _add_eval(evals, await manager.eval(0))  # miles: eval before the first rollout
     pending: asyncio.Task[list[dict[str, Any]]] | None = _start_generate(manager, 0)
     try:
         for step in range(opts.steps):
@@ -369,17 +361,27 @@ async def _async_steps(
                 await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 if interval is not None and (step + 1) % interval == 0:
-                    periodic = await manager.eval(step)  # generate(k+1) has ended: the manager is Ready
-                    if periodic.reward is not None:
-                        if "eval_reward" in evals:
-                            evals["eval_reward_initial"] = evals["eval_reward"]
-                        evals["eval_reward"] = periodic.reward
+                    _add_eval(evals, await manager.eval(step))  # generate(k+1) has ended: the manager is Ready
             record(step, samples, {**stats, **evals}, ts)
             evals = {}
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
             await asyncio.gather(pending, return_exceptions=True)
+
+
+def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
+    """One eval into this step's metrics row: ``eval_reward``, or ``eval_skipped`` with the reason.
+
+    A step with two evals (step 0 with ``--eval-interval 1``) keeps the first as ``*_initial``.
+    """
+    for key in ("eval_reward", "eval_skipped"):
+        if key in evals:
+            evals[f"{key}_initial"] = evals.pop(key)
+    if result.reward is None:
+        evals["eval_skipped"] = result.skipped or "no reward"
+    else:
+        evals["eval_reward"] = result.reward
 
 
 async def _inject(fault: Fault, manager: RolloutManager, trainer: Any) -> None:

@@ -101,9 +101,16 @@ def test_seed_scenario_2_train_only_ft_equals_no_ft_and_rollout_ft_recovers(tmp_
 def test_plain_train_only_trains_without_engines(tmp_path: Path) -> None:
     """--debug-train-only without replay: the rollout fn is constructed and is the data source (the policy,
     sampled on CPU from the trainer's checkpoints); no engine, server or monitor ever appears."""
-    config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
+    config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True, "eval_interval": 3})
     result = _run(config, tmp_path / "to", 6)
     assert len(result.rewards) == 6
+    # no engines to eval on: the skip and its reason are in the metrics rows (step 0, then every 3rd update)
+    assert {m["step"]: m.get("eval_skipped") for m in result.metrics if "eval_skipped" in m} == {
+        0: "no_engines",
+        2: "no_engines",
+        5: "no_engines",
+    }
+    assert not [m for m in result.metrics if "eval_reward" in m]
     assert sum(result.rewards[-2:]) > sum(result.rewards[:2]), result.rewards  # on-policy: the reward moves up
     assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # producer and trainer agree on the policy
     events = read_jsonl(tmp_path / "to" / "events.jsonl")
