@@ -43,7 +43,8 @@ def register_run(sub: Any) -> None:
         default=[],
         metavar="FAULT:INDEX@STEP",
         help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of kill-engine, hang-engine, "
-        "kill-http, crash-during-update, crash-during-offload, lose-node, crash-trainer (see docs/reliability.md)",
+        "kill-http, crash-during-update, crash-during-offload, lose-node, crash-trainer (see docs/reliability.md); "
+        "with --async, step k's generation is already running, so an engine fault at step k hits generate(k+1)",
     )
     p.add_argument(
         "--ray-nodes",
