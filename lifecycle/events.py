@@ -38,21 +38,22 @@ class _UtcClock:
 
     The date-and-second prefix is formatted once per second; within it only the microseconds
     change, so a timestamp costs a ``time.time()`` and an f-string instead of a ``datetime``.
+    The (second, prefix) pair is swapped as one tuple, so threads never mix two seconds' parts.
     """
 
-    __slots__ = ("_prefix", "_second")
+    __slots__ = ("_cached",)
 
     def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
+        self._cached: tuple[int, str] = (-1, "")
 
     def __call__(self) -> str:
         now = time.time()
         second = int(now)
-        if second != self._second:
-            self._prefix = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            self._second = second
-        return f"{self._prefix}.{int((now - second) * 1e6):06d}Z"
+        cached = self._cached
+        if cached[0] != second:
+            cached = (second, datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+            self._cached = cached
+        return f"{cached[1]}.{int((now - second) * 1e6):06d}Z"
 
 
 utc_now = _UtcClock()
