@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, NoReturn
+from typing import Any
 
 from lifecycle.config import LifecycleConfig, RaisingParser, add_lifecycle_arguments, load_config_file
 from lifecycle.errors import ConfigError, LifecycleError, UsageError
@@ -108,10 +108,7 @@ def cmd_explain(ns: argparse.Namespace) -> int:
 
 
 class _Parser(RaisingParser):
-    """The CLI's parser (its own class, so a test can swap ``error`` back to argparse's)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(self.prog, message)
+    """The CLI's parser: its own class, so a test can swap ``error`` back to argparse's for the CLI only."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -580,8 +580,9 @@ class LifecycleConfig:
     def from_args(cls, argv: list[str] | None = None, *, check_paths: bool = True) -> LifecycleConfig:
         """Parse miles-style flags with a parser made by :func:`add_lifecycle_arguments`.
 
-        An unknown flag or a missing value raises :class:`UsageError` (a library call should not
-        end the caller's process); a value the config rejects raises :class:`ConfigError`.
+        A command line argparse rejects (unknown flag, missing value) raises :class:`UsageError`
+        instead of argparse's ``SystemExit(2)``; a value the config rejects raises
+        :class:`ConfigError`. ``-h``/``--help`` still prints the help and exits, as argparse does.
         """
         parser = RaisingParser(prog="lifecycle")
         add_lifecycle_arguments(parser)

@@ -34,7 +34,10 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 class _UtcClock:
-    """ISO-8601 UTC timestamps as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes them.
+    """ISO-8601 UTC timestamps in the shape of structlog's ``TimeStamper(fmt="iso", utc=True)``.
+
+    One difference: the fraction always has six digits (``isoformat`` drops it when the
+    microseconds are 0), so the strings have a fixed width and sort in time order.
 
     The date-and-second prefix is formatted once per second; within it only the microseconds
     change, so a timestamp costs a ``time.time()`` and an f-string instead of a ``datetime``.
@@ -122,10 +125,10 @@ class EventLog:
             close()
 
     def emit(self, event: str, **fields: Any) -> None:
-        """Build the event dict (fields, then context, then ``ts``: structlog's order) and hand it to every sink."""
+        """Build the event dict in structlog's key order (fields, ``event``, context, ``ts``), hand it to every sink."""
         if not self._sinks:
             return
-        event_dict: dict[str, Any] = {"event": event, **fields}
+        event_dict: dict[str, Any] = {**fields, "event": event}
         merge_contextvars(None, "info", event_dict)  # adds the bound context in place
         if self._timestamps:
             event_dict["ts"] = utc_now()

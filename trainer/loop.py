@@ -373,13 +373,15 @@ async def _async_steps(
 def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
     """One eval into this step's metrics row: ``eval_reward``, or ``eval_skipped`` with the reason.
 
-    A step with two evals (step 0 with ``--eval-interval 1``) keeps the first as ``*_initial``.
+    A step with two evals (step 0 with ``--eval-interval 1``: before the first rollout and after
+    the first update) keeps the first one's field as ``eval_reward_initial`` / ``eval_skipped_initial``;
+    the unsuffixed fields always describe the step's last eval, never a mix of the two.
     """
     for key in ("eval_reward", "eval_skipped"):
         if key in evals:
             evals[f"{key}_initial"] = evals.pop(key)
     if result.reward is None:
-        evals["eval_skipped"] = result.skipped or "no reward"
+        evals["eval_skipped"] = result.skipped or "no_reward"
     else:
         evals["eval_reward"] = result.reward
 

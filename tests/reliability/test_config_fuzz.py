@@ -308,12 +308,17 @@ def test_cli_whole_space_is_exit_0_or_one_paragraph_exit_2(argv: list[str], comm
 @FUZZ
 @given(argv_whole_space())
 def test_library_parser_is_config_or_config_error(argv: list[str]) -> None:
-    """``LifecycleConfig.from_args`` never ends the caller's process: a command line argparse rejects
-    is a ``UsageError`` (never ``SystemExit``); everything that parses is a config or a ConfigError."""
+    """``LifecycleConfig.from_args``: a command line argparse rejects is a ``UsageError`` (never
+    argparse's ``SystemExit(2)``); everything that parses is a config or a ConfigError; only a help
+    request (``-h``, ``--he``...) exits, with 0 after printing the help."""
+    shown = io.StringIO()
     try:
-        check_outcome(lambda: LifecycleConfig.from_args(argv, check_paths=False))
+        with contextlib.redirect_stdout(shown):
+            check_outcome(lambda: LifecycleConfig.from_args(argv, check_paths=False))
     except UsageError as exc:
         assert "Fix:" in str(exc) and exc.prog == "lifecycle"
+    except SystemExit as exc:
+        assert exc.code == 0 and shown.getvalue().startswith("usage: lifecycle"), (exc.code, argv)
 
 
 # -- config files --------------------------------------------------------------------------------------------------

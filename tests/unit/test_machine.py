@@ -157,8 +157,9 @@ def test_async_machine_blocked_and_illegal():
 def test_async_fire_without_awaiting_handlers_does_not_yield_to_the_event_loop():
     """A transition is atomic for other coroutines (and cheap): no task per callback list.
 
-    Plain ``AsyncMachine`` gathers every callback list, which suspends the caller ~10 times per
-    event; a probe loop's ``fire`` then interleaved with every other coroutine.
+    Plain ``AsyncMachine`` gathers every callback list; each non-empty one (the condition check,
+    the ``after`` callback) suspends the caller, so a probe loop's ``fire`` interleaved with other
+    coroutines.
     """
 
     async def run() -> list[str]:
