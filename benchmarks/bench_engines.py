@@ -27,9 +27,9 @@ from engines.engine import Engine
 from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import LocalLauncher
-from engines.model import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import LifecycleConfig
+from models import TinyCausalLM
 
 
 def config(interval: float, timeout: float) -> LifecycleConfig:

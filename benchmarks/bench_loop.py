@@ -41,7 +41,7 @@ from structlog.contextvars import get_contextvars
 
 from lifecycle.cli import config_from_args
 from lifecycle.errors import IllegalTransition
-from lifecycle.machine import AsyncLifecycleMachine, FireResult, LifecycleMachine
+from lifecycle.runtime import AsyncLifecycleMachine, FireResult, LifecycleMachine
 from lifecycle.spec import Step
 
 GOAL = 0.01
@@ -141,8 +141,8 @@ def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[fl
     from transitions import Machine
 
     from lifecycle.events import EventLog, JsonlSink, bind_context
-    from lifecycle.machine import transitions_kwargs
     from lifecycle.machines import ENGINE
+    from lifecycle.runtime import transitions_kwargs
 
     config = _default_config()
     cycle = ("drain", "begin_update", "finish_update", "resume")

@@ -1,15 +1,15 @@
 """Every Ray call of the engines package, in one place (as Ray Serve's ActorReplicaWrapper).
 
 An :class:`EngineActor` owns one engine server process; :class:`RayLauncher` is the engine
-slot's handle on it. Fault hooks (``kill_server``: the HTTP server dies while the actor lives;
-``crash``: the actor process itself dies; ``pause_server``: SIGSTOP, the server hangs without
-dying) serve fault injection (``engines.faults``). ``watch()`` resolves the moment the server
+slot's handle on it (an :class:`engines.launcher.Launcher`). Fault hooks (``kill``: the HTTP server
+dies while the actor lives; ``crash``: the actor process itself dies; ``pause_server``: SIGSTOP, the
+server hangs without dying) serve fault injection (``trainer.faults``). ``watch()`` resolves the moment the server
 process exits -- or raises when the actor dies -- so death is detected from Ray itself, not at
 the next health probe.
 
 ``init_local_cluster(nodes=N)`` starts a head plus N-1 worker nodes on this machine
 (``ray.cluster_utils.Cluster``); worker nodes carry the ``rollout_engine`` resource and engine
-actors are spread over them, so removing a node (``remove_engine_node``) loses real engines and
+actors are spread over them, so removing a node (``remove_node``) loses real engines and
 recovery relaunches them on a node that is still alive.
 """
 
@@ -180,11 +180,7 @@ class RayLauncher:
     async def info(self) -> dict[str, Any]:
         return dict(await asyncio.wait_for(self._ensure_actor().info.remote(), CALL_TIMEOUT))
 
-    async def kill_server(self) -> None:
-        """Fault hook: the server dies, the actor lives."""
-        await self.kill()
-
-    def crash_actor(self) -> None:
+    def crash(self) -> None:
         """Fault hook: the actor process dies (fire and forget); Ray reports the death to ``watch``."""
         if self.actor is not None:
             self.actor.crash.remote()
@@ -278,11 +274,6 @@ def driver_node_placement() -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
-
-
-async def engine_node(launcher: RayLauncher) -> str:
-    """The Ray node id an engine's actor runs on."""
-    return str((await launcher.info())["node_id"])
 
 
 def remove_node(node_id: str) -> None:

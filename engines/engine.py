@@ -12,36 +12,18 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from engines.client import EngineClient
 from engines.errors import EngineError
+from engines.launcher import Launcher
 from engines.protocol import PauseMode
 from engines.restart import RestartBudget
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog, bind_context
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.machines import ENGINE
-
-
-class Launcher(Protocol):
-    """Starts and kills one engine server process (a local subprocess, or inside a Ray actor)."""
-
-    async def launch(self) -> str:
-        """Start the process; return its base URL once it listens."""
-        ...
-
-    async def kill(self) -> None:
-        """SIGKILL the process (idempotent)."""
-        ...
-
-    async def wait_dead(self, timeout: float) -> bool:
-        """True once the process is confirmed gone (bounded)."""
-        ...
-
-    def alive(self) -> bool: ...
+from lifecycle.runtime import FireResult, LifecycleMachine
 
 
 class EngineFailed(LifecycleError):
@@ -235,10 +217,6 @@ class Engine:
         await asyncio.sleep(delay)
         self._fire("restart")
         await self._launch()
-
-    async def fail(self) -> None:
-        """Unhealthy -> Failed without rollout FT (the run stops with this engine's reason)."""
-        self._fire("fail")
 
     # -- stop ----------------------------------------------------------------------------------------------
     async def stop(self) -> None:

@@ -8,8 +8,6 @@ the endpoint.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lifecycle.errors import LifecycleError
 
 
@@ -68,14 +66,3 @@ class EngineStartTimeout(EngineStartError, EngineTimeout):
         EngineStartError.__init__(
             self, engine_id, f"not ready within {timeout:g}s (process killed)", returncode=None, output=output
         )
-
-
-class WeightsFileError(LifecycleError, ValueError):
-    """A weights file that cannot be loaded into the model; names the file and, where known, the tensor."""
-
-    def __init__(self, path: str | Path, problem: str, *, tensor: str | None = None) -> None:
-        self.path = str(path)
-        self.tensor = tensor
-        self.problem = problem
-        what = f" tensor {tensor!r}:" if tensor else ""
-        super().__init__(f"weights file {self.path}:{what} {problem}")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import AsyncLifecycleMachine, FireResult
 from lifecycle.machines import MONITOR
 from lifecycle.predicates import monitors_rollout
+from lifecycle.runtime import AsyncLifecycleMachine, FireResult
 
 Probe = Callable[[float], Awaitable[object]]  # called with the per-probe timeout; raises on failure
 OnUnhealthy = Callable[[str, str], Awaitable[None] | None]  # (engine id, reason)

@@ -2,8 +2,9 @@
 
 :class:`LocalLauncher` runs the server as a child process of this one (tests, a laptop);
 :class:`engines.actor.RayLauncher` runs it inside a Ray actor (placement across nodes, Ray's own
-death detection). Both implement :class:`engines.engine.Launcher`, so the engine machine code is
-the same for both, and for the CPU torch engine and real SGLang servers alike.
+death detection); :class:`engines.sglang.SGLangBackend` runs a real SGLang server. All implement
+:class:`Launcher`, so the engine slot and the fault injector call the same methods on each,
+for the CPU torch engine and real SGLang servers alike.
 """
 
 from __future__ import annotations
@@ -12,16 +13,83 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
 
 from engines.errors import EngineTimeout
-from engines.process import ServerProcess
+from engines.process import ServerProcess, torch_engine_command
 
 CommandFactory = Callable[[], Sequence[str]]
+LauncherKind = Literal["ray", "local"]
+
+
+class Launcher(Protocol):
+    """Starts, watches and kills one engine server process; every method any caller uses is here."""
+
+    async def launch(self) -> str:
+        """Start the process; return its base URL once it listens."""
+        ...
+
+    async def kill(self) -> None:
+        """SIGKILL the server process (idempotent); a Ray actor that hosts it stays."""
+        ...
+
+    async def wait_dead(self, timeout: float) -> bool:
+        """True once the process is confirmed gone (bounded)."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the process runs now (the launcher's own view, not an HTTP probe)."""
+        ...
+
+    async def watch(self) -> str:
+        """Resolve, with a reason, as soon as the process exits: death is seen at once, not at a probe."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release what the launcher holds besides the process (a Ray actor); idempotent."""
+        ...
+
+    # -- fault hooks (the reliability matrix injects real faults through these) ---------------------
+    async def info(self) -> dict[str, Any]:
+        """Where the engine runs: ``server_pid``, ``alive`` and, for Ray, ``node_id`` / ``actor_pid``."""
+        ...
+
+    async def server_pid(self) -> int | None:
+        """The server's pid on this machine, for a synchronous kill at an exact transition."""
+        ...
+
+    async def pause_server(self) -> int:
+        """SIGSTOP the server's process group: it hangs without dying; the pid (-1: no process)."""
+        ...
+
+    def crash(self) -> None:
+        """The whole engine dies at once (a Ray actor with its server; locally, the server process)."""
+        ...
+
+
+LauncherFactory = Callable[[str], Launcher]
+
+
+def launcher_factory(kind: LauncherKind = "ray", command: CommandFactory | None = None) -> LauncherFactory:
+    """``engine_id -> Launcher`` for a rollout manager: the CPU torch engine (or ``command``) per slot.
+
+    ``kind="ray"`` runs each server inside a Ray actor (Ray must be initialised), ``"local"`` as a
+    child process of this one.
+    """
+    cmd: CommandFactory = command if command is not None else torch_engine_command
+    if kind == "local":
+        return lambda engine_id: LocalLauncher(engine_id, cmd)
+    if kind != "ray":
+        raise ValueError(f"unknown launcher kind {kind!r}: use 'ray' or 'local'")
+    from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
+
+    return lambda engine_id: RayLauncher(engine_id, cmd)
 
 
 class ProcessControl:
-    """kill / wait_dead / alive over a local :class:`ServerProcess` (shared by local launchers)."""
+    """The :class:`Launcher` methods over a local :class:`ServerProcess` (local and SGLang launchers)."""
 
+    engine_id: str
     process: ServerProcess | None
 
     async def kill(self) -> None:
@@ -40,12 +108,30 @@ class ProcessControl:
     def alive(self) -> bool:
         return self.process is not None and self.process.alive
 
+    async def watch(self) -> str:
+        proc = self.process
+        if proc is None:
+            return "never started"
+        # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll)
+        code = await asyncio.to_thread(proc.wait_dead, None)
+        return f"exit code {code}"
+
+    def shutdown(self) -> None:
+        """Nothing beyond the process to release."""
+
+    async def info(self) -> dict[str, Any]:
+        pid = await self.server_pid()
+        return {"engine_id": self.engine_id, "server_pid": pid, "alive": pid is not None}
+
     async def server_pid(self) -> int | None:
-        """Fault hook: the server pid (for a synchronous kill at an exact machine transition)."""
         return self.process.pid if self.process is not None and self.process.alive else None
 
+    def crash(self) -> None:
+        """Locally the server process is the whole engine."""
+        if self.process is not None and self.process.alive:
+            self.process.kill()
+
     async def pause_server(self) -> int:
-        """Fault hook: SIGSTOP the server's process group -- it hangs without dying."""
         pid = await self.server_pid()
         if pid is None:
             return -1
@@ -80,12 +166,3 @@ class LocalLauncher(ProcessControl):
             self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path
         )
         return await asyncio.to_thread(self.process.start, self.startup_timeout)
-
-    async def watch(self) -> str:
-        """Return (with a reason) as soon as the process exits: death is seen at once, not at a probe."""
-        proc = self.process
-        if proc is None:
-            return "never started"
-        # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll)
-        code = await asyncio.to_thread(proc.wait_dead, None)
-        return f"exit code {code}"

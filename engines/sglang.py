@@ -71,7 +71,7 @@ class SGLangNotInstalled(LifecycleError, ImportError):
         super().__init__(
             "the SGLang backend needs the 'sglang' package, which is not installed in this Python "
             f"({sys.executable}). Install the extra on a GPU host: {SGLANG_EXTRA} "
-            "(SGLang needs a CUDA GPU host; on a CPU-only machine use the CPU torch engine, engines.torch_engine)."
+            "(SGLang needs a CUDA GPU host; on a CPU-only machine use the CPU torch engine, python -m cpu_engine)."
         )
 
 

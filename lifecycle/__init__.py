@@ -7,9 +7,9 @@ from lifecycle.config import ConfigWarning, LifecycleConfig, add_lifecycle_argum
 from lifecycle.errors import ConfigError, IllegalTransition, LifecycleError, SpecError
 from lifecycle.events import EventLog, bind_context, capture
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import AsyncLifecycleMachine, FireResult, LifecycleMachine
 from lifecycle.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER
 from lifecycle.predicates import PREDICATES, evaluate
+from lifecycle.runtime import AsyncLifecycleMachine, FireResult, LifecycleMachine
 from lifecycle.spec import MachineSpec, StateSpec, T
 
 __all__ = [

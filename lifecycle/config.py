@@ -19,9 +19,10 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, get_args, get_type_hints
 
 from lifecycle.errors import ConfigError, UsageError
+from lifecycle.predicates import starts_servers
 
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("health_generate", "health")
@@ -34,7 +35,8 @@ class ConfigWarning(UserWarning):
 
 @dataclass(frozen=True)
 class _Flag:
-    """How one field is spelled on the command line, typed, defaulted and explained."""
+    """How one setting is spelled on the command line, typed, defaulted and explained (derived from
+    the field that declares it, see :func:`setting`)."""
 
     name: str
     kind: str  # bool | int | float | path | components | choice
@@ -48,79 +50,13 @@ class _Flag:
         return "--" + self.name.replace("_", "-")
 
 
-FLAGS: tuple[_Flag, ...] = (
-    _Flag("use_fault_tolerance", "bool", False, "Enable fault tolerance (the FT master switch)."),
-    _Flag(
-        "ft_components",
-        "components",
-        None,
-        "FT components among {train,rollout}; defaults to rollout when FT is on, ignored when off.",
-        optional=True,
-    ),
-    _Flag("debug_train_only", "bool", False, "Train without rollout servers (the rollout function produces data)."),
-    _Flag("debug_rollout_only", "bool", False, "Generate rollouts without training."),
-    _Flag(
-        "load_debug_rollout_data",
-        "path",
-        None,
-        "Replay saved rollouts from this path (template with {rollout_id}); forces --debug-train-only.",
-        optional=True,
-    ),
-    _Flag(
-        "save_debug_rollout_data",
-        "path",
-        None,
-        "Save each rollout's samples to this path template (with {rollout_id}).",
-        optional=True,
-    ),
-    _Flag("ci_test", "bool", False, "CI mode: arms rollout fault injection when rollout FT is on."),
-    _Flag("rollout_num_gpus", "int", None, "GPUs (engine slots) for rollout servers.", optional=True),
-    _Flag("rollout_num_gpus_per_engine", "int", 1, "GPUs per rollout engine."),
-    _Flag("eval_num_gpus", "int", 0, "GPUs for the dedicated eval fleet (0: no fleet)."),
-    _Flag("eval_num_gpus_per_engine", "int", 1, "GPUs per eval engine."),
-    _Flag(
-        "eval_interval",
-        "int",
-        None,
-        "Evaluate before the first rollout and every N rollouts after the weight update (default: never).",
-        optional=True,
-    ),
-    _Flag("colocate", "bool", False, "Trainer and rollout share GPUs; implies --offload."),
-    _Flag("offload", "bool", False, "Shorthand for --offload-rollout --offload-train."),
-    _Flag("offload_rollout", "bool", False, "Release rollout engine memory while training."),
-    _Flag("offload_train", "bool", False, "Release trainer memory while generating."),
-    _Flag("rollout_health_check_interval", "float", 30.0, "Seconds between health probe rounds."),
-    _Flag(
-        "rollout_health_check_timeout",
-        "float",
-        None,
-        "Seconds before one health probe counts as failed (default 30, or the interval if shorter).",
-        optional=True,
-    ),
-    _Flag("rollout_health_check_first_wait", "float", 0.0, "Startup grace (seconds) before the first probe."),
-    _Flag(
-        "rollout_health_check_failure_threshold",
-        "int",
-        3,
-        "Consecutive failed probes before an engine is marked unhealthy.",
-    ),
-    _Flag("rollout_health_check_jitter", "float", 0.1, "Probe period jitter, as a fraction of the interval."),
-    _Flag(
-        "rollout_health_check_endpoint",
-        "choice",
-        "health_generate",
-        "What a health probe calls: /health_generate (a real 1-token generation) or /health (liveness only).",
-        choices=HEALTH_ENDPOINTS,
-    ),
-    _Flag("engine_max_restarts", "int", 3, "Restarts allowed per engine within --engine-restart-window."),
-    _Flag("engine_restart_window", "float", 600.0, "Window (seconds) over which restarts are counted."),
-    _Flag("engine_restart_backoff", "float", 1.0, "First restart delay (seconds); doubles each restart."),
-    _Flag("engine_restart_backoff_max", "float", 30.0, "Cap (seconds) of the restart delay."),
-    _Flag("num_rollout", "int", None, "Number of rollouts (steps) of the run, when known.", optional=True),
-)
-FLAG_BY_NAME: dict[str, _Flag] = {f.name: f for f in FLAGS}
-# `offload` is an input shorthand, not a stored field.
-_INPUT_ONLY = {"offload"}
+def setting(default: Any, help: str, *, kind: str | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """Declare one :class:`LifecycleConfig` field *and* its flag: the one place a setting is written.
+
+    ``kind`` is inferred from the field's type (bool, int, float; ``| None`` makes it optional)
+    unless given (``path``, ``components``, ``choice``).
+    """
+    return field(default=default, metadata={"help": help, "kind": kind, "choices": choices})
 
 
 def _flag(name: str) -> str:
@@ -195,7 +131,7 @@ def _as_choice(name: str, value: object) -> str:
 
 def _split_components(value: object) -> list[object]:
     if isinstance(value, str):
-        return [p for p in re.split(r"[,\s]+", value.strip()) if p != ""] if value.strip() else [value]
+        return [p for p in re.split(r"[,\s]+", value.strip()) if p != ""]
     if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
         return list(value)
     raise ConfigError(
@@ -207,8 +143,12 @@ def _split_components(value: object) -> list[object]:
 
 
 def _as_components(value: object) -> tuple[str, ...] | None:
-    """Parse FT components strictly: the miles bug list includes `"rollout" in None`."""
-    if value is None:
+    """Parse FT components strictly: the miles bug list includes `"rollout" in None`.
+
+    None and the field's default (an empty frozenset) mean "not given"; an explicitly empty list
+    or string is ``()``, which FT refuses (miles requires at least one component).
+    """
+    if value is None or value == frozenset():
         return None
     items = _split_components(value)
     seen: list[str] = []
@@ -284,33 +224,54 @@ class LifecycleConfig:
     after that every field has its final type, so predicates never meet a ``None``.
     """
 
-    use_fault_tolerance: bool = False
-    # Input: None, a list/tuple/set of names, or "train,rollout"; after construction always a frozenset[str].
-    ft_components: Any = None
-    debug_train_only: bool = False
-    debug_rollout_only: bool = False
-    load_debug_rollout_data: str | None = None
-    save_debug_rollout_data: str | None = None
-    ci_test: bool = False
-    rollout_num_gpus: int | None = None
-    rollout_num_gpus_per_engine: int = 1
-    eval_num_gpus: int = 0
-    eval_num_gpus_per_engine: int = 1
-    eval_interval: int | None = None
-    colocate: bool = False
-    offload_rollout: bool = False
-    offload_train: bool = False
-    rollout_health_check_interval: float = 30.0
-    rollout_health_check_timeout: float | None = None
-    rollout_health_check_first_wait: float = 0.0
-    rollout_health_check_failure_threshold: int = 3
-    rollout_health_check_jitter: float = 0.1
-    rollout_health_check_endpoint: str = "health_generate"
-    engine_max_restarts: int = 3
-    engine_restart_window: float = 600.0
-    engine_restart_backoff: float = 1.0
-    engine_restart_backoff_max: float = 30.0
-    num_rollout: int | None = None
+    use_fault_tolerance: bool = setting(False, "Enable fault tolerance (the FT master switch).")
+    # Input: a list/tuple/set of names or "train,rollout" (None or empty: not given); always a frozenset after.
+    ft_components: frozenset[str] = setting(
+        frozenset(),
+        "FT components among {train,rollout}; defaults to rollout when FT is on, ignored when off.",
+        kind="components",
+    )
+    debug_train_only: bool = setting(False, "Train without rollout servers (the rollout function produces data).")
+    debug_rollout_only: bool = setting(False, "Generate rollouts without training.")
+    load_debug_rollout_data: str | None = setting(
+        None,
+        "Replay saved rollouts from this path (template with {rollout_id}); forces --debug-train-only.",
+        kind="path",
+    )
+    save_debug_rollout_data: str | None = setting(
+        None, "Save each rollout's samples to this path template (with {rollout_id}).", kind="path"
+    )
+    ci_test: bool = setting(False, "CI mode: arms rollout fault injection when rollout FT is on.")
+    rollout_num_gpus: int | None = setting(None, "GPUs (engine slots) for rollout servers.")
+    rollout_num_gpus_per_engine: int = setting(1, "GPUs per rollout engine.")
+    eval_num_gpus: int = setting(0, "GPUs for the dedicated eval fleet (0: no fleet).")
+    eval_num_gpus_per_engine: int = setting(1, "GPUs per eval engine.")
+    eval_interval: int | None = setting(
+        None, "Evaluate before the first rollout and every N rollouts after the weight update (default: never)."
+    )
+    colocate: bool = setting(False, "Trainer and rollout share GPUs; implies --offload.")
+    offload_rollout: bool = setting(False, "Release rollout engine memory while training.")
+    offload_train: bool = setting(False, "Release trainer memory while generating.")
+    rollout_health_check_interval: float = setting(30.0, "Seconds between health probe rounds.")
+    rollout_health_check_timeout: float | None = setting(
+        None, "Seconds before one health probe counts as failed (default 30, or the interval if shorter)."
+    )
+    rollout_health_check_first_wait: float = setting(0.0, "Startup grace (seconds) before the first probe.")
+    rollout_health_check_failure_threshold: int = setting(
+        3, "Consecutive failed probes before an engine is marked unhealthy."
+    )
+    rollout_health_check_jitter: float = setting(0.1, "Probe period jitter, as a fraction of the interval.")
+    rollout_health_check_endpoint: str = setting(
+        "health_generate",
+        "What a health probe calls: /health_generate (a real 1-token generation) or /health (liveness only).",
+        kind="choice",
+        choices=HEALTH_ENDPOINTS,
+    )
+    engine_max_restarts: int = setting(3, "Restarts allowed per engine within --engine-restart-window.")
+    engine_restart_window: float = setting(600.0, "Window (seconds) over which restarts are counted.")
+    engine_restart_backoff: float = setting(1.0, "First restart delay (seconds); doubles each restart.")
+    engine_restart_backoff_max: float = setting(30.0, "Cap (seconds) of the restart delay.")
+    num_rollout: int | None = setting(None, "Number of rollouts (steps) of the run, when known.")
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     # -- resolution and validation -------------------------------------------------------
@@ -335,6 +296,13 @@ class LifecycleConfig:
             set_(self, "rollout_health_check_timeout", min(30.0, interval) if interval > 0 else 30.0)
         components = _as_components(self.ft_components)
         if self.use_fault_tolerance:
+            if components == ():
+                raise ConfigError(
+                    "--ft-components",
+                    self.ft_components,
+                    "fault tolerance is on but no component is listed (miles requires at least one)",
+                    "list train, rollout or both, or omit --ft-components for the default (rollout)",
+                )
             resolved = frozenset(components) if components else frozenset({"rollout"})
         else:
             if components:
@@ -406,7 +374,7 @@ class LifecycleConfig:
         for name in ("eval_num_gpus", "rollout_health_check_first_wait", "engine_max_restarts"):
             non_negative(name)
 
-        if self.starts_servers and self.rollout_num_gpus is None:
+        if starts_servers(self) and self.rollout_num_gpus is None:
             raise ConfigError(
                 "--rollout-num-gpus",
                 None,
@@ -465,13 +433,9 @@ class LifecycleConfig:
         return "normal"
 
     @property
-    def starts_servers(self) -> bool:
-        return not self.debug_train_only
-
-    @property
     def num_rollout_engines(self) -> int:
         """Engines of the rollout fleet (0 when no servers start)."""
-        if not self.starts_servers or self.rollout_num_gpus is None:
+        if not starts_servers(self) or self.rollout_num_gpus is None:
             return 0
         return self.rollout_num_gpus // self.rollout_num_gpus_per_engine
 
@@ -492,7 +456,7 @@ class LifecycleConfig:
             if f.name == "warnings":
                 continue
             v = getattr(self, f.name)
-            out[f.name] = sorted(v) if isinstance(v, frozenset) else v
+            out[f.name] = (sorted(v) or None) if isinstance(v, frozenset) else v
         return out
 
     def to_flags(self) -> list[str]:
@@ -533,7 +497,11 @@ class LifecycleConfig:
         """
         if not isinstance(values, Mapping):
             raise ConfigError(
-                "--config", values, "expected a table of flag names to values", "see examples/cpu.toml", source=source
+                "--config",
+                values,
+                "expected a table of flag names to values",
+                "see lifecycle/defaults/cpu.toml",
+                source=source,
             )
         kwargs: dict[str, Any] = {}
         for raw_key, value in values.items():
@@ -616,6 +584,33 @@ class LifecycleConfig:
             warnings.warn(note, ConfigWarning, stacklevel=2)
 
 
+# `offload` is an input shorthand for two stored fields, so it is a flag without a field of its own.
+OFFLOAD = _Flag("offload", "bool", False, "Shorthand for --offload-rollout --offload-train.")
+_INPUT_ONLY = frozenset({OFFLOAD.name})
+_KINDS: dict[object, str] = {bool: "bool", int: "int", float: "float"}
+
+
+def _derive_flags() -> tuple[_Flag, ...]:
+    """Every flag, from the fields that declare them (in field order; ``--offload`` after ``--colocate``)."""
+    hints = get_type_hints(LifecycleConfig)
+    flags: list[_Flag] = []
+    for f in fields(LifecycleConfig):
+        if "help" not in f.metadata:
+            continue  # bookkeeping (warnings), not a setting
+        args = get_args(hints[f.name])
+        optional = type(None) in args
+        base = next(a for a in args if a is not type(None)) if optional else hints[f.name]
+        kind = f.metadata["kind"] or _KINDS[base]
+        flags.append(_Flag(f.name, kind, f.default, f.metadata["help"], optional, f.metadata["choices"]))
+        if f.name == "colocate":
+            flags.append(OFFLOAD)
+    return tuple(flags)
+
+
+FLAGS: tuple[_Flag, ...] = _derive_flags()
+FLAG_BY_NAME: dict[str, _Flag] = {f.name: f for f in FLAGS}
+
+
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a config file into a mapping; any problem is a ConfigError naming the file."""
     p = Path(path)
@@ -689,7 +684,7 @@ def add_lifecycle_arguments(parser: argparse.ArgumentParser, *, suppress_default
         if f.kind == "bool":
             group.add_argument(f.flag, action="store_true", default=default, help=f.help)
         elif f.kind == "components":
-            group.add_argument(f.flag, nargs="*", default=default, metavar="COMPONENT", help=f.help)
+            group.add_argument(f.flag, nargs="+", default=default, metavar="COMPONENT", help=f.help)
         elif f.kind == "path":
             group.add_argument(f.flag, default=default, metavar="PATH", help=f.help)
         elif f.kind == "choice":

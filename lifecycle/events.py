@@ -183,8 +183,24 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             continue
         try:
             events.append(json.loads(raw))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # no trailing newline: the writer died mid-line
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if number == len(lines) and is_torn_line(raw):  # no trailing newline: the writer died mid-line
                 break
-            raise ValueError(f"{p}:{number}: not a JSON event line ({exc})") from None
+            what = "not an event log" if not events else "not a JSON event line"
+            raise ValueError(f"{p}:{number}: {what} ({exc})") from None
     return events
+
+
+def is_torn_line(raw: bytes) -> bool:
+    """A last line cut short by a killed writer: the start of a JSON object, in UTF-8 (a cut may split
+    one multi-byte character). Anything else -- binary garbage, plain text -- is not an event log."""
+    text = raw.lstrip()
+    if not text.startswith(b"{"):
+        return False
+    for cut in range(4):  # an incomplete UTF-8 sequence at the very end is at most 3 bytes
+        try:
+            text[: len(text) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return True
+    return False

@@ -254,17 +254,6 @@ def lattice() -> Lattice:
     return Lattice(valid, invalid, groups)
 
 
-def explore_lattice(
-    *, engines: int = 2, machines: Mapping[str, MachineSpec] | None = None, only: frozenset[str] | None = None
-) -> Iterator[Result]:
-    """One exploration per distinct predicate vector; ``covers`` lists the configs it stands for."""
-    lat = lattice()
-    for configs in lat.groups.values():
-        result = explore(configs[0], engines=engines, machines=machines, only=only)
-        result.covers = configs
-        yield result
-
-
 def rollout_side_equal(a: LifecycleConfig, b: LifecycleConfig, machines: Mapping[str, MachineSpec]) -> list[str]:
     """Where the rollout-side machines behave differently under ``a`` and ``b`` (empty: identical)."""
     diffs: list[str] = []

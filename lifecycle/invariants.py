@@ -1,4 +1,4 @@
-"""The invariants of DESIGN section 4 (and the effect-gating rules), as named functions.
+"""The job-level invariants (the README's invariant table) and the effect-gating rules, as named functions.
 
 Three kinds, each a plain function the explorer *and* the hypothesis suite call:
 

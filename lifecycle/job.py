@@ -37,7 +37,6 @@ LIVE = frozenset(
         "UpdatingWeightsKVReleased",
     }
 )
-SICK = frozenset({"Starting", "Unhealthy", "Recovering"})
 OFFLOADED = frozenset({"Offloaded", "WeightsOnly", "UpdatingWeightsKVReleased"})
 UPDATING_ROLLOUT = frozenset({"UpdatingWeights", "UpdatingWeightsKVReleased", "CatchingUp"})
 UPDATING_ENGINE = frozenset({"LoadingWeights", "UpdatingWeights", "UpdatingWeightsKVReleased"})

@@ -1,4 +1,4 @@
-"""The five machines of an RL job, as data (DESIGN section 3).
+"""The five machines of an RL job, as data: engine, health monitor, rollout manager, eval fleet, trainer.
 
 Read each table top to bottom: ``T(trigger, source(s), dest, when=guards, effects=...)``.
 Guards and effect gates are predicate *names* from :mod:`lifecycle.predicates`; effects are

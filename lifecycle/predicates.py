@@ -7,10 +7,12 @@ shows the name and one definition governs them all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from lifecycle.config import LifecycleConfig
+if TYPE_CHECKING:  # the config validates itself with these predicates, so it imports this module
+    from lifecycle.config import LifecycleConfig
 
 
 @dataclass(frozen=True)
@@ -165,17 +167,9 @@ def vector(config: LifecycleConfig) -> tuple[bool, ...]:
     return tuple(p.fn(config) for p in PREDICATES.values())
 
 
-def names() -> Iterator[str]:
-    return iter(PREDICATES)
-
-
 def lookup(name: str) -> Predicate:
     """The predicate called ``name``; a KeyError lists the known ones."""
     try:
         return PREDICATES[name]
     except KeyError:
         raise KeyError(f"unknown predicate {name!r}; known: {', '.join(PREDICATES)}") from None
-
-
-def as_mapping() -> Mapping[str, Predicate]:
-    return dict(PREDICATES)

@@ -8,14 +8,19 @@ miles regressions.
 from __future__ import annotations
 
 from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
 
 _COMMON = {"rollout_num_gpus": 2, "eval_num_gpus": 2, "offload_rollout": True, "offload_train": True}
 
-PRESET_FLAGS: dict[str, dict[str, object]] = {
+# The four fault-tolerance configurations (the columns of the reliability matrix too).
+FT_PRESETS: dict[str, dict[str, object]] = {
     "no-ft": {},
     "ft-rollout": {"use_fault_tolerance": True, "ft_components": ["rollout"]},
     "ft-train": {"use_fault_tolerance": True, "ft_components": ["train"]},
     "ft-both": {"use_fault_tolerance": True, "ft_components": ["train", "rollout"]},
+}
+PRESET_FLAGS: dict[str, dict[str, object]] = {
+    **FT_PRESETS,
     "replay": {"load_debug_rollout_data": "runs/replay/{rollout_id}.json"},
     "debug-train-only": {"debug_train_only": True},
     "debug-rollout-only": {"debug_rollout_only": True},
@@ -25,8 +30,6 @@ PRESET_FLAGS: dict[str, dict[str, object]] = {
 def preset(name: str) -> LifecycleConfig:
     """The config of a preset (paths are not checked: presets describe, they do not run)."""
     if name not in PRESET_FLAGS:
-        from lifecycle.errors import ConfigError
-
         raise ConfigError("--preset", name, "unknown preset", f"choose one of: {', '.join(PRESET_FLAGS)}")
     return LifecycleConfig.from_mapping({**_COMMON, **PRESET_FLAGS[name]}, check_paths=False)
 

@@ -4,7 +4,7 @@ A spec is validated when it is built (like python-statemachine at import): unkno
 effect names, unreachable states, non-terminal trap states, terminal states with exits, states
 that can never finish, and non-deterministic guard pairs are errors. The same spec compiles to
 a pure lookup table (for the explorer and the runtime fast path) and to a ``transitions``
-machine (see :mod:`lifecycle.machine`), so the two cannot drift.
+machine (see :mod:`lifecycle.runtime`), so the two cannot drift.
 """
 
 from __future__ import annotations

@@ -21,23 +21,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor, create_monitor
+from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
-from lifecycle.job import ENGINE_PLAN, UPDATING_ENGINE
+from lifecycle.job import ENGINE_PLAN
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.predicates import rollout_ft
+from lifecycle.runtime import FireResult, LifecycleMachine
 from rollout.eval_fleet import EvalFleet
 
 GONE = frozenset({"Failed", "Disposed", "Stopped", "Init"})
-LauncherFactory = Callable[[str], Any]
 
 
 class ControllerError(LifecycleError):
@@ -204,9 +203,7 @@ class InferenceController:
     def _watch(self, engine: Engine) -> None:
         gen = self._watch_gen.get(engine.id, 0) + 1
         self._watch_gen[engine.id] = gen
-        watch = getattr(engine.launcher, "watch", None)
-        if watch is None:
-            return
+        watch = engine.launcher.watch
 
         async def run() -> None:
             reason = await watch()
@@ -450,9 +447,7 @@ class InferenceController:
                 await engine.launcher.kill()
             if engine.client is not None:
                 await engine.client.close()
-            shutdown = getattr(engine.launcher, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            engine.launcher.shutdown()
         if self.monitor is not None and self.monitor.state in ("Paused", "Running"):
             await self.monitor.stop()
         tasks: Sequence[asyncio.Task[None]] = list(self._watchers.values())
@@ -460,7 +455,3 @@ class InferenceController:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watchers.clear()
-
-    @staticmethod
-    def updating_engine_states() -> frozenset[str]:
-        return UPDATING_ENGINE

@@ -30,19 +30,19 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
+from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import LifecycleMachine
 from lifecycle.machines import ENGINE, EVAL_FLEET
+from lifecycle.runtime import LifecycleMachine
 
 SkipReason = Literal["unhealthy", "pin_violation"]
-LauncherFactory = Callable[[str], Any]
 EngineHook = Callable[[Engine], None]
 
 # engine states an eval engine may be marked Unhealthy from: the engine spec's mark_unhealthy sources
@@ -339,6 +339,4 @@ class EvalFleet:
                 await engine.launcher.kill()
             if engine.client is not None:
                 await engine.client.close()
-            shutdown = getattr(engine.launcher, "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+            engine.launcher.shutdown()

@@ -28,14 +28,15 @@ from typing import Any
 
 from engines.engine import Engine, Timeouts
 from engines.errors import EngineError
-from engines.model import CharTokenizer
+from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.machines import ROLLOUT
 from lifecycle.predicates import starts_servers
-from rollout.controller import ControllerError, InferenceController, LauncherFactory
+from lifecycle.runtime import FireResult, LifecycleMachine
+from models import CharTokenizer
+from rollout.controller import ControllerError, InferenceController
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_rollout, save_rollout
 from rollout.task import DataSource, PatternTask

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engines.model import CharTokenizer, TinyCausalLM
+from models import CharTokenizer, TinyCausalLM
 from rollout.controller import ControllerError, InferenceController
 from rollout.task import PatternTask
 

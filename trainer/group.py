@@ -19,9 +19,9 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machine import FireResult, LifecycleMachine
 from lifecycle.machines import TRAINER
 from lifecycle.predicates import heals_trainer
+from lifecycle.runtime import FireResult, LifecycleMachine
 from trainer.workers import WorkerCrashed, WorkerHandle
 
 

@@ -13,24 +13,30 @@ step) and ``reward.png`` when matplotlib is installed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engines.engine import Timeouts
-from engines.faults import FAULTS, Fault, FaultInjector, parse_fault  # noqa: F401  (FAULTS, parse_fault: re-exported)
+from engines.launcher import LauncherKind, launcher_factory
+from engines.process import torch_engine_command
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
-from lifecycle.run_cli import check_async
 from rollout.controller import ControllerError
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.task import PatternTask
+from trainer.checks import check_async
+from trainer.faults import Fault, FaultInjector
+
+if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
+    from trainer.group import TrainerGroup
 
 SHORT = {
     "Serving": "S",
@@ -55,7 +61,7 @@ class RunOptions:
     faults: tuple[Fault, ...] = ()
     ray_nodes: int = 1  # > 1: a local multi-node Ray cluster (head + workers hosting the engines)
     timeouts: Timeouts | None = None  # engine startup/request/death bounds (tests shorten them)
-    launcher: str = "ray"  # ray | local
+    launcher: LauncherKind = "ray"
     workers: int = 1
     lr: float = 1e-2
     model_size: str = "tiny"
@@ -82,21 +88,6 @@ class RunResult:
     def last5(self) -> float:
         tail = self.rewards[-5:]
         return sum(tail) / max(len(tail), 1)
-
-
-def _launcher_factory(kind: str, seed: int) -> Callable[[str], Any]:
-    from engines.process import torch_engine_command
-
-    def command() -> list[str]:
-        return torch_engine_command(seed=seed)
-
-    if kind == "local":
-        from engines.launcher import LocalLauncher
-
-        return lambda engine_id: LocalLauncher(engine_id, command)
-    from engines.actor import RayLauncher
-
-    return lambda engine_id: RayLauncher(engine_id, command)
 
 
 def _states(manager: RolloutManager) -> str:
@@ -207,7 +198,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     manager = RolloutManager(
         config,
         task,
-        launcher_factory=_launcher_factory(opts.launcher, opts.seed),
+        launcher_factory=launcher_factory(opts.launcher, functools.partial(torch_engine_command, seed=opts.seed)),
         log=log,
         ledger=ledger,
         seed=opts.seed,
@@ -252,9 +243,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         for step in range(sync_steps):
             ts = time.monotonic()
             with bind_context(step=step, rollout_id=step):
-                for fault in opts.faults:
-                    if fault.step == step:
-                        await _inject(fault, manager, trainer)
+                await _inject_due(opts.faults, step, manager, trainer)
                 evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
                 if config.eval_interval is not None and step == 0:  # miles: eval before the first rollout
                     _add_eval(evals, await manager.eval(step))
@@ -303,7 +292,7 @@ def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, mo
         fn.load(*weights)
 
 
-async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: Any, version: int) -> None:
+async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: TrainerGroup, version: int) -> None:
     """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
     if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
         _feed_policy_source(manager, (await trainer.save(version), str(version)))
@@ -324,7 +313,7 @@ async def _await_generation(pending: asyncio.Task[list[dict[str, Any]]] | None) 
 async def _async_steps(
     opts: RunOptions,
     manager: RolloutManager,
-    trainer: Any,
+    trainer: TrainerGroup,
     record: Callable[[int, list[dict[str, Any]], dict[str, Any], float], None],
 ) -> None:
     """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
@@ -345,9 +334,7 @@ async def _async_steps(
                 assert pending is not None
                 samples = await pending  # generated during the previous step's training (weights k-1)
                 pending = None
-                for fault in opts.faults:
-                    if fault.step == step:
-                        await _inject(fault, manager, trainer)
+                await _inject_due(opts.faults, step, manager, trainer)
                 if step + 1 < opts.steps:
                     pending = _start_generate(manager, step + 1)
                     await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
@@ -386,9 +373,12 @@ def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
         evals["eval_reward"] = result.reward
 
 
-async def _inject(fault: Fault, manager: RolloutManager, trainer: Any) -> None:
-    """The fault injector (engines.faults) at this step's start; it logs a ``fault.injected`` event."""
-    await FaultInjector().inject(fault, manager.controller, trainer)
+async def _inject_due(faults: tuple[Fault, ...], step: int, manager: RolloutManager, trainer: TrainerGroup) -> None:
+    """The faults scheduled for this step's start (``--inject``); each logs a ``fault.injected`` event."""
+    injector = FaultInjector()
+    for fault in faults:
+        if fault.step == step:
+            await injector.inject(fault, manager.controller, trainer)
 
 
 def run(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engines.model import PAD_ID, TinyCausalLM
+from models import PAD_ID, TinyCausalLM
 
 
 def advantages(samples: Sequence[Mapping[str, Any]], *, eps: float = 1e-6) -> list[float]:

@@ -29,7 +29,7 @@ class TrainerWorker:
         import torch
 
         torch.set_num_threads(1)
-        from engines.model import TinyCausalLM
+        from models import TinyCausalLM
 
         self.rank = rank
         self.temperature = temperature

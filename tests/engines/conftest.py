@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from engines.client import EngineClient
-from engines.model import KVCache, TinyCausalLM, sample_token
 from engines.process import ServerProcess, torch_engine_command
+from models import KVCache, TinyCausalLM, sample_token
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,9 +17,9 @@ import pytest
 from engines.actor import RayLauncher
 from engines.engine import Engine, EngineFailed
 from engines.health import create_monitor
-from engines.model import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import EffectLedger, LifecycleConfig
+from models import TinyCausalLM
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -109,7 +109,7 @@ def test_two_engines_serve_offload_onload_and_recover_from_a_kill(tmp_path):
         watch = asyncio.create_task(engines[1].launcher.watch())
         await asyncio.sleep(0.2)
         t0 = time.perf_counter()
-        await engines[1].launcher.kill_server()  # type: ignore[attr-defined]
+        await engines[1].launcher.kill()
         reason = await asyncio.wait_for(watch, 10)
         await monitor.engine_died("engine-1", reason)
         await engines[1].mark_unhealthy(reason)
@@ -148,7 +148,7 @@ def test_train_only_ft_does_not_recover_and_says_why(tmp_path):
         config = _config(ft_components=["train"])
         engine = _engine(0, config, EffectLedger())
         await engine.start()
-        await engine.launcher.kill_server()  # type: ignore[attr-defined]
+        await engine.launcher.kill()
         await engine.mark_unhealthy("process died: exit code -9")
         with pytest.raises(EngineFailed) as info:
             await engine.recover()

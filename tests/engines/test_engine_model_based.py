@@ -18,10 +18,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from engines.actor import RayLauncher
 from engines.engine import Engine
-from engines.model import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import ENGINE, LifecycleConfig
 from lifecycle.spec import Step
+from models import TinyCausalLM
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
@@ -77,7 +77,7 @@ class EngineModel(RuleBasedStateMachine):
         self.predicted = expected
 
     async def _kill(self) -> None:
-        await self.engine.launcher.kill_server()  # type: ignore[attr-defined]
+        await self.engine.launcher.kill()
         await self.engine.mark_unhealthy("process killed")
 
     def can(self, verb: str) -> bool:

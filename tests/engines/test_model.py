@@ -6,8 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engines.errors import WeightsFileError
-from engines.model import (
+from models import (
     BOS_ID,
     EOS_ID,
     UNK_ID,
@@ -16,6 +15,7 @@ from engines.model import (
     KVCache,
     ModelConfig,
     TinyCausalLM,
+    WeightsFileError,
     read_weights_file,
     sample_token,
 )

@@ -209,7 +209,7 @@ def test_missing_sglang_error_names_the_extra_and_the_gpu_host(monkeypatch: pyte
         require_sglang()
     message = str(info.value)
     assert "pip install 'rl-lifecycle[sglang]'" in message and SGLANG_EXTRA in message
-    assert "GPU host" in message and "engines.torch_engine" in message
+    assert "GPU host" in message and "cpu_engine" in message
     assert isinstance(info.value, LifecycleError) and isinstance(info.value, ImportError)
 
 

@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 from engines.client import EngineClient
 from engines.errors import EngineHTTPError
-from engines.model import CharTokenizer, ModelConfig, TinyCausalLM
 from engines.process import ServerProcess
 from engines.protocol import (
     GateErrorBody,
@@ -26,6 +25,7 @@ from engines.protocol import (
     SamplingParams,
     ValidationErrorBody,
 )
+from models import CharTokenizer, ModelConfig, TinyCausalLM
 
 SEED = 7  # the main engine's (conftest.ENGINE_SPECS)
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)

@@ -20,8 +20,8 @@ from lifecycle.cli import main
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError, IllegalTransition
 from lifecycle.events import read_jsonl
-from lifecycle.machine import LifecycleMachine
 from lifecycle.machines import ROLLOUT
+from lifecycle.runtime import LifecycleMachine
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -155,7 +155,7 @@ def test_cli_async_with_offload_names_the_flag(tmp_path: Path, capsys: pytest.Ca
 def test_async_loop_recovers_a_killed_engine(tmp_path: Path) -> None:
     """Rollout FT under --async: an engine killed between steps is recovered by the next weight update
     (after the overlapping generation ended on the surviving engine) and training continues."""
-    from engines.faults import parse_fault
+    from trainer.faults import parse_fault
 
     result = _run(tmp_path / "kill", 5, faults=(parse_fault("kill-engine:1@2"),))
     assert len(result.rewards) == 5

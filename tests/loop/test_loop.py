@@ -19,7 +19,8 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from rollout.controller import ControllerError
-from trainer.loop import Progress, RunOptions, RunResult, parse_fault, run_loop
+from trainer.faults import parse_fault
+from trainer.loop import Progress, RunOptions, RunResult, run_loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -172,8 +173,7 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
     trainer's own (``token_logprobs`` on the same tokens) -- so GRPO trains on-policy on them."""
     import torch
 
-    from engines.errors import WeightsFileError
-    from engines.model import TinyCausalLM
+    from models import TinyCausalLM, WeightsFileError
     from rollout.policy_source import PolicyRolloutFn
     from rollout.task import PatternTask
     from trainer.policy import batch_tensors

@@ -33,8 +33,10 @@ def test_unwritable_run_dir_names_the_flag(tmp_path: Path, capsys: pytest.Captur
     assert len(err) == 1 and "--run-dir" in err[0]
 
 
-def _log(path: Path, events: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps({**e, "ts": "2026-01-01T00:00:00Z"}) + "\n" for e in events))
+def _log(path: Path, events: list[dict[str, object]], second: int = 0) -> Path:
+    """A log whose every line has its own timestamp (``second`` shifts them all, as another run would)."""
+    lines = (json.dumps({**e, "ts": f"2026-01-01T00:00:{second + n:02d}Z"}) + "\n" for n, e in enumerate(events))
+    path.write_text("".join(lines))
     return path
 
 
@@ -42,8 +44,9 @@ def test_trace_diff_canonical_and_first_divergence(tmp_path: Path, capsys: pytes
     ev = {"event": "lifecycle.transition", "machine": "rollout", "instance": "rollout", "src": "Init", "dst": "Ready"}
     other = {**ev, "machine": "trainer", "instance": "trainer"}
     a = _log(tmp_path / "a.jsonl", [ev, other])
-    b = _log(tmp_path / "b.jsonl", [ev, {**other, "dst": "Failed"}])
-    assert diff(load(a, ["rollout"]), load(b, ["rollout"])) is None  # timestamps differ? not compared
+    b = _log(tmp_path / "b.jsonl", [ev, {**other, "dst": "Failed"}], second=30)
+    assert a.read_text().splitlines()[0] != b.read_text().splitlines()[0]  # the raw lines differ in "ts" ...
+    assert diff(load(a, ["rollout"]), load(b, ["rollout"])) is None  # ... and canonical form ignores it
     found = diff(load(a), load(b))
     assert found is not None and found.index == 1
     assert main(["trace", "diff", str(a), str(b), "--only", "rollout"]) == 0

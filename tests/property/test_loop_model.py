@@ -51,11 +51,11 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from engines.engine import EngineFailed
+from engines.launcher import launcher_factory
 from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
 from rollout.task import PatternTask
 from trainer.group import TrainerFailed, TrainerGroup
-from trainer.loop import _launcher_factory
 from trainer.workers import WorkerCrashed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
@@ -122,7 +122,7 @@ class World:
         task = PatternTask(prompts_per_step=2, group_size=2, response_len=4, seed=0)
         self.trainer = TrainerGroup(self.config, self.tmp.name, workers=case.workers, log=self.log, ledger=self.ledger)
         self.manager = RolloutManager(
-            self.config, task, launcher_factory=_launcher_factory("local", 0), log=self.log, ledger=self.ledger
+            self.config, task, launcher_factory=launcher_factory("local"), log=self.log, ledger=self.ledger
         )
         self.model = self.job.initial()
         self.failed = ""  # why the runtime stopped (an engine or the trainer failed)

@@ -1,6 +1,6 @@
 """``docs/reliability.md``: rendered from the matrix results, checked against the contract in code.
 
-The expected column comes from :func:`engines.faults.expected` (the contract); the observed and
+The expected column comes from :func:`trainer.faults.expected` (the contract); the observed and
 time columns from the cells that ran. :func:`contract_rows` is what a committed file must agree
 with, so changing the contract without re-running the matrix fails the fast check.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.faults import FAULT_DOCS, FAULTS, FT_CONFIGS, expected
+from trainer.faults import FAULT_DOCS, FAULTS, FT_CONFIGS, expected
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 HEADER = ("fault", "FT config", "expected", "observed", "time (s)")
@@ -50,7 +50,7 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "Seven real faults, each injected at the start of step 1 of a 3-step `lifecycle run` (4 steps for",
         "`crash-during-update`, so the engine recovered in step 2's update serves again; 2 CPU engines,",
         "1 trainer worker), under the four fault-tolerance configurations. *Expected* is the",
-        "contract in `engines/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
+        "contract in `trainer/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
         "`heals_trainer`); *observed* is what the cell's test saw; a cell fails when they differ, and",
         "`tests/reliability/test_matrix.py::test_committed_doc_is_current` fails CI when this file and",
         "the contract diverge. Inside every run a rollout-function audit asks each `Serving` engine for",

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import lifecycle.cli as cli
-import lifecycle.trace as trace
+import lifecycle.cli.trace as trace_cli
 from lifecycle.errors import LifecycleError
 from rollout.replay import SCHEMA, save_rollout
 
@@ -248,6 +248,17 @@ CASES: list[Case] = [
     ),
     Case("run-inject-malformed", ("run", "--inject", "kill-engine@3", "--run-dir", "{tmp}/run"), ("--inject",)),
     Case(
+        "run-inject-past-the-run",
+        ("run", "--steps", "3", "--inject", "kill-engine:0@5", "--run-dir", "{tmp}/run"),
+        ("--inject", "kill-engine:0@5", "--steps 3"),
+    ),
+    Case(
+        "ft-components-without-a-value",
+        ("explain", "--use-fault-tolerance", "--ft-components"),
+        ("--ft-components",),
+        proc=True,
+    ),
+    Case(
         "run-inject-engine-out-of-range",
         ("run", "--engines", "1", "--inject", "kill-engine:9@0", "--run-dir", "{tmp}/run"),
         ("--inject", "kill-engine:9@0"),
@@ -385,8 +396,15 @@ CASES: list[Case] = [
     Case(
         "trace-binary",
         ("trace", "show", "{tmp}/e.jsonl"),
-        ("{tmp}/e.jsonl",),
+        ("{tmp}/e.jsonl", "not an event log"),
         (_write("e.jsonl", b"\x89PNG\r\n\x1a\n\x00"),),
+    ),
+    Case(  # one line of binary, no newline: not mistaken for a torn last line of a real log
+        "trace-binary-one-line",
+        ("trace", "show", "{tmp}/e.jsonl"),
+        ("{tmp}/e.jsonl", "not an event log"),
+        (_write("e.jsonl", b"\x00\xff\xfegarbage"),),
+        proc=True,
     ),
     Case(
         "trace-diff-missing-side",
@@ -535,7 +553,7 @@ def test_catches_a_non_object_event_line(
 ) -> None:
     from lifecycle.events import canonical, read_jsonl
 
-    monkeypatch.setattr(trace, "load", lambda path, only=None: [canonical(e) for e in read_jsonl(path)])
+    monkeypatch.setattr(trace_cli, "load", lambda path, only=None: [canonical(e) for e in read_jsonl(path)])
     with pytest.raises(AttributeError):
         check_in_process(_case("trace-non-object-line"), tmp_path, capsys)
 
@@ -556,7 +574,7 @@ def test_catches_a_replay_file_the_trainer_cannot_use(
     monkeypatch.setattr(rollout.replay, "_check_trainable", lambda *a: None)
     # without the check the run would go on to start Ray: stop it right there instead
     monkeypatch.setattr(
-        "lifecycle.run_cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
+        "trainer.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
     )
     with pytest.raises(RuntimeError, match="got past replay"):
         check_in_process(_case("replay-no-samples"), tmp_path, capsys)
@@ -585,7 +603,7 @@ def test_engine_port_already_taken(taken_port: int) -> None:
     from engines.process import ServerProcess, torch_engine_command
 
     out = subprocess.run(
-        [sys.executable, "-m", "engines.torch_engine", "--port", str(taken_port)],
+        [sys.executable, "-m", "cpu_engine", "--port", str(taken_port)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -603,7 +621,7 @@ def test_engine_port_already_taken(taken_port: int) -> None:
 
 
 def _wide_weights(path: Path) -> Path:
-    from engines.model import ModelConfig, TinyCausalLM
+    from models import ModelConfig, TinyCausalLM
 
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
     return TinyCausalLM(wide, seed=1).save_weights(path)

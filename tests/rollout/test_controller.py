@@ -21,11 +21,11 @@ from lifecycle.events import TRANSITION, EventLog, MemorySink
 
 pytest.importorskip("torch")
 
-from engines.model import TinyCausalLM
+from engines.launcher import launcher_factory
+from models import TinyCausalLM
 from rollout.controller import ControllerError, InferenceController
 from rollout.executor import RolloutManager
 from rollout.task import PatternTask
-from trainer.loop import _launcher_factory
 
 ROLLOUT_FT = {
     "use_fault_tolerance": True,
@@ -72,7 +72,7 @@ class Rig:
         self.loop = asyncio.new_event_loop()
         self.spy = Spy()
         self.manager = RolloutManager(
-            self.config, TASK, launcher_factory=_launcher_factory("local", 0), log=EventLog([self.spy])
+            self.config, TASK, launcher_factory=launcher_factory("local"), log=EventLog([self.spy])
         )
         self.spy.controller = self.manager.controller
         self.tmp = tmp

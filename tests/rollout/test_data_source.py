@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.machine import LifecycleMachine
 from lifecycle.machines import ROLLOUT
+from lifecycle.runtime import LifecycleMachine
 from rollout.controller import InferenceController
 from rollout.executor import RolloutExecutor
 from rollout.replay import load_rollout

@@ -23,10 +23,10 @@ pytest.importorskip("torch")
 
 from engines.engine import Engine, Timeouts
 from engines.launcher import LocalLauncher
-from engines.model import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import EffectLedger, LifecycleConfig
 from lifecycle.predicates import eval_fleet_enabled, eval_fleet_self_probes
+from models import TinyCausalLM
 from rollout.eval_fleet import EvalFleet
 from rollout.executor import RolloutManager
 from rollout.task import PatternTask

@@ -18,8 +18,8 @@ from engines.health import HealthMonitor
 from engines.launcher import LocalLauncher
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from lifecycle.machine import LifecycleMachine
 from lifecycle.machines import ROLLOUT
+from lifecycle.runtime import LifecycleMachine
 from rollout.controller import InferenceController
 
 

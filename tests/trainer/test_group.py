@@ -12,8 +12,8 @@ import pytest
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import TRANSITION, EventLog, MemorySink
-from lifecycle.machine import LifecycleMachine
 from lifecycle.machines import ROLLOUT
+from lifecycle.runtime import LifecycleMachine
 
 pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -33,7 +33,7 @@ ROLLOUT_FT = {"use_fault_tolerance": True, "ft_components": ["rollout"], "rollou
 def _samples(n_groups: int = 2, group_size: int = 2) -> list[dict[str, Any]]:
     """A small GRPO batch in the executor's sample format (rewards differ inside each group)."""
     task = PatternTask(prompts_per_step=n_groups, group_size=group_size, response_len=4)
-    from engines.model import CharTokenizer
+    from models import CharTokenizer
 
     tok = CharTokenizer()
     out = []

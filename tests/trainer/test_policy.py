@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engines.model import CharTokenizer, TinyCausalLM  # noqa: E402
+from models import CharTokenizer, TinyCausalLM  # noqa: E402
 from trainer.policy import advantages, batch_tensors, grpo_loss  # noqa: E402
 
 

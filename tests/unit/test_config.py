@@ -94,7 +94,7 @@ BAD: list[Bad] = [
     Bad(
         "empty-string-component",
         "--ft-components",
-        "unknown component ''",
+        "no component is listed",
         {**GPUS, "use_fault_tolerance": True, "ft_components": ""},
         value="",
     ),
@@ -640,7 +640,7 @@ def test_replay_paths_that_exist_pass_check(tmp_path: Path) -> None:
 def test_train_only_needs_no_gpus() -> None:
     config = LifecycleConfig.from_mapping({"debug_train_only": True})
     assert config.mode == "train-only"
-    assert config.starts_servers is False
+    assert config.num_rollout_engines == 0
 
 
 def test_offload_sets_both_flags() -> None:

@@ -160,6 +160,7 @@ def test_counterexamples_are_shortest(engines):
     (v,) = result.violations
     assert v.invariant == "stopped_only_after_death_confirmed"
     assert len(v.path) == engines + 4
+    assert v.path[-1].action.label().startswith("an operator stops engine-")
     job = Job(ROLLOUT_ONLY, engines=engines, machines=machines)
     end = _replay(job, v.path)
     assert check_state(job, end, frozenset({v.invariant}))  # the path really ends in the violation

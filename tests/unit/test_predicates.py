@@ -1,4 +1,4 @@
-"""Pins every lifecycle predicate's truth value against the miles semantics (DESIGN.md sections 1-2).
+"""Pins every lifecycle predicate's truth value against the miles semantics.
 
 The expected values below are written out by hand from the design brief, not computed with the
 predicates under test:

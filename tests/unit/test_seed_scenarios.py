@@ -1,4 +1,4 @@
-"""The two miles regressions, at spec level (DESIGN section 1).
+"""The two miles regressions, at spec level (the replay crash and the train-only FT leak).
 
 1. Replay (--load-debug-rollout-data) must never construct the rollout function, start servers
    or start monitors -- and plain --debug-train-only still constructs the rollout function.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lifecycle import LifecycleConfig
@@ -76,10 +78,17 @@ def test_exclusive_guards_are_not_ambiguous():
     assert spec.compile(normal_cfg).step("Init", "go").dest == "Done"
 
 
-def test_every_shipped_machine_is_valid_and_starts_in_init():
+def test_every_shipped_machine_needs_each_of_its_exits():
+    """Validation of the shipped machines is not vacuous: remove the exits of any non-terminal state and
+    building the spec fails, calling that state a trap (the import-time check refuses such an edit)."""
     for spec in MACHINES.values():
-        assert spec.initial == "Init"
-        assert spec.terminal_states
+        for state in spec.states:
+            if state.terminal:
+                continue
+            kept = tuple(t for t in spec.transitions if state.name not in t.source)
+            with pytest.raises(SpecError) as info:
+                replace(spec, transitions=kept)
+            assert any(f"state {state.name!r} is a trap" in p for p in info.value.problems), (spec.name, state.name)
 
 
 def test_compile_reports_blocking_guard_and_gated_effects():

@@ -1,4 +1,4 @@
-"""DESIGN §7: the pure table the explorer uses and the `transitions` machines the runtime uses agree.
+"""The pure table the explorer uses and the `transitions` machines the runtime uses agree.
 
 For every machine, every distinct predicate vector of the lattice, every state and every
 trigger: a plain `transitions` machine built from the spec, the compiled lookup table, and the
@@ -15,8 +15,8 @@ from transitions.core import MachineError
 
 from lifecycle.errors import IllegalTransition
 from lifecycle.explore import lattice
-from lifecycle.machine import AsyncLifecycleMachine, LifecycleMachine, build_transitions_machine
 from lifecycle.machines import MACHINES
+from lifecycle.runtime import AsyncLifecycleMachine, LifecycleMachine, build_transitions_machine
 from lifecycle.spec import Blocked, Step
 
 CONFIGS = [group[0] for group in lattice().groups.values()]

@@ -34,10 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engines.launcher import Launcher
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.predicates import heals_trainer, offloads_rollout, rollout_ft
+from lifecycle.presets import FT_PRESETS
 
 FAULTS = (
     "kill-engine",
@@ -58,12 +60,12 @@ FAULT_DOCS = {
     "lose-node": "the Ray worker node hosting the engine is removed (--ray-nodes 3)",
     "crash-trainer": "trainer worker actor process dies",
 }
-# The four FT configurations of the matrix (miles' flags).
-FT_CONFIGS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "train": {"use_fault_tolerance": True, "ft_components": ["train"]},
-    "rollout": {"use_fault_tolerance": True, "ft_components": ["rollout"]},
-    "both": {"use_fault_tolerance": True, "ft_components": ["train", "rollout"]},
+# The four FT configurations of the matrix, by their column names (the flags are the presets').
+FT_CONFIGS: dict[str, dict[str, object]] = {
+    "none": FT_PRESETS["no-ft"],
+    "train": FT_PRESETS["ft-train"],
+    "rollout": FT_PRESETS["ft-rollout"],
+    "both": FT_PRESETS["ft-both"],
 }
 UPDATE_STATES = frozenset({"LoadingWeights", "UpdatingWeights", "UpdatingWeightsKVReleased"})
 DETECTED = frozenset({"Unhealthy", "Recovering", "Failed"})
@@ -104,7 +106,7 @@ def check_faults(
     faults: Sequence[Fault], config: LifecycleConfig, *, ray_nodes: int = 1, workers: int = 1, launcher: str = "ray"
 ) -> None:
     """Refuse, before anything starts, a fault the run cannot host (one message naming --inject and the fix)."""
-    engines = config.num_rollout_engines if config.starts_servers else 0
+    engines = config.num_rollout_engines  # 0 when no servers start
     for f in faults:
         if f.on_engine and not 0 <= f.index < engines:
             raise ConfigError("--inject", str(f), f"there are {engines} rollout engines", "use a valid engine index")
@@ -154,17 +156,26 @@ def expected(kind: str, ft: str) -> Expected:
 # -- the injector -----------------------------------------------------------------------------------------
 class EngineSlot(Protocol):
     id: str
-    launcher: Any
+    launcher: Launcher
 
     @property
     def state(self) -> str: ...
+
+
+class Workers(Protocol):
+    """What the injector needs of a trainer group: how many workers, and a way to crash one."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def crash_worker(self, rank: int) -> None: ...
 
 
 class Controller(Protocol):
     """What the injector reads of an InferenceController (read-only, so a list[Engine] fits)."""
 
     @property
-    def engines(self) -> Sequence[Any]: ...
+    def engines(self) -> Sequence[EngineSlot]: ...
 
     @property
     def log(self) -> EventLog | None: ...
@@ -193,20 +204,15 @@ class FaultInjector:
         self.injections: list[Injection] = []
         self._t0 = time.monotonic()
 
-    async def before_step(self, step: int, controller: Controller | None, trainer: Any) -> None:
-        for fault in self.faults:
-            if fault.step == step:
-                await self.inject(fault, controller, trainer)
-
-    async def inject(self, fault: Fault, controller: Controller | None, trainer: Any) -> Injection:
+    async def inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         """Apply ``fault`` now; a ``fault.injected`` event (target, details) goes to the controller's log."""
         record = await self._inject(fault, controller, trainer)
-        log = getattr(controller, "log", None)
+        log = controller.log if controller is not None else None
         if log is not None:
             log.emit("fault.injected", fault=str(fault), target=record.target, **record.detail)
         return record
 
-    async def _inject(self, fault: Fault, controller: Controller | None, trainer: Any) -> Injection:
+    async def _inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         now = time.monotonic() - self._t0
         if fault.kind == "crash-trainer":
             if not 0 <= fault.index < trainer.size:
@@ -228,15 +234,11 @@ class FaultInjector:
         launcher = engine.launcher
         if fault.kind == "kill-engine":
             record.detail["actor"] = await _info(launcher)
-            crash = getattr(launcher, "crash_actor", None)
-            if callable(crash):
-                crash()
-            else:  # a local launcher: the process is the whole engine
-                await launcher.kill()
+            launcher.crash()
             await self._detected(engine)
         elif fault.kind == "kill-http":
             record.detail["actor"] = await _info(launcher)
-            await launcher.kill()  # the server process only (RayLauncher.kill == kill_server)
+            await launcher.kill()  # the server process only: a Ray actor stays alive
             await self._detected(engine)
             record.detail["actor_after"] = await _info(launcher)
         elif fault.kind == "hang-engine":
@@ -255,9 +257,11 @@ class FaultInjector:
             record.detail["server_pid"] = pid
             self._arm(controller.log, engine.id, targets, pid, record)
         elif fault.kind == "lose-node":
-            from engines.actor import engine_node, remove_node
+            from engines.actor import remove_node
 
-            node = await engine_node(launcher)
+            node = str((await launcher.info()).get("node_id") or "")
+            if not node:
+                raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
             record.detail["node"] = node
             await asyncio.to_thread(remove_node, node)
             await self._detected(engine)
@@ -299,11 +303,8 @@ class FaultInjector:
             await asyncio.sleep(0.02)
 
 
-async def _info(launcher: Any) -> dict[str, Any]:
-    info = getattr(launcher, "info", None)
-    if not callable(info):
-        return {}
+async def _info(launcher: Launcher) -> dict[str, Any]:
     try:
-        return dict(await info())
+        return dict(await launcher.info())
     except Exception as exc:  # the actor is already gone: say so instead of failing the injection
         return {"error": f"{type(exc).__name__}: {exc}"}

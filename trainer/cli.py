@@ -1,8 +1,9 @@
 """``lifecycle run``: the RL training loop on Ray with the lifecycle embedded.
 
-This module imports no Ray or torch: the loop (``trainer.loop``) is imported inside the command.
-Bad input -- an unknown fault spec, an unreachable ``--ray-address``, an unwritable ``--run-dir`` --
-is one line naming the flag, exit 2.
+It plugs into the ``lifecycle`` console script through the ``rl_lifecycle.commands`` entry point.
+Every check of the command line runs before the loop (torch, Ray: seconds to import) is imported,
+so bad input -- an unknown fault spec, an unreachable ``--ray-address``, an unwritable ``--run-dir``
+-- is one line naming the flag, exit 2, at once.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from lifecycle.predicates import offloads_rollout
+from lifecycle.predicates import starts_servers
+from trainer.checks import check_async, check_steps
+from trainer.faults import FAULTS, check_faults, parse_fault
 
 
-def register_run(sub: Any) -> None:
-    from lifecycle.cli import add_config_arguments, add_debug_argument
-
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run a small RL post-training loop on Ray with the lifecycle embedded",
@@ -42,8 +44,8 @@ def register_run(sub: Any) -> None:
         action="append",
         default=[],
         metavar="FAULT:INDEX@STEP",
-        help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of kill-engine, hang-engine, "
-        "kill-http, crash-during-update, crash-during-offload, lose-node, crash-trainer (see docs/reliability.md); "
+        help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of "
+        f"{', '.join(FAULTS)} (see docs/reliability.md); "
         "with --async, step k's generation is already running, so an engine fault at step k hits generate(k+1)",
     )
     p.add_argument(
@@ -153,21 +155,7 @@ def _check_factory(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
-def check_async(config: LifecycleConfig, async_mode: bool) -> None:
-    """--async overlaps generate(k+1) with train(k): the engines are never idle, so nothing can offload them."""
-    if async_mode and offloads_rollout(config):
-        raise ConfigError(
-            "--async",
-            True,
-            "the async loop generates step k+1 while training step k, so the rollout engines are never idle "
-            "and cannot be offloaded (offload is allowed only from Ready)",
-            "drop --offload-rollout/--offload/--colocate, or run without --async",
-        )
-
-
 def cmd_run(ns: argparse.Namespace) -> int:
-    from lifecycle.cli import config_from_args
-
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)
@@ -182,10 +170,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a
         # small machine); later files are checked as each step reads them (ReplayDataError, exit 2).
-        importlib.import_module("rollout.replay").load_rollout(config.load_debug_rollout_data, 0, trainable=True)
+        from rollout.replay import load_rollout
+
+        load_rollout(config.load_debug_rollout_data, 0, trainable=True)
     if ns.engines is not None:
         _positive("--engines", ns.engines)
-        if config.starts_servers:
+        if starts_servers(config):
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
     # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once
@@ -193,16 +183,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _check_run_dir(run_dir)
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
-    # imported by name: lifecycle/ stays free of Ray and torch at import time (and for its type checks)
-    loop = importlib.import_module("trainer.loop")
-    faults = tuple(loop.parse_fault(spec) for spec in ns.inject)
+    faults = tuple(parse_fault(spec) for spec in ns.inject)
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    importlib.import_module("engines.faults").check_faults(
-        faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher
-    )
-    opts = loop.RunOptions(
+    check_faults(faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher)
+    check_steps(faults, ns.steps)
+    # the loop's imports (torch, Ray) only once every check has passed
+    from engines.engine import Timeouts
+    from trainer.loop import RunOptions, run
+
+    opts = RunOptions(
         steps=ns.steps,
         seed=ns.seed,
         run_dir=run_dir,
@@ -216,10 +207,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         data_source=ns.data_source,
         quiet=ns.quiet,
         async_mode=ns.async_mode,
-        timeouts=importlib.import_module("engines.engine").Timeouts(
-            startup=ns.engine_startup_timeout, request=ns.engine_request_timeout
-        ),
+        timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    loop.run(config, opts)
+    run(config, opts)
     return 0

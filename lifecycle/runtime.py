@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -301,6 +301,3 @@ class AsyncLifecycleMachine(_Base):
         finally:
             self._busy = False
         return self._results[first]
-
-
-HandlerMap = Mapping[str, Callable[[FireResult], Any] | Callable[[FireResult], Awaitable[Any]]]

@@ -9,15 +9,16 @@ import sys
 import time
 from typing import Any
 
-from lifecycle.config import FLAG_BY_NAME, LifecycleConfig
+from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
+from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
+from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_check
+from lifecycle.invariants import INVARIANTS
+from lifecycle.machines import MACHINES
+from lifecycle.mutants import MUTANTS
 
 
-def register_check(sub: Any) -> None:
-    from lifecycle.cli import add_config_arguments, add_debug_argument
-    from lifecycle.invariants import INVARIANTS
-    from lifecycle.mutants import MUTANTS
-
+def register(sub: Any) -> None:
     p = sub.add_parser(
         "check",
         help="explore every reachable job state and check the lifecycle invariants",
@@ -45,20 +46,12 @@ def register_check(sub: Any) -> None:
 
 
 def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
-    from lifecycle.cli import config_from_args
-
-    explicit = [k for k in vars(ns) if k in FLAG_BY_NAME]
-    if ns.config is None and not explicit:
+    if ns.config is None and not explicit_flags(ns):
         return None
     return config_from_args(ns, check_paths=False)
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
-    from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_check
-    from lifecycle.invariants import INVARIANTS
-    from lifecycle.machines import MACHINES
-    from lifecycle.mutants import MUTANTS
-
     only = frozenset(ns.invariant) if ns.invariant else None
     for name in only or ():
         if name not in INVARIANTS:

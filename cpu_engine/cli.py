@@ -1,10 +1,8 @@
-"""``python -m engines.torch_engine``: the CPU torch engine as its own OS process.
+"""The command line of ``python -m cpu_engine`` (``lifecycle-torch-engine``).
 
-Its own process so that killing it is a real process death, as with an SGLang server. The port
-is bound *before* torch is imported, so a taken port fails in well under a second with one line
-naming it (exit 2); so does a missing ``--weights`` file. Once the model is loaded and the
-server listens it prints one line ``READY http://HOST:PORT`` (``--port 0`` picks a free port).
-The engine itself lives in :mod:`engines.server`.
+The port is bound *before* torch is imported, so a taken port fails in well under a second with
+one line naming it (exit 2); so does a missing ``--weights`` file. Once the model is loaded and
+the server listens it prints one line ``READY http://HOST:PORT`` (``--port 0`` picks a free port).
 """
 
 from __future__ import annotations
@@ -90,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--port {args.port}: {args.host}:{args.port} is already in use (use --port 0 for a free one)"
             )
         return _error(f"--host {args.host} --port {args.port}: cannot listen ({exc.strerror or exc})")
-    from engines.server import run  # imports torch: only once the port is ours
+    from cpu_engine.app import run  # imports torch: only once the port is ours
 
     code = run(sock, args)
     # Shut down gracefully already; skip the interpreter's teardown of torch (seconds, nothing to save),
@@ -98,7 +96,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

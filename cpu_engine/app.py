@@ -1,0 +1,218 @@
+"""The engine's HTTP layer (aiohttp): SGLang's paths, methods, bodies and status codes.
+
+It only parses and answers; every decision is :class:`~cpu_engine.engine.TorchEngine`'s. Served on
+a socket the CLI bound before torch was imported (see :mod:`cpu_engine.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import torch
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from cpu_engine.engine import TorchEngine
+from cpu_engine.validation import EngineRequestError
+from engines.protocol import (
+    AbortReq,
+    ContinueGenerationReqInput,
+    GenerateReqInput,
+    PauseGenerationReqInput,
+    ReleaseMemoryOccupationReqInput,
+    ResumeMemoryOccupationReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightVersionReqInput,
+)
+from models import WeightsFileError
+
+OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")  # never behind the api key, as in SGLang
+
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    """SGLang's request parsing: a body is required (``{}`` for defaults); errors are 400 validation bodies."""
+    raw = await request.read()
+    if not raw.strip():
+        raise EngineRequestError(400, "body: Field required (send {} for the defaults)", "validation")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise EngineRequestError(400, f"body: JSON decode error ({exc})", "validation") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"body{''.join(f'.{p}' for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()
+        )
+        raise EngineRequestError(400, problems, "validation") from None
+
+
+def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Application:
+    """The aiohttp application: SGLang's paths, methods, bodies and status codes for the lifecycle endpoints."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except EngineRequestError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            traceback.print_exc()
+            return web.json_response({"error": {"message": f"internal error: {exc!r}"}}, status=500)
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if api_key and not request.path.startswith(OPEN_PATH_PREFIXES):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    # SGLang: /health runs the same 1-token generation as /health_generate unless this env switch is
+    # false, then it only says the server is up (and not starting or shutting down).
+    health_generates = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() != "false"
+
+    async def health(request: web.Request) -> web.Response:
+        if request.path == "/health" and not health_generates:
+            return web.Response(status=200 if engine.status == "ready" else 503)
+        return web.Response(status=200 if engine.health_generate() else 503)
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(status=200 if engine.status == "ready" else 503)
+
+    async def model_info(request: web.Request) -> web.Response:
+        return web.json_response(engine.model_info())
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response(engine.server_info())
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await parse_body(request, GenerateReqInput)
+        return web.json_response(await engine.generate(body))
+
+    async def flush_cache(request: web.Request) -> web.Response:
+        raw = request.query.get("timeout", "0")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = -1.0
+        if not timeout >= 0:
+            raise EngineRequestError(400, f"query.timeout: must be a number >= 0 (got {raw!r})", "validation")
+        status, text = await engine.flush_cache(timeout)
+        return web.Response(status=status, text=text)
+
+    async def update_weights_from_disk(request: web.Request) -> web.Response:
+        body = await parse_body(request, UpdateWeightFromDiskReqInput)
+        status, answer = await engine.update_weights_from_disk(body)
+        return web.json_response(answer, status=status)
+
+    async def update_weight_version(request: web.Request) -> web.Response:
+        body = await parse_body(request, UpdateWeightVersionReqInput)
+        return web.json_response(engine.update_weight_version(body))
+
+    async def release(request: web.Request) -> web.Response:
+        body = await parse_body(request, ReleaseMemoryOccupationReqInput)
+        engine.release_memory_occupation(body.tags)
+        return web.json_response(None)
+
+    async def resume(request: web.Request) -> web.Response:
+        body = await parse_body(request, ResumeMemoryOccupationReqInput)
+        await engine.resume_memory_occupation(body.tags)
+        return web.json_response(None)
+
+    async def pause(request: web.Request) -> web.Response:
+        body = await parse_body(request, PauseGenerationReqInput)
+        engine.pause_generation(body.mode)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_(request: web.Request) -> web.Response:
+        await parse_body(request, ContinueGenerationReqInput)
+        engine.continue_generation()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort(request: web.Request) -> web.Response:
+        engine.abort_request(await parse_body(request, AbortReq))
+        return web.Response(status=200)
+
+    app = web.Application(middlewares=[errors, auth])
+    routes: list[tuple[Sequence[str], str, Handler]] = [
+        (("GET",), "/health", health),
+        (("GET",), "/health_generate", health),
+        (("GET",), "/ready", ready),
+        (("GET",), "/model_info", model_info),
+        (("GET",), "/get_model_info", model_info),
+        (("GET",), "/server_info", server_info),
+        (("GET",), "/get_server_info", server_info),
+        (("POST", "PUT"), "/generate", generate),
+        (("GET", "POST"), "/flush_cache", flush_cache),
+        (("POST",), "/update_weights_from_disk", update_weights_from_disk),
+        (("POST",), "/update_weight_version", update_weight_version),
+        (("GET", "POST"), "/release_memory_occupation", release),
+        (("GET", "POST"), "/resume_memory_occupation", resume),
+        (("POST",), "/pause_generation", pause),
+        (("POST",), "/continue_generation", continue_),
+        (("POST",), "/abort_request", abort),
+    ]
+    for methods, path, handler in routes:
+        for method in methods:
+            app.router.add_route(method, path, handler)
+    return app
+
+
+def run(sock: socket.socket, args: argparse.Namespace) -> int:
+    """Load the model, serve on the already-bound ``sock`` until SIGTERM/SIGINT; the exit code."""
+    torch.set_num_threads(args.torch_threads)
+    engine = TorchEngine(
+        seed=args.seed,
+        model_size=args.model_size,
+        weights=args.weights,
+        weight_version=args.weight_version,
+        max_running_requests=args.max_running_requests,
+        step_delay_s=args.step_delay_s,
+        host=args.host,
+        port=sock.getsockname()[1],
+    )
+    try:
+        engine.load()
+    except WeightsFileError as exc:
+        print(f"lifecycle-torch-engine: error: --weights: {exc}", file=sys.stderr, flush=True)
+        return 2
+    asyncio.run(_serve(engine, sock, args))
+    return 0
+
+
+async def _serve(engine: TorchEngine, sock: socket.socket, args: argparse.Namespace) -> None:
+    # handler_cancellation: a client that disconnects cancels its handler, so its requests are aborted.
+    runner = web.AppRunner(
+        build_app(engine, api_key=args.api_key), access_log=None, handle_signals=False, handler_cancellation=True
+    )
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    await engine.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if args.startup_delay_s > 0:
+        await asyncio.sleep(args.startup_delay_s)  # /health answers 503 meanwhile (a startup probe's view)
+    engine.mark_ready()
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    print(f"READY http://{shown}:{engine.port}", flush=True)
+    await stop.wait()
+    await engine.shutdown()
+    await runner.cleanup()

@@ -1,0 +1,251 @@
+"""The CPU torch engine: a :class:`~cpu_engine.scheduler.Scheduler` over a :class:`~cpu_engine.memory.ModelMemory`.
+
+This is where the two meet: a weight update holds admission while it swaps the weights, a flush
+waits for the scheduler to free every KV slot, a release asks how many requests are decoding.
+The HTTP layer (:func:`cpu_engine.app.build_app`) only parses and answers.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cpu_engine.memory import ModelMemory, rss_bytes
+from cpu_engine.scheduler import Scheduler, Status
+from cpu_engine.validation import EngineRequestError
+from engines.protocol import AbortReq, GenerateReqInput, UpdateWeightFromDiskReqInput, UpdateWeightVersionReqInput
+from models import WeightsFileError, sample_token
+
+ENGINE_VERSION = "rl-lifecycle-torch-engine 0.1.0 (SGLang 0.5.23 HTTP API)"
+
+
+class TorchEngine:
+    """The engine's endpoints, each composed from the scheduler and the memory."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        model_size: str = "tiny",
+        weights: str | Path | None = None,
+        weight_version: str = "default",
+        max_running_requests: int = 16,
+        step_delay_s: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
+        if step_delay_s < 0:
+            raise ValueError(f"step_delay_s must be >= 0, got {step_delay_s}")
+        self.max_running_requests = max_running_requests
+        self.host = host
+        self.port = port
+        self.startup_time = time.time()
+        self.memory = ModelMemory(
+            seed=seed,
+            model_size=model_size,
+            weights=weights,
+            weight_version=weight_version,
+            kv_slots=max_running_requests,
+        )
+        self.scheduler = Scheduler(self.memory, seed=seed, step_delay_s=step_delay_s)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def status(self) -> Status:
+        return self.scheduler.status
+
+    def load(self) -> None:
+        """Build the model, load the initial weights, allocate the KV pool (blocking; WeightsFileError)."""
+        self.memory.load()
+
+    async def start(self) -> None:
+        """Start the scheduler (the model must be loaded)."""
+        self.memory.kv  # noqa: B018 -- raises if load() was not called
+        await self.scheduler.start()
+
+    def mark_ready(self) -> None:
+        self.scheduler.mark_ready()
+
+    async def shutdown(self) -> None:
+        await self.scheduler.shutdown()
+
+    def _unavailable_reason(self) -> str | None:
+        if self.status != "ready":
+            return f"the engine is {self.status.replace('_', ' ')}"
+        if not self.scheduler.alive:
+            return "the engine's scheduler is not running"
+        if not self.memory.model.weights_resident:
+            return "the model weights are released (resume_memory_occupation with tag 'weights' first)"
+        if not self.memory.kv.resident:
+            return "the KV cache is released (resume_memory_occupation with tag 'kv_cache' first)"
+        return None
+
+    # -- generation --------------------------------------------------------------------------------
+    async def generate(self, body: GenerateReqInput) -> dict[str, Any] | list[dict[str, Any]]:
+        batch, requests = self.scheduler.build_requests(body)
+        reason = self._unavailable_reason()
+        if reason is not None:
+            raise EngineRequestError(503, f"cannot generate: {reason}")
+        results = await self.scheduler.submit(requests)
+        return results if batch else results[0]
+
+    def pause_generation(self, mode: str) -> None:
+        self.scheduler.pause_generation(mode)
+
+    def continue_generation(self) -> None:
+        self.scheduler.continue_generation()
+
+    def abort_request(self, body: AbortReq) -> None:
+        self.scheduler.abort_request(body)
+
+    def health_generate(self) -> bool:
+        """A real 1-token greedy generation from input_ids [0] (False while starting or released)."""
+        if self._unavailable_reason() is not None:
+            return False
+        try:
+            with torch.no_grad():
+                logits = self.memory.model(torch.tensor([[0]]))[0, -1]
+            sample_token(logits, temperature=0.0)
+        except Exception:
+            traceback.print_exc()
+            return False
+        return True
+
+    # -- weights and memory ----------------------------------------------------------------------------
+    def update_weight_version(self, body: UpdateWeightVersionReqInput) -> dict[str, Any]:
+        if body.abort_all_requests:
+            self.scheduler.abort_all("aborted by /update_weight_version")
+        self.memory.weight_version = body.new_version
+        return {
+            "success": True,
+            "message": f"Weight version updated to {body.new_version}.",
+            "new_version": body.new_version,
+        }
+
+    async def update_weights_from_disk(self, body: UpdateWeightFromDiskReqInput) -> tuple[int, dict[str, Any]]:
+        """Like SGLang's writer lock: no new request starts, running ones finish (or stay paused), then
+        the file is read, checked and swapped in between two tokens. A bad file changes nothing."""
+
+        def refuse(message: str) -> tuple[int, dict[str, Any]]:
+            return 400, {"success": False, "message": message, "num_paused_requests": 0}
+
+        memory, scheduler = self.memory, self.scheduler
+        if not memory.model.weights_resident:
+            return refuse("the model weights are released; resume_memory_occupation(['weights']) first")
+        if body.abort_all_requests:
+            scheduler.abort_all("aborted by /update_weights_from_disk")
+        with scheduler.admission_held():
+            await scheduler.wait_until(lambda: not scheduler.running or scheduler.paused)
+            try:
+                loaded = await memory.read_weights(body.model_path, body.load_format)
+            except WeightsFileError as exc:
+                return refuse(f"Failed to update weights: {exc}")
+            if not memory.model.weights_resident:
+                return refuse("the model weights were released while the file was being read")
+            memory.assign(loaded)
+            if body.weight_version is not None:
+                memory.weight_version = body.weight_version
+            if body.flush_cache and memory.kv.resident and not memory.kv.slots_in_use:
+                memory.kv.clear()
+            paused = len(scheduler.running) if scheduler.paused else 0
+            return 200, {
+                "success": True,
+                "message": "Succeeded to update model weights.",
+                "num_paused_requests": paused,
+            }
+
+    def release_memory_occupation(self, tags: list[str] | None) -> None:
+        decoding = 0 if self.scheduler.paused else len(self.scheduler.running)
+        self.memory.release(tags, decoding=decoding)
+
+    async def resume_memory_occupation(self, tags: list[str] | None) -> None:
+        await self.memory.resume(tags)
+        self.scheduler.wake()
+
+    async def flush_cache(self, timeout: float) -> tuple[int, str]:
+        """Zero the KV pool once no request holds a slot (waiting up to ``timeout`` seconds)."""
+        kv = self.memory.kv
+        if not await self.scheduler.wait_until(lambda: not kv.slots_in_use, timeout):
+            return 400, (
+                f"Cache not flushed: {kv.slots_in_use} requests hold KV cache slots "
+                "(running or paused); retry when idle or with a longer ?timeout=.\n"
+            )
+        kv.clear()
+        return 200, "Cache flushed.\n"
+
+    # -- info --------------------------------------------------------------------------------------------
+    def model_info(self) -> dict[str, Any]:
+        memory = self.memory
+        model_path = (
+            str(memory.weights_file) if memory.weights_file else f"torch-engine:{memory.model_size}:seed={memory.seed}"
+        )
+        return {
+            "model_path": model_path,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": memory.weight_version,
+            "load_format": memory.load_format,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "tiny_causal_lm",
+            "architectures": ["TinyCausalLM"],
+            "served_model_name": model_path,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        memory, scheduler = self.memory, self.scheduler
+        model, kv = memory.model, memory.kv
+        weights_bytes = model.weight_bytes
+        kv_bytes = kv.nbytes
+        gib = float(1 << 30)
+        state = {
+            "memory_usage": {
+                "weight": weights_bytes / gib,
+                "kvcache": kv_bytes / gib,
+                "token_capacity": kv.num_slots * model.config.max_seq_len,
+                "graph": 0.0,
+            },
+            "weights_bytes": weights_bytes,
+            "kv_cache_bytes": kv_bytes,
+            "rss_bytes": rss_bytes(),
+            "weights_resident": model.weights_resident,
+            "kv_cache_resident": kv.resident,
+            "paused": scheduler.paused,
+            "pause_mode": scheduler.pause_mode,
+            "num_running_reqs": len(scheduler.running),
+            "num_waiting_reqs": len(scheduler.waiting),
+            "kv_slots_in_use": kv.slots_in_use,
+            "kv_slots_total": kv.num_slots,
+            "num_generated_tokens": scheduler.generated_tokens,
+        }
+        info = self.model_info()
+        return {
+            "model_path": info["model_path"],
+            "served_model_name": info["served_model_name"],
+            "host": self.host,
+            "port": self.port,
+            "random_seed": memory.seed,
+            "model_size": memory.model_size,
+            "context_length": model.config.max_seq_len,
+            "max_running_requests": self.max_running_requests,
+            "weight_version": memory.weight_version,
+            "weights_file": str(memory.weights_file) if memory.weights_file else None,
+            "weights_sha256": memory.weights_sha256,
+            "launch_command": " ".join(sys.argv),
+            "startup_time": self.startup_time,
+            "status": self.status,
+            "version": ENGINE_VERSION,
+            "frontend": "python",
+            "internal_states": [state],
+        }

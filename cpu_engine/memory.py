@@ -1,0 +1,148 @@
+"""The engine's memory: the model and its KV pool, where their weights came from, and what is resident.
+
+Memory is real: releasing swaps every parameter for an empty tensor and drops the KV pool tensors
+(``internal_states[0]`` of /server_info reports the bytes held). Resuming weights **re-reads the
+last weights file** (its SHA-256 must match what was loaded) or, if none was ever loaded,
+re-creates the seed's initial weights -- so no hidden CPU copy keeps the memory alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from pathlib import Path
+
+from cpu_engine.validation import EngineRequestError
+from engines.protocol import MEMORY_TAGS, TAG_KV_CACHE, TAG_WEIGHTS
+from models import KVCache, TinyCausalLM, WeightsFile, WeightsFileError, read_weights_file
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (0 where /proc is unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class ModelMemory:
+    """The model, the KV pool and the weights' provenance (file, SHA-256, format, version label).
+
+    Knows nothing of requests: the caller says how many are decoding when it asks for a release.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        model_size: str = "tiny",
+        weights: str | Path | None = None,
+        weight_version: str = "default",
+        kv_slots: int = 16,
+    ) -> None:
+        self.seed = seed
+        self.model_size = model_size
+        self.initial_weights = Path(weights) if weights is not None else None
+        self.weight_version = weight_version
+        self.kv_slots = kv_slots
+        self._model: TinyCausalLM | None = None
+        self._kv: KVCache | None = None
+        self.weights_file: Path | None = None
+        self.weights_sha256: str | None = None
+        self.load_format = "seed-init"
+
+    @property
+    def model(self) -> TinyCausalLM:
+        if self._model is None:
+            raise RuntimeError("the engine has not loaded its model yet (call load())")
+        return self._model
+
+    @property
+    def kv(self) -> KVCache:
+        if self._kv is None:
+            raise RuntimeError("the engine has not loaded its model yet (call load())")
+        return self._kv
+
+    def load(self) -> None:
+        """Build the model from the seed, load ``weights`` if given, allocate the KV pool (blocking)."""
+        model = TinyCausalLM(self.model_size, seed=self.seed)
+        if self.initial_weights is not None:
+            self._record(model.load_weights(self.initial_weights))
+        self._model = model
+        self._kv = KVCache(model.config, self.kv_slots)
+
+    # -- weights files ----------------------------------------------------------------------------
+    async def read_weights(self, path: str | Path, load_format: str | None) -> WeightsFile:
+        """Read and check a weights file off the event loop (requests keep decoding meanwhile)."""
+        return await asyncio.to_thread(read_weights_file, path, self.model.expected_tensors(), load_format=load_format)
+
+    def assign(self, loaded: WeightsFile) -> None:
+        """Swap in checked weights and remember their file, so that a later resume re-reads that file."""
+        self.model.assign_weights(loaded.state)
+        self._record(loaded)
+
+    def _record(self, loaded: WeightsFile) -> None:
+        self.weights_file, self.weights_sha256, self.load_format = loaded.path, loaded.sha256, loaded.load_format
+
+    # -- release / resume ---------------------------------------------------------------------------
+    def resident(self) -> dict[str, bool]:
+        return {TAG_WEIGHTS: self.model.weights_resident, TAG_KV_CACHE: self.kv.resident}
+
+    def _tags(self, tags: list[str] | None, *, want_resident: bool) -> list[str]:
+        unknown = sorted(set(tags or ()) - set(MEMORY_TAGS))
+        if unknown:
+            raise EngineRequestError(400, f"unknown memory tag(s) {unknown}; known tags: {', '.join(MEMORY_TAGS)}")
+        resident = self.resident()
+        if tags is None:  # every tag that can be acted on
+            chosen = [t for t, held in resident.items() if held == want_resident]
+            if not chosen:
+                state = "released" if want_resident else "resident"
+                raise EngineRequestError(400, f"nothing to do: weights and KV cache are both already {state}")
+            return chosen
+        for tag in tags:
+            if tag in resident and resident[tag] != want_resident:
+                state = "released" if want_resident else "resident"
+                raise EngineRequestError(400, f"{tag} is already {state}")
+        return [t for t in dict.fromkeys(tags) if t in resident]
+
+    def release(self, tags: list[str] | None, *, decoding: int) -> None:
+        """Free the tagged memory; ``decoding`` requests (running and not paused) forbid releasing the weights."""
+        chosen = self._tags(tags, want_resident=True)
+        if TAG_KV_CACHE in chosen and self.kv.slots_in_use:
+            raise EngineRequestError(
+                400,
+                f"cannot release the KV cache: {self.kv.slots_in_use} requests hold KV cache slots (running or "
+                "paused in place); pause_generation with mode 'retract' or 'abort', or let them finish, first",
+            )
+        if TAG_WEIGHTS in chosen and decoding:
+            raise EngineRequestError(
+                400, f"cannot release the weights: {decoding} requests are decoding; pause_generation first"
+            )
+        if TAG_WEIGHTS in chosen:
+            self.model.release_weights()
+        if TAG_KV_CACHE in chosen:
+            self.kv.release()
+        gc.collect()
+
+    async def resume(self, tags: list[str] | None) -> None:
+        """Re-allocate the tagged memory; weights come back from their file (unchanged) or the seed."""
+        chosen = self._tags(tags, want_resident=False)
+        if TAG_WEIGHTS in chosen:
+            if self.weights_file is None:
+                self.model.init_weights(self.seed)
+            else:
+                try:
+                    loaded = await self.read_weights(self.weights_file, self.load_format)
+                except WeightsFileError as exc:
+                    raise EngineRequestError(400, f"cannot restore the released weights: {exc}") from None
+                if loaded.sha256 != self.weights_sha256:
+                    raise EngineRequestError(
+                        400,
+                        f"cannot restore the released weights: {self.weights_file} changed since it was loaded "
+                        f"(sha256 {self.weights_sha256} -> {loaded.sha256}); load it with update_weights_from_disk",
+                    )
+                self.model.assign_weights(loaded.state)
+        if TAG_KV_CACHE in chosen:
+            self.kv.allocate()

@@ -1,0 +1,38 @@
+"""Checks of ``lifecycle run``'s own options that need no runtime, shared by the CLI and ``run_loop``.
+
+Light on purpose (no torch, Ray or HTTP imports): the CLI runs them before the loop is imported, so
+a bad combination fails at once instead of after seconds of imports and a Ray start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
+from lifecycle.predicates import offloads_rollout
+from trainer.faults import Fault
+
+
+def check_async(config: LifecycleConfig, async_mode: bool) -> None:
+    """--async overlaps generate(k+1) with train(k): the engines are never idle, so nothing can offload them."""
+    if async_mode and offloads_rollout(config):
+        raise ConfigError(
+            "--async",
+            True,
+            "the async loop generates step k+1 while training step k, so the rollout engines are never idle "
+            "and cannot be offloaded (offload is allowed only from Ready)",
+            "drop --offload-rollout/--offload/--colocate, or run without --async",
+        )
+
+
+def check_steps(faults: Sequence[Fault], steps: int) -> None:
+    """A fault scheduled after the last step would never be injected: say so instead of running without it."""
+    for fault in faults:
+        if fault.step >= steps:
+            raise ConfigError(
+                "--inject",
+                str(fault),
+                f"step {fault.step} is past the run (--steps {steps} runs steps 0 to {steps - 1})",
+                f"inject at a step below {steps}, or raise --steps above {fault.step}",
+            )
