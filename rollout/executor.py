@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import importlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,10 @@ from lifecycle.runtime import FireResult, LifecycleMachine
 from models import CharTokenizer
 from rollout.controller import ControllerError, InferenceController
 from rollout.policy_source import PolicyRolloutFn
-from rollout.replay import load_rollout, save_rollout
+from rollout.replay import load_samples, save_rollout
+from rollout.sample import Sample, sample
 from rollout.task import DataSource, PatternTask
 
-Sample = dict[str, Any]
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
 OnUnhealthy = Callable[[str, str], Awaitable[None]]
 # Held-out eval prompts: training uses rollout ids >= 0, so negative ids never overlap, and every eval
@@ -67,6 +67,67 @@ class EvalFailed(ControllerError):
     """Eval requests failed on every engine."""
 
 
+@dataclass(frozen=True)
+class _Request:
+    index: int
+    group: int
+    prompt: str
+    ids: list[int]
+    params: dict[str, Any]
+
+
+async def generate_on_engines(
+    requests: Sequence[_Request],
+    engines: Callable[[], list[Engine]],
+    on_unhealthy: OnUnhealthy,
+    task: PatternTask,
+    *,
+    logprobs: bool,
+    max_tries: int = 3,
+) -> dict[int, Sample]:
+    """Shard the requests round-robin over the routable engines, concurrently; an engine whose batch fails
+    is reported (``on_unhealthy``) and its requests go to the others in the next try, up to ``max_tries``.
+
+    Returns what was answered, by request index (every request exactly once: a retry never duplicates).
+    """
+    done: dict[int, Sample] = {}
+
+    async def shard(engine: Engine, batch: list[_Request]) -> None:
+        if engine.client is None:
+            return
+        try:
+            answers = await engine.client.generate_batch(
+                input_ids=[r.ids for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
+            )
+        except EngineError as exc:
+            await on_unhealthy(engine.id, f"generate failed: {exc}")
+            return
+        for r, answer in zip(batch, answers, strict=True):
+            done[r.index] = sample(
+                index=r.index,
+                group=r.group,
+                prompt=r.prompt,
+                prompt_ids=r.ids,
+                output_ids=answer.output_ids or [],
+                response=answer.text,
+                reward=task.reward(r.prompt, answer.text),
+                logprobs=[float(x[0]) for x in (answer.meta_info.output_token_logprobs or [])],
+                weight_version=answer.meta_info.weight_version,
+                engine=engine.id,
+            )
+
+    for _ in range(max_tries):
+        todo = [r for r in requests if r.index not in done]
+        routable = engines()
+        if not todo or not routable:
+            break
+        shards: dict[int, list[_Request]] = {}
+        for n, r in enumerate(todo):
+            shards.setdefault(n % len(routable), []).append(r)
+        await asyncio.gather(*(shard(routable[i], batch) for i, batch in shards.items()))
+    return done
+
+
 class EngineEvalFn:
     """The default eval function: greedy answers to the held-out prompts, scored by the task's reward."""
 
@@ -82,51 +143,14 @@ class EngineEvalFn:
         self, rollout_id: int, engines: Callable[[], list[Engine]], on_unhealthy: OnUnhealthy
     ) -> list[Sample]:
         params = {"max_new_tokens": self.task.response_len, "temperature": 0.0, "ignore_eos": True}
-        todo = list(enumerate(self.prompts()))
-        total = len(todo)
-        done: dict[int, Sample] = {}
-        for _ in range(self.max_tries):
-            todo = [t for t in todo if t[0] not in done]
-            if not todo:
-                break
-            routable = [e for e in engines() if e.client is not None]
-            if not routable:
-                break
-            shards: dict[int, list[tuple[int, str]]] = {}
-            for n, item in enumerate(todo):
-                shards.setdefault(n % len(routable), []).append(item)
-            await asyncio.gather(
-                *(self._shard(routable[i], shard, params, done, on_unhealthy) for i, shard in shards.items())
-            )
-        if len(done) < total:
-            raise EvalFailed(f"eval {rollout_id}: {total - len(done)} of {total} prompts failed on every engine")
+        requests = [_Request(i, i, p, self.tokenizer.encode(p), params) for i, p in enumerate(self.prompts())]
+        done = await generate_on_engines(
+            requests, engines, on_unhealthy, self.task, logprobs=False, max_tries=self.max_tries
+        )
+        if len(done) < len(requests):
+            missing = len(requests) - len(done)
+            raise EvalFailed(f"eval {rollout_id}: {missing} of {len(requests)} prompts failed on every engine")
         return [done[i] for i in sorted(done)]
-
-    async def _shard(
-        self,
-        engine: Engine,
-        shard: list[tuple[int, str]],
-        params: dict[str, Any],
-        done: dict[int, Sample],
-        on_unhealthy: OnUnhealthy,
-    ) -> None:
-        assert engine.client is not None
-        try:
-            answers = await engine.client.generate_batch(
-                input_ids=[self.tokenizer.encode(p) for _, p in shard], sampling_params=params
-            )
-        except EngineError as exc:
-            await on_unhealthy(engine.id, f"eval generate failed: {exc}")
-            return
-        for (index, prompt), answer in zip(shard, answers, strict=True):
-            done[index] = {
-                "index": index,
-                "prompt": prompt,
-                "response": answer.text,
-                "reward": self.task.reward(prompt, answer.text),
-                "weight_version": answer.meta_info.weight_version,
-                "engine": engine.id,
-            }
 
 
 class EngineRolloutFn:
@@ -144,54 +168,15 @@ class EngineRolloutFn:
             ids = self.tokenizer.encode(prompt)
             for k in range(task.group_size):
                 index = g * task.group_size + k
-                requests.append((index, g, prompt, ids, task.sampling_params(rollout_id, index)))
-        done: dict[int, Sample] = {}
-        for _ in range(self.max_tries):
-            todo = [r for r in requests if r[0] not in done]
-            if not todo:
-                break
-            engines = controller.routable()
-            if not engines:
-                raise ControllerError(f"rollout {rollout_id}: no routable engine ({controller.states()})")
-            shards: dict[int, list[Any]] = {}
-            for n, req in enumerate(todo):
-                shards.setdefault(n % len(engines), []).append(req)
-            await asyncio.gather(
-                *(self._shard(controller, engines[i], shard, done) for i, shard in shards.items()),
-            )
+                requests.append(_Request(index, g, prompt, ids, task.sampling_params(rollout_id, index)))
+        if not controller.routable():
+            raise ControllerError(f"rollout {rollout_id}: no routable engine ({controller.states()})")
+        done = await generate_on_engines(
+            requests, controller.routable, controller.engine_unhealthy, task, logprobs=True, max_tries=self.max_tries
+        )
         if len(done) < len(requests):
             raise ControllerError(f"rollout {rollout_id}: {len(requests) - len(done)} samples failed on every engine")
         return [done[i] for i in sorted(done)]
-
-    async def _shard(
-        self, controller: InferenceController, engine: Engine, shard: list[Any], done: dict[int, Sample]
-    ) -> None:
-        if engine.client is None:
-            return
-        try:
-            answers = await engine.client.generate_batch(
-                input_ids=[r[3] for r in shard],
-                sampling_params=[r[4] for r in shard],
-                return_logprob=True,
-            )
-        except EngineError as exc:
-            await controller.engine_unhealthy(engine.id, f"generate failed: {exc}")
-            return
-        for (index, g, prompt, ids, _), answer in zip(shard, answers, strict=True):
-            meta = answer.meta_info
-            lps = [float(x[0]) for x in (meta.output_token_logprobs or [])]
-            response = answer.text
-            done[index] = {
-                "index": index,
-                "group": g,
-                "prompt": prompt,
-                "prompt_ids": list(ids),
-                "output_ids": list(answer.output_ids or []),
-                "response": response,
-                "reward": self.task.reward(prompt, response),
-                "logprobs": lps,
-                "weight_version": meta.weight_version,
-            }
 
 
 def _factory(path: str, what: str) -> Any:
@@ -267,7 +252,7 @@ class RolloutExecutor:
                 raise ControllerError("replay generate did not load data")
             path = self.config.load_debug_rollout_data
             assert path is not None
-            return load_rollout(path, rollout_id, trainable=True)
+            return load_samples(path, rollout_id)
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
         await self.controller.begin_generate()

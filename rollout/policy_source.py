@@ -15,15 +15,13 @@ would make the reported reward a property of the data rather than of the policy.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import torch
 
 from models import CharTokenizer, TinyCausalLM
 from rollout.controller import ControllerError, InferenceController
+from rollout.sample import Sample, sample
 from rollout.task import PatternTask
-
-Sample = dict[str, Any]
 
 
 class PolicyRolloutFn:
@@ -76,16 +74,17 @@ class PolicyRolloutFn:
         for index, (prompt, pids, oids, slp) in enumerate(zip(prompts, prompt_ids, out, lps, strict=True)):
             response = self.tokenizer.decode(oids)
             samples.append(
-                {
-                    "index": index,
-                    "group": index // task.group_size,
-                    "prompt": prompt,
-                    "prompt_ids": list(pids),
-                    "output_ids": list(oids),
-                    "response": response,
-                    "reward": task.reward(prompt, response),
-                    "logprobs": slp,
-                    "weight_version": self.version,
-                }
+                sample(
+                    index=index,
+                    group=index // task.group_size,
+                    prompt=prompt,
+                    prompt_ids=pids,
+                    output_ids=oids,
+                    response=response,
+                    reward=task.reward(prompt, response),
+                    logprobs=slp,
+                    weight_version=self.version,
+                    engine="policy",
+                )
             )
         return samples

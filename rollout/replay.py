@@ -13,19 +13,27 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_origin, get_type_hints
 
 from lifecycle.errors import LifecycleError
+from rollout.sample import Sample
 
 SCHEMA = "rl-lifecycle/rollout@1"
-# What the trainer reads from every sample (GRPO groups, token ids, reward): checked up front under
-# ``trainable=True`` so a damaged-but-checksummed file is a ReplayDataError, not a KeyError in a worker.
-TRAIN_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "group": (int, str),
-    "prompt_ids": list,
-    "output_ids": list,
-    "reward": (int, float),
-}
+
+
+def _field_types() -> dict[str, type | tuple[type, ...]]:
+    """The required fields of a :class:`Sample` and the JSON types that hold them (an int is a valid float)."""
+    kinds: dict[str, type | tuple[type, ...]] = {}
+    for name, hint in get_type_hints(Sample).items():
+        if name in Sample.__required_keys__:
+            base = get_origin(hint) or hint
+            kinds[name] = (int, float) if base is float else base
+    return kinds
+
+
+# Checked up front under ``trainable=True`` so a damaged-but-checksummed file is a ReplayDataError, not a
+# KeyError in a trainer worker.
+SAMPLE_FIELDS = _field_types()
 
 
 class ReplayDataError(LifecycleError):
@@ -115,8 +123,13 @@ def _check_trainable(path: Path, rollout_id: int, samples: list[dict[str, Any]])
     if not samples:
         raise ReplayDataError(path, rollout_id, "the rollout holds no samples, so there is nothing to train on", fix)
     for index, sample in enumerate(samples):
-        for name, kind in TRAIN_FIELDS.items():
+        for name, kind in SAMPLE_FIELDS.items():
             value = sample.get(name)
             if value is None or isinstance(value, bool) or not isinstance(value, kind):
                 problem = f"sample {index} has no usable {name!r} (got {value!r})"
                 raise ReplayDataError(path, rollout_id, problem, fix)
+
+
+def load_samples(template: str, rollout_id: int) -> list[Sample]:
+    """One rollout's samples for training: :func:`load_rollout` with every required sample field checked."""
+    return cast(list[Sample], load_rollout(template, rollout_id, trainable=True))

@@ -1,17 +1,35 @@
-"""Shared test settings.
+"""Shared test settings and fixtures.
 
 * Hypothesis profiles: ``dev`` (fast, default) and ``ci`` (thorough, selected by ``CI=true``).
 * ``LIFECYCLE_REQUIRE_ALL=1`` (set by ``.ci/run``) turns a skip for a missing tool (graphviz,
   chromium, playwright, mermaid) into a failure, so CI cannot go green by skipping.
+* One real local Ray cluster per session (``ray_cluster``), only if a test asks for it.
+* SGLang's contracts (``contracts``): ``<repo>/../shared/contracts`` (CI keeps a copy of ``shared/``
+  beside the clone) or ``$LIFECYCLE_CONTRACTS``; tests that need them skip, saying where they looked.
+* Real CPU engine processes (``main_engine``, ``slow_engine``, ``keyed_engine``, ``doomed_engines``)
+  and helpers for tests against them (``support``). torch and aiohttp are imported only by the
+  fixtures that need them, so the pure tests do not pay for them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
+
+from engines.process import ServerProcess, torch_engine_command
+
+if TYPE_CHECKING:
+    from engines.client import EngineClient
+    from models import TinyCausalLM
 
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None)
@@ -41,3 +59,217 @@ def ray_cluster() -> Iterator[None]:
     init_local_cluster(num_cpus=2)
     yield
     ray.shutdown()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def contracts_dir() -> Path:
+    env = os.environ.get("LIFECYCLE_CONTRACTS")
+    return Path(env) if env else REPO.parent / "shared" / "contracts"
+
+
+@dataclass(frozen=True)
+class Contracts:
+    openapi: dict[str, Any]
+    endpoints: dict[str, Any]
+
+    @property
+    def schemas(self) -> dict[str, Any]:
+        return dict(self.openapi["components"]["schemas"])
+
+    def endpoint(self, path: str) -> dict[str, Any]:
+        return dict(self.endpoints["endpoints"][path])
+
+
+@pytest.fixture(scope="session")
+def contracts() -> Contracts:
+    where = contracts_dir()
+    openapi, endpoints = where / "sglang-0.5.23-openapi.json", where / "sglang-lifecycle-endpoints.json"
+    if not (openapi.is_file() and endpoints.is_file()):
+        pytest.skip(
+            f"SGLang contract files not found in {where} (expected sglang-0.5.23-openapi.json and "
+            "sglang-lifecycle-endpoints.json); set LIFECYCLE_CONTRACTS to the shared/contracts folder"
+        )
+    return Contracts(json.loads(openapi.read_text()), json.loads(endpoints.read_text()))
+
+
+# Every CPU engine process the engines tests use, by name (torch_engine_command keyword arguments).
+# Module-scoped fixtures below hand them out; the pool starts all that the collected tests need *at
+# once*, when the first of them is asked for, because importing torch (seconds of CPU) dominates and
+# runs in parallel across processes. Each engine is closed when the module that uses it ends.
+API_KEY = "s3cret-key"
+ENGINE_SPECS: dict[str, dict[str, Any]] = {
+    "main": {"seed": 7},
+    "slow": {"seed": 5, "step_delay_s": 0.01},  # ~100 tokens/s: requests stay in flight long enough to pause
+    "keyed": {"seed": 1, "api_key": API_KEY},
+    "victim": {"seed": 2},  # SIGKILLed
+    "graceful": {"seed": 3, "step_delay_s": 0.01},  # SIGTERMed with a request in flight
+}
+FIXTURE_ENGINES = {
+    "main_engine": ("main",),
+    "slow_engine": ("slow",),
+    "keyed_engine": ("keyed",),
+    "doomed_engines": ("victim", "graceful"),
+}
+
+
+class EnginePool:
+    def __init__(self) -> None:
+        self.procs: dict[str, ServerProcess] = {}
+
+    def spawn(self, names: Any) -> None:
+        for name in names:
+            if name not in self.procs:
+                proc = ServerProcess(torch_engine_command(**ENGINE_SPECS[name]), engine_id=f"test-{name}")
+                proc.spawn()
+                self.procs[name] = proc
+
+    def get(self, name: str, timeout: float = 90.0) -> ServerProcess:
+        self.spawn([name])
+        proc = self.procs[name]
+        try:
+            proc.wait_ready(timeout)
+        except BaseException:
+            self.close(name)
+            raise
+        return proc
+
+    def close(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            if proc.alive:
+                proc.close()
+            else:
+                proc.wait_dead(5.0)
+
+    def close_all(self) -> None:
+        for name in list(self.procs):
+            self.close(name)
+
+
+@pytest.fixture(scope="session")
+def engine_pool(request: pytest.FixtureRequest) -> Iterator[EnginePool]:
+    import torch
+
+    # The reference model runs here while engine processes run beside it: on a small CI box torch's
+    # intra-op threads on tiny tensors cost far more than they save (the engines use one thread too).
+    torch.set_num_threads(1)
+    pool = EnginePool()
+    needed = {
+        name
+        for item in request.session.items
+        for fixture in getattr(item, "fixturenames", ())
+        for name in FIXTURE_ENGINES.get(fixture, ())
+    }
+    pool.spawn(sorted(needed))
+    yield pool
+    pool.close_all()
+
+
+def _module_engines(pool: EnginePool, fixture: str) -> Iterator[list[ServerProcess]]:
+    names = FIXTURE_ENGINES[fixture]
+    try:
+        yield [pool.get(name) for name in names]
+    finally:
+        for name in names:
+            pool.close(name)
+
+
+@pytest.fixture(scope="module")
+def main_engine(engine_pool: EnginePool) -> Iterator[ServerProcess]:
+    """Seed 7, default flags: generation, weights, memory, contract shapes."""
+    for procs in _module_engines(engine_pool, "main_engine"):
+        yield procs[0]
+
+
+@pytest.fixture(scope="module")
+def slow_engine(engine_pool: EnginePool) -> Iterator[ServerProcess]:
+    """Seed 5, 10 ms per decode step: pause/continue/abort with requests in flight."""
+    for procs in _module_engines(engine_pool, "slow_engine"):
+        yield procs[0]
+
+
+@pytest.fixture(scope="module")
+def keyed_engine(engine_pool: EnginePool) -> Iterator[ServerProcess]:
+    """Seed 1 behind ``--api-key API_KEY``."""
+    for procs in _module_engines(engine_pool, "keyed_engine"):
+        yield procs[0]
+
+
+@pytest.fixture(scope="module")
+def doomed_engines(engine_pool: EnginePool) -> Iterator[list[ServerProcess]]:
+    """Two engines a test kills (SIGKILL) and terminates (SIGTERM)."""
+    yield from _module_engines(engine_pool, "doomed_engines")
+
+
+class Support:
+    """Helpers for tests against a real CPU engine (the ``support`` fixture)."""
+
+    @staticmethod
+    def reference_greedy(model: TinyCausalLM, text: str, max_new_tokens: int) -> tuple[list[int], list[float]]:
+        """What the engine must produce for a greedy request with ignore_eos (same model, same seed)."""
+        from models import KVCache, sample_token
+
+        prompt = model.tokenizer.encode(text)
+        cache = KVCache(model.config, num_slots=1)
+        slot = cache.acquire()
+        logits = model.prefill(cache, slot, prompt)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for i in range(max_new_tokens):
+            token, logprob = sample_token(logits, temperature=0.0)
+            ids.append(token)
+            logprobs.append(logprob)
+            if i + 1 < max_new_tokens:
+                logits = model.decode_step(cache, slot, token, len(prompt) + i)
+        return ids, logprobs
+
+    @staticmethod
+    def teacher_forced_logprobs(
+        model: TinyCausalLM, text: str, output_ids: list[int], temperature: float
+    ) -> list[float]:
+        """The trainer's view of the engine's output_token_logprobs (full forward, temperature-scaled)."""
+        import torch
+
+        ids = torch.tensor([model.tokenizer.encode(text) + output_ids])
+        with torch.no_grad():
+            lps = model.token_logprobs(ids, temperature=temperature)[0]
+        return [float(x) for x in lps[-len(output_ids) :]]
+
+    @staticmethod
+    async def raw(
+        url: str,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, str]:
+        """One request without the client (to see status and body exactly as sent)."""
+        import aiohttp
+
+        payload = data if data is not None else (None if body is None else json.dumps(body).encode())
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(method, url + path, data=payload, headers=headers) as resp,
+        ):
+            return resp.status, await resp.text()
+
+    @staticmethod
+    async def wait_for(probe: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not await probe():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(0.005)
+
+    @staticmethod
+    async def internal_state(client: EngineClient) -> dict[str, Any]:
+        return dict((await client.server_info()).internal_states[0])
+
+
+@pytest.fixture(scope="session")
+def support() -> type[Support]:
+    return Support

@@ -31,6 +31,7 @@ from lifecycle.ledger import EffectLedger
 from rollout.controller import ControllerError
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
+from rollout.sample import Sample
 from rollout.task import PatternTask
 from trainer.checks import check_async
 from trainer.faults import Fault, FaultInjector
@@ -210,7 +211,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     metrics: list[dict[str, Any]] = []
     progress = Progress(opts.steps, out, quiet=opts.quiet)
 
-    def record(step: int, samples: list[dict[str, Any]], stats: dict[str, Any], ts: float) -> None:
+    def record(step: int, samples: list[Sample], stats: dict[str, Any], ts: float) -> None:
         """One step's metrics row (metrics.jsonl) and its progress line."""
         reward = sum(float(s["reward"]) for s in samples) / len(samples)
         rewards.append(reward)
@@ -298,13 +299,13 @@ async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: Traine
         _feed_policy_source(manager, (await trainer.save(version), str(version)))
 
 
-def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[dict[str, Any]]]:
+def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:
     """generate(step) as a task; its events carry step/rollout_id (the task copies the context)."""
     with bind_context(step=step, rollout_id=step):
         return asyncio.create_task(manager.generate(step), name=f"generate-{step}")
 
 
-async def _await_generation(pending: asyncio.Task[list[dict[str, Any]]] | None) -> None:
+async def _await_generation(pending: asyncio.Task[list[Sample]] | None) -> None:
     """The weight update must not start while generate runs: wait for it (its errors surface later)."""
     if pending is not None:
         await asyncio.wait([pending])
@@ -314,7 +315,7 @@ async def _async_steps(
     opts: RunOptions,
     manager: RolloutManager,
     trainer: TrainerGroup,
-    record: Callable[[int, list[dict[str, Any]], dict[str, Any], float], None],
+    record: Callable[[int, list[Sample], dict[str, Any], float], None],
 ) -> None:
     """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
 
@@ -326,7 +327,7 @@ async def _async_steps(
     if interval is not None:
         with bind_context(step=0, rollout_id=0):
             _add_eval(evals, await manager.eval(0))  # miles: eval before the first rollout
-    pending: asyncio.Task[list[dict[str, Any]]] | None = _start_generate(manager, 0)
+    pending: asyncio.Task[list[Sample]] | None = _start_generate(manager, 0)
     try:
         for step in range(opts.steps):
             ts = time.monotonic()

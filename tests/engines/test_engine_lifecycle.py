@@ -56,6 +56,8 @@ async def _serving(engines: list[Engine], path: str, version: str) -> None:
     assert all(e.routable for e in engines)
 
 
+@pytest.mark.recovery
+@pytest.mark.memory
 def test_two_engines_serve_offload_onload_and_recover_from_a_kill(tmp_path):
     async def run() -> None:
         ledger = EffectLedger()
@@ -143,6 +145,8 @@ def _resident(info: object) -> int:
     return int(state.get("weights_bytes", 0)) + int(state.get("kv_cache_bytes", 0))
 
 
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
 def test_train_only_ft_does_not_recover_and_says_why(tmp_path):
     async def run() -> None:
         config = _config(ft_components=["train"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engines.restart import RestartBudget
 from lifecycle import LifecycleConfig
 
@@ -14,6 +16,7 @@ class Clock:
         return self.now
 
 
+@pytest.mark.recovery
 def test_backoff_doubles_and_is_capped_then_the_budget_is_spent():
     clock = Clock()
     budget = RestartBudget(max_restarts=5, window=100.0, backoff=1.0, backoff_max=5.0, clock=clock)
@@ -23,6 +26,7 @@ def test_backoff_doubles_and_is_capped_then_the_budget_is_spent():
     assert budget.used == 5
 
 
+@pytest.mark.recovery
 def test_restarts_age_out_of_the_window():
     clock = Clock()
     budget = RestartBudget(max_restarts=2, window=10.0, backoff=0.5, backoff_max=8.0, clock=clock)

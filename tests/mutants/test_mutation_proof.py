@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import settings
-from property.jobmodel import make_machine
-from property.test_job_model import replay_machine, train_only_ft_machine
+from jobmodel import make_machine, replay_machine, train_only_ft_machine
 
 from lifecycle.explore import check_train_only_ft_equals_no_ft, explore, lattice, run_check
 from lifecycle.invariants import INVARIANTS
@@ -77,6 +76,7 @@ def test_dedicated_properties_kill_their_mutants(factory, name):
     assert kill is not None, f"{factory.__name__} did not notice {name}"
 
 
+@pytest.mark.monitor
 def test_invariant_8_rejects_monitor_on_master_switch():
     """Invariant 8 (train-only FT changes nothing rollout-side) is a lattice check: it sees this mutant too."""
     assert check_train_only_ft_equals_no_ft(MUTANTS["monitors_on_ft_master_switch"].machines())

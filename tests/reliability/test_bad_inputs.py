@@ -7,7 +7,7 @@ also run as true subprocesses (``python -m lifecycle.cli``). Engine cases start 
 processes; one slow case runs a real replay job on Ray whose second replay file is corrupt, so the
 error is raised *inside* a running ``lifecycle run``.
 
-This complements tests/unit/test_config.py (LifecycleConfig on its own) with what a user types.
+This complements tests/lifecycle/test_config.py (LifecycleConfig on its own) with what a user types.
 """
 
 from __future__ import annotations
@@ -32,8 +32,18 @@ import lifecycle.cli.trace as trace_cli
 from lifecycle.errors import LifecycleError
 from rollout.replay import SCHEMA, save_rollout
 
+pytestmark = pytest.mark.bad_input
+
 REPO = Path(__file__).resolve().parents[2]
-SAMPLE = {"group": 0, "prompt_ids": [1, 2], "output_ids": [3, 4], "reward": 1.0, "response": "ab"}
+SAMPLE = {
+    "index": 0,
+    "group": 0,
+    "prompt": "xy:",
+    "prompt_ids": [1, 2],
+    "output_ids": [3, 4],
+    "reward": 1.0,
+    "response": "ab",
+}
 Setup = Callable[[Path], None]
 
 

@@ -1,6 +1,6 @@
 """Hypothesis over the whole config space: every entry point either builds a config or raises ConfigError.
 
-tests/unit/test_config.py fuzzes ``from_mapping`` with known keys and a fixed value pool. This goes
+tests/lifecycle/test_config.py fuzzes ``from_mapping`` with known keys and a fixed value pool. This goes
 wider, at every door a user or an embedding script can come through:
 
 * ``from_mapping`` with every key at once, every spelling (``rollout_num_gpus``, ``rollout-num-gpus``,
@@ -38,6 +38,8 @@ import lifecycle.cli as cli
 from lifecycle.config import FLAG_BY_NAME, FLAGS, LifecycleConfig, load_config_file
 from lifecycle.errors import ConfigError, UsageError
 from lifecycle.predicates import evaluate
+
+pytestmark = pytest.mark.bad_input
 
 KEYS = sorted(FLAG_BY_NAME)
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much], deadline=None)

@@ -352,6 +352,7 @@ def test_audit_catches_loss_duplicates_and_stale_weights() -> None:
     assert "committed version '1'" in find_problems("2", "1", {"engine-0": "2"}, good, 4)[0]
 
 
+@pytest.mark.routing
 def test_routing_check_catches_serving_before_weights() -> None:
     """check_weights_before_routing fails when a restarted engine is resumed before it loaded weights."""
 

@@ -67,6 +67,7 @@ def test_the_source_feeds_the_rollout_fn(user_module: str) -> None:
     assert task.prompts(4) == ["q4-0:", "q4-1:", "q4-2:"]
 
 
+@pytest.mark.construction_gate
 def test_replay_never_builds_the_source(user_module: str) -> None:
     executor = _executor({"load_debug_rollout_data": "r/{rollout_id}.json"}, f"{user_module}:make")
     executor.init()

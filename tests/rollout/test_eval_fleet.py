@@ -89,6 +89,7 @@ async def _versions(fleet: EvalFleet) -> dict[str, str | None]:
     return out
 
 
+@pytest.mark.recovery
 def test_pin_pins_every_engine_and_restarts_a_killed_one(tmp_path: Path) -> None:
     config = _config(SELF_PROBING)
     assert eval_fleet_self_probes(config)
@@ -125,17 +126,16 @@ def _hang(engine: Engine) -> int:
     return pid
 
 
-async def _pin_with_hung_engine(fleet: EvalFleet, path: str) -> tuple[str, str | None, float]:
+async def _pin_with_hung_engine(fleet: EvalFleet, path: str) -> tuple[str, str | None]:
     await fleet.pin(path, "v1")
     await fleet.release()
     _hang(fleet.engines[1])
-    t0 = time.monotonic()
     pin = await fleet.pin(path, "v2")
-    took = time.monotonic() - t0
     await fleet.release()
-    return pin.state, pin.reason, took
+    return pin.state, pin.reason
 
 
+@pytest.mark.monitor
 def test_self_probing_fleet_finds_a_hung_engine_and_misses_it_without_its_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,7 +143,7 @@ def test_self_probing_fleet_finds_a_hung_engine_and_misses_it_without_its_probe(
     path = _weights(tmp_path, 1, "v")
 
     async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        state, reason, _ = await _pin_with_hung_engine(fleet, path)
+        state, reason = await _pin_with_hung_engine(fleet, path)
         assert (state, reason) == ("Pinned", None), fleet.last
         assert fleet.last is not None and fleet.last.restarted == ("eval-1",)
 
@@ -152,23 +152,25 @@ def test_self_probing_fleet_finds_a_hung_engine_and_misses_it_without_its_probe(
             return None
 
         monkeypatch.setattr(EvalFleet, "_probe", no_probe)
-        state, reason, took = await _pin_with_hung_engine(fleet, path)
+        state, reason = await _pin_with_hung_engine(fleet, path)
         assert (state, reason) == ("SkippedUnhealthy", "unhealthy")
-        assert took < 2.0 + 3.0  # the bounded wait, not a hang
+        assert fleet.last is not None and "not alive within 2s" in fleet.last.detail  # the bounded wait ended it
 
     _with_fleet(config, body, alive_timeout=2.0)
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
 def test_monitored_fleet_does_not_probe_and_a_bounded_wait_becomes_unhealthy(tmp_path: Path) -> None:
     config = _config(MONITORED)
     assert eval_fleet_enabled(config) and not eval_fleet_self_probes(config)
     path = _weights(tmp_path, 1, "v")
 
     async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        state, reason, took = await _pin_with_hung_engine(fleet, path)
+        state, reason = await _pin_with_hung_engine(fleet, path)
         assert (state, reason) == ("SkippedUnhealthy", "unhealthy"), fleet.last
         assert fleet.last is not None and "eval-1" in fleet.last.detail
-        assert 1.5 < took < 2.0 + 3.0
+        assert "not alive within 2s" in fleet.last.detail  # the bounded wait, not a failed probe, ended it
         assert not ledger.ever("probe_engine", "eval_fleet")  # the rollout monitor covers them here
         assert fleet.state == "Idle" and fleet.states()["eval-1"] == "Unhealthy"
         pin = await fleet.pin(path, "v3")  # the next pin restarts the engine the wait gave up on
@@ -278,6 +280,7 @@ def test_manager_without_fleet_evals_on_the_rollout_engines(tmp_path: Path) -> N
     asyncio.run(run())
 
 
+@pytest.mark.construction_gate
 def test_replay_and_train_only_skip_eval_and_build_no_fleet(tmp_path: Path) -> None:
     async def run(values: dict[str, Any]) -> str | None:
         factory = _NoLaunch()
@@ -348,6 +351,8 @@ def test_loop_writes_eval_rewards_into_metrics(tmp_path: Path) -> None:
     assert any(e.get("trigger") == "begin_update" for e in pins)
 
 
+@pytest.mark.monitor
+@pytest.mark.lifecycle_gate
 @pytest.mark.slow
 def test_under_rollout_ft_the_rollout_monitor_covers_the_eval_engines(tmp_path: Path) -> None:
     """The delegation: the fleet does not probe, the rollout monitor (running during generate/eval) does,

@@ -71,6 +71,7 @@ async def _probe_paths(config: LifecycleConfig) -> list[str]:
         ("/health", "/health"),
     ],
 )
+@pytest.mark.monitor
 def test_probe_uses_the_configured_endpoint(value: str | None, path: str) -> None:
     config = _config() if value is None else _config(rollout_health_check_endpoint=value)
     assert asyncio.run(_probe_paths(config)) == [path]
@@ -84,6 +85,8 @@ def test_a_bad_endpoint_names_the_flag_and_the_choices() -> None:
     assert "health_generate" in text
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
 def test_cpu_engine_follows_sglangs_health_env_switch() -> None:
     """SGLang: /health runs a generation unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false."""
     import os

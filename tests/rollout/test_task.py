@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout.task import PatternTask
 
 
+@pytest.mark.determinism
 def test_prompts_are_deterministic_from_seed_and_rollout() -> None:
     task = PatternTask(seed=3)
     assert task.prompts(2) == PatternTask(seed=3).prompts(2)

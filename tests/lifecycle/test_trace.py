@@ -1,4 +1,4 @@
-"""``lifecycle run`` / ``lifecycle trace`` on bad input and on small logs (no Ray started here)."""
+"""``lifecycle trace``: canonical form, first divergence, and what is (not) an event log."""
 
 from __future__ import annotations
 
@@ -8,29 +8,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
+from lifecycle.events import is_torn_line, read_jsonl
 from lifecycle.trace import diff, line, load
-
-pytest.importorskip("torch")
-
-
-def test_unknown_fault_spec_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--run-dir", str(tmp_path), "--inject", "explode:1@2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--inject" in err[0]
-
-
-def test_unreachable_ray_address_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--run-dir", str(tmp_path), "--ray-address", "127.0.0.1:1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--ray-address" in err[0]
-
-
-def test_unwritable_run_dir_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    assert main(["run", "--run-dir", str(blocker / "sub")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--run-dir" in err[0]
 
 
 def _log(path: Path, events: list[dict[str, object]], second: int = 0) -> Path:
@@ -54,3 +33,17 @@ def test_trace_diff_canonical_and_first_divergence(tmp_path: Path, capsys: pytes
     assert "first difference at event 1" in capsys.readouterr().out
     assert main(["trace", "show", str(a)]) == 0
     assert "rollout[rollout] Init --None--> Ready" in line(ev)
+
+
+def test_a_torn_last_line_is_skipped_but_garbage_is_not_an_event_log(tmp_path: Path) -> None:
+    good = json.dumps({"event": "lifecycle.transition", "machine": "rollout"})
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(good + "\n" + good[:17])  # the writer died mid-line
+    assert read_jsonl(torn) == [json.loads(good)]
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(b"\x00\xffnot json")  # one line, no newline: it is not a torn event
+    with pytest.raises(ValueError, match="not an event log"):
+        read_jsonl(garbage)
+    assert is_torn_line(b'{"event": "x", "na')
+    assert is_torn_line('{"text": "caf\u00e9"'.encode()[:-1])  # cut inside a multi-byte character
+    assert not is_torn_line(b"plain text")

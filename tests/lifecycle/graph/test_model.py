@@ -35,6 +35,7 @@ def test_document_has_the_documented_shape(docs):
     ]
 
 
+@pytest.mark.lifecycle_gate
 def test_engine_ft_train_vs_ft_rollout_differs_exactly_at_rollout_ft_edges(docs):
     """Issue 4.6: the only edges whose activity flips are the ones guarded by rollout_ft."""
     train = {e["id"]: e["active"] for e in docs["ft-train"]["machines"]["engine"]["edges"]}
@@ -76,6 +77,7 @@ def test_gated_effects_follow_their_predicate(docs):
     assert "start_eval_fleet if eval_fleet_enabled" in edge_label(ready)
 
 
+@pytest.mark.recovery
 def test_reachability_marks_replay_and_recovery(docs):
     def reachable(p, machine):
         return {s["name"] for s in docs[p]["machines"][machine]["states"] if s["reachable"]}
@@ -97,6 +99,7 @@ def test_prune_keeps_only_what_the_config_can_do():
     assert [(e["trigger"], e["effects"]) for e in edges] == [("dispose", [])]  # no probe, no start
 
 
+@pytest.mark.determinism
 def test_output_is_deterministic():
     a = to_json(graph_document(preset("ft-both"), preset_name="ft-both"))
     MACHINES["engine"]._compiled.clear()  # a cold compile must give the same bytes

@@ -657,6 +657,7 @@ def test_divergence_when_the_controller_skips_the_before_verbs(monkeypatch: pyte
     assert WORLDS["rollout-ft"].poisoned  # the next user rebuilds it
 
 
+@pytest.mark.monitor
 def test_divergence_when_the_monitor_is_never_paused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: the controller ignores ``pause_monitor``: the monitor keeps probing after generate."""
     real = InferenceController._effects

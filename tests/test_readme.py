@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+@pytest.mark.lifecycle_gate
 def test_api_example_runs_and_shows_the_train_only_ft_gate(tmp_path):
     code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)

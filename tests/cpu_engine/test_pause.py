@@ -101,6 +101,7 @@ def test_retract_frees_the_kv_and_continue_recomputes_identically(support, engin
     assert result.meta_info.num_retractions == 1 and result.meta_info.finish_reason.type == "length"
 
 
+@pytest.mark.memory
 def test_offload_while_retracted_then_onload_and_continue_finishes_identically(support, engine, expected):
     """The partial-rollout offload: retract, release everything, resume, continue -- same tokens."""
 

@@ -52,6 +52,8 @@ def run(coro: Any) -> Any:
 # -- health ------------------------------------------------------------------------------------
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
 def test_health_endpoints_answer_200_with_an_empty_body(support, engine):
     async def main() -> list[tuple[int, str]]:
         return [await support.raw(engine.url, "GET", p) for p in ("/health", "/health_generate", "/ready")]
@@ -62,6 +64,7 @@ def test_health_endpoints_answer_200_with_an_empty_body(support, engine):
 # -- generation ------------------------------------------------------------------------------------
 
 
+@pytest.mark.determinism
 def test_greedy_generation_is_the_seeded_model_and_deterministic(support, engine, ref):
     expected_ids, expected_lps = support.reference_greedy(ref, "Hello", 24)
 
@@ -256,6 +259,7 @@ def test_refusals_use_sglangs_status_codes_and_bodies(support, engine, contracts
 # -- weights ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.weight_update
 def test_update_weights_from_disk_sets_the_version_and_changes_outputs(support, engine, ref, tmp_path):
     new = TinyCausalLM("tiny", seed=123)
     new_file = new.save_weights(tmp_path / "step1.safetensors")
@@ -432,3 +436,13 @@ def test_flush_cache_and_update_weight_version(support, engine, contracts):
     assert bad_timeout[0] == 400 and ValidationErrorBody.model_validate_json(bad_timeout[1])
     assert version == (200, {"success": True, "message": "Weight version updated to v9.", "new_version": "v9"})
     assert info == meta == "v9"
+
+
+def test_the_command_line_binds_the_port_before_importing_torch() -> None:
+    """Why a taken port fails in well under a second: the CLI module imports no torch; only ``run`` does."""
+    import subprocess
+    import sys
+
+    code = "import sys, cpu_engine.cli; print('torch' in sys.modules, 'cpu_engine.app' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

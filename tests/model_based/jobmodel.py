@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from lifecycle import AsyncLifecycleMachine, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
 from lifecycle.events import TRANSITION, MemorySink
 from lifecycle.explore import lattice
-from lifecycle.invariants import check_state, check_step
+from lifecycle.invariants import NEVER_IN_REPLAY, check_state, check_step
 from lifecycle.job import PARTS, Action, Job, Product, Transition
 from lifecycle.machines import MACHINES
 from lifecycle.spec import MachineSpec
@@ -395,3 +395,49 @@ def make_runtime_machine(
             assert actual == predicted
 
     return RuntimeVsModel
+
+
+TRAIN_ONLY_FT = configs_where(ft_enabled=True, train_ft=True, rollout_ft=False)
+REPLAY = configs_where(replay=True)
+ROLLOUT_RECOVERY = frozenset({"recover_engine", "start_monitor", "probe_engine", "arm_ci_fault_injection"})
+
+
+def train_only_ft_machine(machines=None) -> type[JobModelBase]:
+    """``--use-fault-tolerance --ft-components train``: nothing rollout-side recovers or monitors."""
+
+    class TrainOnlyFT(make_machine(machines, TRAIN_ONLY_FT)):
+        def observe(self, t: Transition, before: Product) -> None:
+            for m in t.moves:
+                # probe_engine is the monitor's probe; the eval fleet probing itself is expected here
+                forbidden = ROLLOUT_RECOVERY - ({"probe_engine"} if m.machine == "eval_fleet" else set())
+                bad = forbidden & set(m.effects)
+                assert not bad, f"{m.instance}.{m.trigger} performed {sorted(bad)} under train-only FT\n{self.where()}"
+
+        @invariant()
+        def no_rollout_recovery_state(self) -> None:
+            s = self.state
+            assert s is not None
+            assert not any(e.state == "Recovering" for e in s.engines), f"an engine is Recovering: {s.engines}"
+            assert s.monitor in ("Init", "Stopped"), f"a rollout monitor is {s.monitor} under train-only FT"
+
+    return TrainOnlyFT
+
+
+def replay_machine(machines=None) -> type[JobModelBase]:
+    """``--load-debug-rollout-data``: the job never constructs, starts servers, monitors or a fleet."""
+
+    class Replay(make_machine(machines, REPLAY)):
+        def observe(self, t: Transition, before: Product) -> None:
+            for m in t.moves:
+                bad = NEVER_IN_REPLAY & set(m.effects)
+                assert not bad, f"{m.instance}.{m.trigger} performed {sorted(bad)} while replaying\n{self.where()}"
+
+        @invariant()
+        def nothing_built(self) -> None:
+            s = self.state
+            assert s is not None
+            assert s.rollout in ("Init", "Replay"), s.rollout
+            assert s.monitor == "Init" and s.fleet == "Init"
+            assert all(e.state == "Init" for e in s.engines)
+
+    return Replay

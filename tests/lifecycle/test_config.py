@@ -643,6 +643,7 @@ def test_train_only_needs_no_gpus() -> None:
     assert config.num_rollout_engines == 0
 
 
+@pytest.mark.memory
 def test_offload_sets_both_flags() -> None:
     config = LifecycleConfig.from_mapping({**GPUS, "offload": True})
     assert config.offload_rollout is True
@@ -652,11 +653,13 @@ def test_offload_sets_both_flags() -> None:
     assert (flags.offload_rollout, flags.offload_train) == (True, True)
 
 
+@pytest.mark.memory
 def test_offload_false_sets_nothing() -> None:
     config = LifecycleConfig.from_mapping({**GPUS, "offload": False, "offload_train": True})
     assert (config.offload_rollout, config.offload_train) == (False, True)
 
 
+@pytest.mark.memory
 def test_colocate_implies_both_offloads() -> None:
     config = LifecycleConfig.from_mapping({**GPUS, "colocate": True})
     assert (config.colocate, config.offload_rollout, config.offload_train) == (True, True, True)

@@ -189,6 +189,7 @@ def test_no_eval_fleet_without_eval_gpus(mode: str) -> None:
     assert PREDICATES["eval_fleet_self_probes"](config) is False
 
 
+@pytest.mark.lifecycle_gate
 def test_train_only_ft_leaves_rollout_side_identical_to_no_ft() -> None:
     """The miles regression: FT components {train} must not change any rollout-side predicate."""
     rollout_side = (

@@ -55,6 +55,7 @@ def test_learning_criterion_fixed_seed(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "events.jsonl").stat().st_size > 0
 
 
+@pytest.mark.construction_gate
 def test_seed_scenario_1_save_then_replay(tmp_path: Path) -> None:
     template = str(tmp_path / "data" / "{rollout_id}.json")
     save = LifecycleConfig.from_mapping({**CPU, "save_debug_rollout_data": template})
@@ -74,6 +75,8 @@ def test_seed_scenario_1_save_then_replay(tmp_path: Path) -> None:
     assert len(trains) == 3
 
 
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
 def test_seed_scenario_2_train_only_ft_equals_no_ft_and_rollout_ft_recovers(tmp_path: Path) -> None:
     base = {"rollout_num_gpus": 2}
     _run(LifecycleConfig.from_mapping(base), tmp_path / "noft", 3)
@@ -99,6 +102,7 @@ def test_seed_scenario_2_train_only_ft_equals_no_ft_and_rollout_ft_recovers(tmp_
     assert "start_monitor" in _effects(events)
 
 
+@pytest.mark.construction_gate
 def test_plain_train_only_trains_without_engines(tmp_path: Path) -> None:
     """--debug-train-only without replay: the rollout fn is constructed and is the data source (the policy,
     sampled on CPU from the trainer's checkpoints); no engine, server or monitor ever appears."""
@@ -203,6 +207,8 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
         producer.load(path, "8")
 
 
+@pytest.mark.determinism
+@pytest.mark.monitor
 def test_whole_event_log_is_deterministic_without_a_monitor(tmp_path: Path) -> None:
     """Invariant 8 for the whole log (every machine): engines launch concurrently but are confirmed
     in slot order, so two runs of one config write the same events. (With a monitor, probe events

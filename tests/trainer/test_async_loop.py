@@ -136,6 +136,7 @@ def test_the_rollout_machine_refuses_begin_update_while_generating() -> None:
         rollout.fire("begin_update")
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("flag", ["offload_rollout", "offload", "colocate"])
 def test_async_with_offload_is_a_config_error(tmp_path: Path, flag: str) -> None:
     config = LifecycleConfig.from_mapping({**CPU, flag: True})
@@ -144,12 +145,14 @@ def test_async_with_offload_is_a_config_error(tmp_path: Path, flag: str) -> None
     check_options(config, RunOptions(run_dir=tmp_path))  # the sync loop offloads fine
 
 
+@pytest.mark.memory
 def test_cli_async_with_offload_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--async", "--offload-rollout", "--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--async" in err[0] and "offload" in err[0]
 
 
+@pytest.mark.recovery
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_async_loop_recovers_a_killed_engine(tmp_path: Path) -> None:

@@ -209,6 +209,7 @@ def test_run_check_in_parallel_matches_serial():
     assert serial == parallel
 
 
+@pytest.mark.recovery
 def test_fault_budget_bounds_the_state_space():
     sizes = [explore(ROLLOUT_ONLY, max_faults=f).states for f in (0, 1, 2)]
     assert sizes[0] < sizes[1] < sizes[2]

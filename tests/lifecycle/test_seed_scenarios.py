@@ -11,6 +11,8 @@ and by driving real machine instances through a job's step with a shared ledger.
 
 from __future__ import annotations
 
+import pytest
+
 from lifecycle import (
     ENGINE,
     EVAL_FLEET,
@@ -39,6 +41,7 @@ def _reach(spec, config):
     return spec.compile(config).reachable()
 
 
+@pytest.mark.construction_gate
 def test_replay_reaches_replay_and_constructs_nothing_exhaustively():
     states, effects = _reach(ROLLOUT, REPLAY)
     assert "Replay" in states
@@ -50,12 +53,15 @@ def test_replay_reaches_replay_and_constructs_nothing_exhaustively():
     assert fleet_states <= {"Init", "Disposed"}
 
 
+@pytest.mark.construction_gate
 def test_plain_train_only_still_constructs_the_rollout_function_but_starts_no_server():
     states, effects = _reach(ROLLOUT, TRAIN_ONLY)
     assert "construct_rollout_fn" in effects
     assert "start_servers" not in effects and "Replay" not in states
 
 
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
 def test_train_only_ft_never_reaches_rollout_recovery_exhaustively():
     _, rollout_effects = _reach(ROLLOUT, FT_TRAIN)
     assert "start_monitor" not in rollout_effects
@@ -70,6 +76,7 @@ def test_train_only_ft_never_reaches_rollout_recovery_exhaustively():
     assert "probe_engine" in fleet_effects  # no monitor, so the eval fleet probes itself
 
 
+@pytest.mark.lifecycle_gate
 def test_rollout_ft_turns_every_rollout_site_on():
     _, rollout_effects = _reach(ROLLOUT, FT_ROLLOUT)
     assert {"start_monitor", "arm_ci_fault_injection"} <= rollout_effects
@@ -128,6 +135,7 @@ class Job:
             self.trainer.fire("update_done")
 
 
+@pytest.mark.construction_gate
 def test_replay_job_ledger_never_constructs():
     job = Job(REPLAY)
     job.start()
@@ -139,6 +147,9 @@ def test_replay_job_ledger_never_constructs():
     assert all(e.state == "Init" for e in job.engines)
 
 
+@pytest.mark.recovery
+@pytest.mark.monitor
+@pytest.mark.lifecycle_gate
 def test_train_only_ft_job_ledger_has_no_monitor_and_no_trainer_recovery():
     job = Job(FT_TRAIN)
     job.start()
@@ -150,6 +161,8 @@ def test_train_only_ft_job_ledger_has_no_monitor_and_no_trainer_recovery():
     assert job.engines[1].fire("recover").blocked_by == ("rollout_ft",)
 
 
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
 def test_rollout_ft_job_recovers_the_killed_engine():
     job = Job(FT_ROLLOUT)
     job.start()

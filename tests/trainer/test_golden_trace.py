@@ -2,8 +2,8 @@
 
 The golden file pins behaviour across refactors: a restructuring that changes which machine moves,
 in which order, with which guards and effects, fails here with the first divergent event. When a
-change of behaviour is intended, regenerate it (``LIFECYCLE_WRITE_GOLDEN=1 pytest tests/loop/test_golden_trace.py``)
-and review the diff of ``tests/loop/golden/short-run.events.jsonl`` with the change.
+change of behaviour is intended, regenerate it (``LIFECYCLE_WRITE_GOLDEN=1 pytest tests/trainer/test_golden_trace.py``)
+and review the diff of ``tests/trainer/golden/short-run.events.jsonl`` with the change.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ GOLDEN = Path(__file__).parent / "golden" / "short-run.events.jsonl"
 ARGV = ["--config", "none", "--rollout-num-gpus", "2", "--offload-rollout", "--eval-interval", "1"]
 
 
+@pytest.mark.determinism
 @pytest.mark.usefixtures("ray_cluster")
 def test_short_run_writes_the_golden_event_log(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -1,1 +1,0 @@
-"""Stateful (hypothesis) property tests of the product model and the runtime machines."""
