@@ -5,7 +5,6 @@ A ``TypedDict`` rather than a class because samples cross process boundaries (Ra
 import annotations`` here: on Python 3.11 it hides ``NotRequired`` from the TypedDict machinery.)
 """
 
-
 from collections.abc import Sequence
 from typing import NotRequired, TypedDict
 

@@ -32,3 +32,15 @@ def test_first_screen_gives_two_commands_that_the_makefile_and_ci_run():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^run:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
     assert "make test" in (ROOT / ".ci/run").read_text()
+
+
+def test_the_module_map_lists_every_module_once_and_nothing_else():
+    """A newcomer finds any file from the README's map: it must match the tree exactly."""
+    block = README.split("<!-- module-map: checked by tests/test_readme.py -->")[1].split("<!-- /module-map -->")[0]
+    listed = re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", block, re.M)
+    names = [name for name, _ in listed]
+    packages = ("lifecycle", "models", "engines", "cpu_engine", "rollout", "trainer")
+    modules = sorted(str(p.relative_to(ROOT)) for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
+    assert len(names) == len(set(names)), "a module is listed twice"
+    assert sorted(names) == modules
+    assert all(len(what) > 10 for _, what in listed)

@@ -13,7 +13,7 @@ from transitions.extensions.markup import MarkupMachine
 
 from lifecycle.cli import main
 from lifecycle.errors import LifecycleError
-from lifecycle.graph import graph_document, render, require_dot, to_dot, to_markup, to_mermaid
+from lifecycle.graph import graph_document, markup_machine, render, require_dot, to_dot, to_markup, to_mermaid
 from lifecycle.presets import preset
 
 needs_dot = pytest.mark.skipif(
@@ -102,7 +102,8 @@ def test_missing_dot_is_a_clear_error_and_text_formats_still_work(tmp_path, monk
 def test_markup_machine_evaluates_the_real_predicates_when_fired():
     """to_markup keeps every edge; guards become lifecycle.predicates.* conditions called with the event's args."""
     engine = _engine("ft-rollout")["machines"]["engine"]
-    m = MarkupMachine(**to_markup(engine))
+    m = markup_machine(engine)  # the public loader: MarkupMachine(**to_markup(engine))
+    assert isinstance(m, MarkupMachine)
     assert m.state == "Init"
     for trigger in ("start", "ready"):
         m.trigger(trigger, preset("ft-train"))
@@ -121,7 +122,8 @@ def test_markup_config_only_is_self_contained():
     engine = _engine("ft-train")["machines"]["engine"]
     markup = to_markup(engine, config_only=True)
     assert all("conditions" not in t and "unless" not in t for t in markup["transitions"])
-    m = MarkupMachine(**markup)
+    m = markup_machine(engine, config_only=True)
+    assert m.markup["transitions"] == MarkupMachine(**markup).markup["transitions"]
     m.start()
     m.start_failed()
     assert "recover" not in m.events  # no rollout FT: the recover edge is not in this machine at all
