@@ -18,6 +18,7 @@ EFFECTS: dict[str, str] = {
     "pause_monitor": "pause rollout health monitors",
     "resume_monitor": "resume rollout health monitors",
     "arm_ci_fault_injection": "arm CI fault injection on rollout engines",
+    "inject_ci_fault": "kill one rollout engine (once, armed by --ci-test) so that CI exercises recovery",
     "start_eval_fleet": "create the dedicated eval fleet",
     "acquire_engine_lock": "take the engine lock for a weight update",
     "release_engine_lock": "release the engine lock",
