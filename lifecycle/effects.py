@@ -57,5 +57,6 @@ EFFECTS: dict[str, str] = {
     "offload_train": "release trainer memory",
     "onload_train": "restore trainer memory",
     "replace_worker": "start a replacement for a crashed trainer worker",
+    "keep_heal_state": "keep a copy of the model and optimizer to heal a worker without a peer from (train FT)",
     "restore_from_peer": "copy model and optimizer state from a healthy peer",
 }

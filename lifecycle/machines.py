@@ -270,9 +270,9 @@ TRAINER = MachineSpec(
         # --debug-rollout-only generates without training: no worker is ever allocated
         T("allocate", "Init", "Allocated", when="trains", effects=["allocate_workers"]),
         T("initialize", "Allocated", "Initialized", effects=["init_model"]),
-        T("ready", "Initialized", "Ready"),
+        T("ready", "Initialized", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T("train", "Ready", "Training", effects=["train_step"]),
-        T("train_done", "Training", "Ready"),
+        T("train_done", "Training", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T(
             "update_weights",
             "Ready",

@@ -76,7 +76,8 @@ class Action(NamedTuple):
         if kind == "op":
             return f"loop calls {what}" + (f" on {who}" if who else "")
         if kind == "results":
-            return f"the shells report: {what}"
+            said = (part.split("=", 1) for part in what.split(","))
+            return "the shells report: " + ", ".join(f"{who} {outcome}" for who, outcome in said)
         if kind == "news":
             return {
                 "died": f"Ray reports {who} dead",
@@ -207,7 +208,7 @@ class Checker:
             for _, _, change in choice:
                 w = change(w)
             results = tuple((cmd, outcome) for cmd, (outcome, _, _) in zip(n.job.awaiting, choice, strict=True))
-            names = ",".join(o.name for _, o in results)
+            names = ",".join(f"{cmd.instance}={o.name}" for cmd, o in results)
             t = self.step(n, Completed(results), Action(f"results.{names}", fault=faults > 0), w)
             if t is not None:
                 yield t

@@ -155,11 +155,11 @@ def expected(kind: str, ft: str) -> Expected:
 
 # -- the injector -----------------------------------------------------------------------------------------
 class EngineSlot(Protocol):
-    id: str
-    launcher: Launcher
+    @property
+    def id(self) -> str: ...
 
     @property
-    def state(self) -> str: ...
+    def launcher(self) -> Launcher: ...
 
 
 class Workers(Protocol):
@@ -176,6 +176,8 @@ class Controller(Protocol):
 
     @property
     def engines(self) -> Sequence[EngineSlot]: ...
+
+    def state_of(self, engine: Any) -> str: ...
 
     @property
     def log(self) -> EventLog | None: ...
@@ -229,17 +231,17 @@ class FaultInjector:
             raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
         assert controller is not None
         engine = engines[fault.index]
-        record = Injection(fault, engine.id, at=now, detail={"state_before": engine.state})
+        record = Injection(fault, engine.id, at=now, detail={"state_before": controller.state_of(engine)})
         self.injections.append(record)
         launcher = engine.launcher
         if fault.kind == "kill-engine":
             record.detail["actor"] = await _info(launcher)
             launcher.crash()
-            await self._detected(engine)
+            await self._detected(controller, engine)
         elif fault.kind == "kill-http":
             record.detail["actor"] = await _info(launcher)
             await launcher.kill()  # the server process only: a Ray actor stays alive
-            await self._detected(engine)
+            await self._detected(controller, engine)
             record.detail["actor_after"] = await _info(launcher)
         elif fault.kind == "hang-engine":
             record.detail["server_pid"] = await launcher.pause_server()
@@ -264,7 +266,7 @@ class FaultInjector:
                 raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
             record.detail["node"] = node
             await asyncio.to_thread(remove_node, node)
-            await self._detected(engine)
+            await self._detected(controller, engine)
         return record
 
     def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
@@ -292,14 +294,13 @@ class FaultInjector:
 
         log.add_sink(sink)
 
-    async def _detected(self, engine: EngineSlot) -> None:
+    async def _detected(self, controller: Controller, engine: EngineSlot) -> None:
         """Bounded: the lifecycle must have seen the fault (a transition) within ``detect_timeout``."""
         deadline = time.monotonic() + self.detect_timeout
-        while engine.state not in DETECTED:
+        while controller.state_of(engine) not in DETECTED:
             if time.monotonic() > deadline:
-                raise FaultError(
-                    f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {engine.state})"
-                )
+                state = controller.state_of(engine)
+                raise FaultError(f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {state})")
             await asyncio.sleep(0.02)
 
 

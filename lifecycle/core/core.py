@@ -86,8 +86,11 @@ Lane = Literal["rollout", "trainer"]
 class JobView(Protocol):
     """What the rules read of a job: a :class:`JobState`, or a step in progress."""
 
-    rollout: str
-    engines: tuple[EngineState, ...]
+    @property
+    def rollout(self) -> str: ...
+
+    @property
+    def engines(self) -> tuple[EngineState, ...]: ...
 
     def group(self, group: str) -> tuple[EngineState, ...]: ...
 
@@ -167,13 +170,14 @@ class Core:
         out: set[tuple[str, str]] = set()
         for part, compiled in self.c.items():
             machine = PARTS[part]
-            for outcome in compiled.table.values():
-                if isinstance(outcome, Step):
-                    out.update((machine, e) for e in outcome.effects if self.is_command(machine, e))
+            _, effects = compiled.reachable()
+            out.update((machine, e) for e in effects if self.is_command(machine, e))
         if self.evals and self.p["eval_fleet_self_probes"]:
             out.add(("engine", "probe_engine"))
         if self.p["ci_injects_rollout_faults"]:
             out.add(("engine", "inject_ci_fault"))
+        if not self.engines and not self.evals:
+            out = {(m, e) for m, e in out if m != "engine"}
         return frozenset(out)
 
     def snapshot_ready(self, s: JobView) -> bool:
