@@ -49,8 +49,10 @@ class Engine:
         *,
         api_key: str | None = None,
         timeouts: Timeouts | None = None,
+        probe_endpoint: str = "health_generate",
     ) -> None:
         self.id = engine_id
+        self.probe_endpoint = probe_endpoint
         self.launcher = launcher
         self.api_key = api_key
         self.timeouts = timeouts or Timeouts()
@@ -133,11 +135,13 @@ class Engine:
         return await self._request("resume_memory_occupation", tags=[tag])
 
     async def probe(self, timeout: float) -> Outcome:
-        """One liveness probe (``/health_generate``, a real 1-token generation), bounded."""
+        """One liveness probe, bounded: ``/health_generate`` (a real 1-token generation) by default;
+        ``/health`` (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
         if self.client is None:
             return self._failed("probe_failed", "no server process")
+        call = self.client.health if self.probe_endpoint == "health" else self.client.health_generate
         try:
-            await asyncio.wait_for(self.client.health_generate(timeout=timeout), timeout)
+            await asyncio.wait_for(call(timeout=timeout), timeout)
         except (TimeoutError, EngineError) as exc:
             return self._failed("probe_failed", f"probe failed: {type(exc).__name__}: {exc}")
         return Outcome("probe_ok")

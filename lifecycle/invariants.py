@@ -174,8 +174,8 @@ def traffic_only_to_serving(job: Checker, t: Transition, before: Node) -> Proble
 @_register("step")
 def weight_update_targets_quiesced_snapshot(job: Checker, t: Transition, before: Node) -> Problem:
     """(5) A weight update starts on one snapshot of quiesced, weight-holding engines, with monitors paused."""
-    engines = {f"engine-{i}": e.state for i, e in enumerate(before.job.engines)}
-    monitor = before.job.monitor
+    engines: dict[str, str] = {f"engine-{i}": e.state for i, e in enumerate(before.job.engines)}
+    monitor: str = before.job.monitor
     for m in t.moves:  # the job as it was at the moment of each move of this step
         if m.machine == "rollout" and m.trigger == "begin_update":
             if monitor == "Running":

@@ -102,8 +102,8 @@ MONITOR = MachineSpec(
     doc="Rollout health monitor of one server group (probes /health_generate concurrently).",
     states=(
         S("Init", doc="not created"),
-        S("Paused", doc="created or paused: probes are not sent, late results are dropped"),
-        S("Running", doc="probing every interval (with jitter)"),
+        S("Paused", doc="created or paused: probes are not sent, late results are dropped", tags=LIVE),
+        S("Running", doc="probing every interval (with jitter)", tags=LIVE),
         S("Stopped", terminal=True, doc="stopped for good"),
     ),
     transitions=(

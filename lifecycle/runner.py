@@ -38,6 +38,7 @@ from lifecycle.core.plan import ERROR
 from lifecycle.errors import IllegalTransition, LifecycleError
 from lifecycle.events import DEFAULT_LOG, EventLog
 from lifecycle.ledger import EffectLedger
+from lifecycle.names import OperationName
 from lifecycle.runtime import LifecycleMachine
 from lifecycle.spec import MachineSpec
 
@@ -87,6 +88,7 @@ class Runner:
         self._machines: dict[str, LifecycleMachine] = {}
         self._issued: dict[Command, tuple[int, str, str, str]] = {}  # the move that issued a command
         self._watchers: list[Callable[[Move], None]] = []
+        self._explainers: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
         self._checked = False
 
@@ -101,6 +103,11 @@ class Runner:
     def watch(self, fn: Callable[[Move], None]) -> None:
         """Call ``fn`` with every move as it is applied (shells keep their data in step: committed weights)."""
         self._watchers.append(fn)
+
+    def explain(self, fn: Callable[[], None]) -> None:
+        """``fn`` raises the error that names a failure of its part (the engine, the flag, the fix); an
+        operation refused because the run has failed raises the first such error instead of a bare refusal."""
+        self._explainers.append(fn)
 
     def unbound(self) -> list[str]:
         """The commands this config can issue that have no handler."""
@@ -117,12 +124,15 @@ class Runner:
 
     # -- driving ----------------
     async def operate(
-        self, name: str, engine: int | None = None, *, allow: frozenset[str] = frozenset()
+        self, name: OperationName, engine: int | None = None, *, allow: frozenset[str] = frozenset()
     ) -> Refusal | None:
         """Run one operation to its end. A refusal whose kind is in ``allow`` (``blocked``, ``not_applicable``)
         is returned; any other raises :class:`OperationRefused`."""
         refusal = await self.submit(Op(name, engine, self.clock()))
         if refusal is not None and refusal.kind not in allow:
+            if refusal.kind == "failed":
+                for explain in self._explainers:
+                    explain()
             raise OperationRefused(refusal)
         return refusal
 
@@ -141,12 +151,25 @@ class Runner:
         if result.refused is not None:
             return result.refused
         while commands:
-            outcomes = await asyncio.gather(*(self._carry_out(c) for c in commands))
+            try:
+                outcomes = await asyncio.gather(*(self._carry_out(c) for c in commands))
+            except asyncio.CancelledError:  # the caller gave up: what was out is undone, every lock released
+                await asyncio.shield(self._cancelled(commands))
+                raise
             async with self._lock:
                 done = self.core.step(self.state, Completed(tuple(zip(commands, outcomes, strict=True)), self.clock()))
                 self._record(commands, outcomes)
                 commands = self._apply(done.state, done.moves, done.commands, done.blocked)
         return None
+
+    async def _cancelled(self, commands: tuple[Command, ...]) -> None:
+        """Every command left out is reported as an error, so the core undoes what it was for."""
+        async with self._lock:
+            while commands:
+                results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
+                done = self.core.step(self.state, Completed(results, self.clock()))
+                self._record(commands, [o for _, o in results])
+                commands = self._apply(done.state, done.moves, done.commands, done.blocked)
 
     async def _carry_out(self, cmd: Command) -> Outcome:
         handler = self.handlers.get(f"{cmd.machine}.{cmd.effect}")

@@ -22,7 +22,8 @@ from lifecycle.predicates import PREDICATES, vector
 # What a state *means* to the rest of the job, declared on the state so that no module types out
 # a set of state names by hand: the core, the checker and the shells read these groups.
 TAGS: dict[str, str] = {
-    "live": "an engine process is up and the slot holds its server (memory tags apply)",
+    "live": "an engine: its process is up and the slot holds its server (memory tags apply); a monitor: it "
+    "exists and watches the live engines",
     "transient": "waits for an outcome the shells report (a launch, a load, a kill): the job is not settled",
     "gone": "out of play: not part of a weight-update snapshot, not counted as serving capacity",
     "busy": "a machine doing work that other machines must not cut into (generation, a training step)",

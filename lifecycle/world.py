@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import (
@@ -32,12 +32,15 @@ from lifecycle.core import (
     Op,
     Outcome,
 )
+from lifecycle.names import OperationName
 from lifecycle.spec import MachineSpec
 
 # An engine process's health as the world knows it (the core learns it only through reports).
 UP, DEAD, HUNG, DEAD_NOTIFIED, KILLING = "up", "dead", "hung", "dead-notified", "killing"
 # Operations the checker calls: every one a loop may call, but dispose (it ends a run; the runtime tests cover it).
-EXPLORED_OPS = tuple(name for name in OPERATIONS if not name.endswith("dispose"))
+EXPLORED_OPS: tuple[OperationName, ...] = tuple(
+    cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
+)
 ENGINE_OPS = ("stop_engine", "start_engine")
 _SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train"})
 

@@ -21,6 +21,7 @@ from engines.launcher import LauncherFactory
 from lifecycle.core import EVAL, ROLLOUT, Command, Move, Outcome, instance_name
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
+from lifecycle.names import EngineStateName
 from lifecycle.runner import Runner
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)
@@ -52,6 +53,7 @@ class InferenceController:
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         runner.watch(self._on_move)
+        runner.explain(self.check)
         runner.provide(
             {
                 "engine.launch_engine": self._launch,
@@ -85,7 +87,7 @@ class InferenceController:
     def states(self, group: str = ROLLOUT) -> dict[str, str]:
         return self.runner.states(group)
 
-    def state_of(self, engine: Engine) -> str:
+    def state_of(self, engine: Engine) -> EngineStateName:
         group, i = self._where(engine.id)
         return self.runner.state.group(group)[i].state
 
@@ -113,12 +115,16 @@ class InferenceController:
         slots = self.engines if group == ROLLOUT else self.evals
         count = len(self.runner.state.group(group))
         if len(slots) < count:
-            if self.launcher_factory is None:
-                raise ControllerError("engines must start, but the rollout manager has no launcher factory")
-            for i in range(len(slots), count):
-                engine_id = instance_name(group, i)
-                slots.append(Engine(engine_id, self.launcher_factory(engine_id), timeouts=self.timeouts))
+            slots.extend(self.new_engine(instance_name(group, i)) for i in range(len(slots), count))
         return slots
+
+    def new_engine(self, engine_id: str) -> Engine:
+        """An engine slot as the config says (its launcher, timeouts and probe endpoint)."""
+        if self.launcher_factory is None:
+            raise ControllerError("engines must start, but the rollout manager has no launcher factory")
+        endpoint = self.config.rollout_health_check_endpoint.lstrip("/")
+        launcher = self.launcher_factory(engine_id)
+        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint)
 
     def check(self) -> None:
         """Raise the failure the run must stop for, naming the engine, where it was and the fix."""
@@ -134,8 +140,7 @@ class InferenceController:
     def engine_failure(self, instance: str) -> EngineFailed:
         reason = self.runner.reasons.get(instance, "unhealthy")
         where = self.marked.get(instance, "?")
-        machine = self.runner.machine("engine", instance)
-        if machine.state == "Failed" and instance in self._gave_up:
+        if instance in self._gave_up:
             budget = self.config
             how = (
                 f"restart budget spent ({budget.engine_max_restarts} restarts within "
@@ -150,16 +155,17 @@ class InferenceController:
 
     # -- keeping data in step with the core's moves ----------------------
     def _on_move(self, move: Move) -> None:
-        if move.machine == "engine":
-            if move.dst == "Unhealthy":
-                self.marked[move.instance] = move.src
-                self._unwatch(move.instance)
-                self.monitor.remove_engine(self._where(move.instance))
-            elif move.trigger == "give_up":
-                self._gave_up.add(move.instance)
-            elif move.trigger in ("stop", "recover"):
-                self._unwatch(move.instance)  # the death we are about to cause is not news
-                self.monitor.remove_engine(self._where(move.instance))
+        """Death watchers and the monitor cover exactly the live engines (the engine spec's ``live`` tag)."""
+        if move.machine != "engine":
+            return
+        core = self.runner.core
+        if move.dst in core.marked and move.src not in core.marked:
+            self.marked[move.instance] = move.src
+        if move.trigger == "give_up":
+            self._gave_up.add(move.instance)
+        if move.src in core.live and move.dst not in core.live:
+            self._unwatch(move.instance)  # marked, or a death we are about to cause (stop, recover): not news
+            self.monitor.remove_engine(self._where(move.instance))
 
     # -- the handlers of the engines' effects ----------------------
     async def _launch(self, cmd: Command) -> Outcome:
@@ -167,7 +173,7 @@ class InferenceController:
         outcome = await engine.launch()
         if outcome.name == "ready":
             self._watch(engine)
-            if self.runner.state.monitor in ("Paused", "Running"):  # a monitor exists: it watches this one too
+            if self.runner.core.monitoring(self.runner.state):  # a monitor exists: it watches this one too
                 self._monitor_add(engine)
         return outcome
 
@@ -201,21 +207,7 @@ class InferenceController:
 
     # -- death watchers and the monitor's membership ----------------------
     def _monitor_add(self, engine: Engine) -> None:
-        liveness_only = self.config.rollout_health_check_endpoint == "health"
-
-        async def probe(timeout: float) -> Outcome:
-            if engine.client is None:
-                return Outcome("probe_failed", reason="no server process")
-            try:
-                if liveness_only:  # --rollout-health-check-endpoint health: cheaper, but misses a wedged scheduler
-                    await engine.client.health(timeout=timeout)
-                else:
-                    await engine.client.health_generate(timeout=timeout)
-            except Exception as exc:
-                return Outcome("probe_failed", reason=f"{type(exc).__name__}: {exc}")
-            return Outcome("probe_ok")
-
-        self.monitor.add_engine(self._where(engine.id), probe)
+        self.monitor.add_engine(self._where(engine.id), engine.probe)
 
     def _watch(self, engine: Engine) -> None:
         gen = self._watch_gen.get(engine.id, 0) + 1
@@ -244,7 +236,7 @@ class InferenceController:
         engine = self.engines[index]
         await engine.launcher.kill()
         deadline = time.monotonic() + wait
-        while self.state_of(engine) not in ("Unhealthy", "Failed", "Recovering"):
+        while self.state_of(engine) in self.runner.core.live:
             if time.monotonic() > deadline:
                 raise ControllerError(f"{engine.id}: death not detected within {wait:g}s")
             await asyncio.sleep(0.02)

@@ -16,20 +16,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from lifecycle.core import EVAL, instance_name
+from lifecycle.names import FleetStateName
 from lifecycle.runner import Runner
 
 if TYPE_CHECKING:
     from rollout.controller import InferenceController
 
 SkipReason = Literal["unhealthy", "pin_violation"]
-SKIPS: dict[str, SkipReason] = {"SkippedUnhealthy": "unhealthy", "SkippedPinViolation": "pin_violation"}
+SKIPS: dict[FleetStateName, SkipReason] = {"SkippedUnhealthy": "unhealthy", "SkippedPinViolation": "pin_violation"}
 
 
 @dataclass(frozen=True)
 class PinResult:
     """The outcome of one pin: ``Pinned`` (``ok``), or a skip with its typed reason and the detail."""
 
-    state: str
+    state: FleetStateName
     weight_version: str
     reason: SkipReason | None = None
     detail: str = ""

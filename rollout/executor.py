@@ -33,6 +33,7 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.core import EVAL, Command
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
+from lifecycle.names import RolloutStateName
 from lifecycle.runner import Runner
 from models import CharTokenizer
 from rollout.controller import ControllerError, InferenceController
@@ -287,7 +288,7 @@ class RolloutExecutor:
         controller = self.controller
         if self.eval_fn is None:  # replay: the construction gate built no eval function
             return EvalResult(rollout_id, None, skipped="no_eval_fn", detail=f"rollout manager in {self.state}")
-        fleet = self.runner.state.fleet != "Init"
+        fleet = self.runner.core.evals > 0  # the config has an eval fleet (--eval-num-gpus)
         if not fleet and not self.runner.core.engines:  # plain train-only: no server to evaluate on
             return EvalResult(rollout_id, None, skipped="no_engines", detail="no rollout server and no eval fleet")
         await self.runner.operate("eval")
@@ -315,7 +316,7 @@ class RolloutExecutor:
             await self.runner.operate("eval_done", allow=_NOT_NOW)
 
     @property
-    def state(self) -> str:
+    def state(self) -> RolloutStateName:
         return self.runner.state.rollout
 
 
@@ -367,7 +368,7 @@ class RolloutManager:
         )
 
     @property
-    def state(self) -> str:
+    def state(self) -> RolloutStateName:
         return self.runner.state.rollout
 
     async def init(self, weights: tuple[str, str]) -> None:

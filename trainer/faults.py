@@ -9,8 +9,8 @@ Seven faults, each a *real* failure of a real part (no mocked errors):
                           only a bounded wait (request timeout, probe timeout) can notice it
 ``kill-http``             only the HTTP server process dies; the actor lives (its pid is unchanged)
 ``crash-during-update``   the server is SIGKILLed the moment its engine machine enters a weight
-                          update (``LoadingWeights``/``UpdatingWeights*``), before the HTTP call
-``crash-during-offload``  the same at ``Offloaded`` (needs ``--offload-rollout``)
+                          update (a ``live`` and ``transient`` state), before the HTTP call
+``crash-during-offload``  the same when its weights are released (needs ``--offload-rollout``)
 ``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
 ``crash-trainer``         a trainer worker actor's process dies
 ========================  ==========================================================================
@@ -40,6 +40,7 @@ from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.predicates import heals_trainer, offloads_rollout, rollout_ft
 from lifecycle.presets import FT_PRESETS
+from lifecycle.runner import Runner
 
 FAULTS = (
     "kill-engine",
@@ -67,8 +68,6 @@ FT_CONFIGS: dict[str, dict[str, object]] = {
     "rollout": FT_PRESETS["ft-rollout"],
     "both": FT_PRESETS["ft-both"],
 }
-UPDATE_STATES = frozenset({"LoadingWeights", "UpdatingWeights", "UpdatingWeightsKVReleased"})
-DETECTED = frozenset({"Unhealthy", "Recovering", "Failed"})
 _FAULT_RE = re.compile(r"^(?P<kind>[a-z-]+):(?P<index>\d+)@(?P<step>\d+)$")
 
 
@@ -185,6 +184,9 @@ class Controller(Protocol):
     @property
     def config(self) -> LifecycleConfig: ...
 
+    @property
+    def runner(self) -> Runner: ...
+
 
 @dataclass
 class Injection:
@@ -250,7 +252,9 @@ class FaultInjector:
                 raise ConfigError(
                     "--inject", str(fault), "rollout engines are never offloaded", "add --offload-rollout"
                 )
-            targets = UPDATE_STATES if fault.kind == "crash-during-update" else frozenset({"Offloaded"})
+            core = controller.runner.core  # the engine states the fault lands in, read off the spec's tags
+            offloaded = frozenset(state for state, released in core.releases.items() if "weights" in released)
+            targets = core.updating_engine if fault.kind == "crash-during-update" else offloaded
             pid = await launcher.server_pid()
             if pid is None:
                 raise FaultError(f"{fault}: {engine.id} has no server process to crash")
@@ -297,7 +301,7 @@ class FaultInjector:
     async def _detected(self, controller: Controller, engine: EngineSlot) -> None:
         """Bounded: the lifecycle must have seen the fault (a transition) within ``detect_timeout``."""
         deadline = time.monotonic() + self.detect_timeout
-        while controller.state_of(engine) not in DETECTED:
+        while controller.state_of(engine) in controller.runner.core.live:  # marked: no longer live
             if time.monotonic() > deadline:
                 state = controller.state_of(engine)
                 raise FaultError(f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {state})")

@@ -21,6 +21,7 @@ from lifecycle.core import Command, Outcome
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
+from lifecycle.names import TrainerStateName
 from lifecycle.runner import Runner
 from trainer.workers import WorkerCrashed, WorkerHandle
 
@@ -63,6 +64,7 @@ class TrainerGroup:
         self._saved = ""
         self._crash: tuple[str, str] = ("", "")  # (trainer state, reason) of the last crash
         self.heals = 0
+        self.runner.explain(self.check)
         self.runner.provide(
             {
                 "trainer.allocate_workers": self._allocate,
@@ -78,7 +80,7 @@ class TrainerGroup:
         )
 
     @property
-    def state(self) -> str:
+    def state(self) -> TrainerStateName:
         return self.runner.state.trainer
 
     # -- the loop's calls ---------------------------------------------------------------------------------

@@ -90,6 +90,9 @@ class JobView(Protocol):
     def rollout(self) -> str: ...
 
     @property
+    def monitor(self) -> str: ...
+
+    @property
     def engines(self) -> tuple[EngineState, ...]: ...
 
     def group(self, group: str) -> tuple[EngineState, ...]: ...
@@ -135,6 +138,8 @@ class Core:
         engine, rollout, trainer = self.specs["engine"], self.specs["rollout"], self.specs["trainer"]
         # the state groups, read off the specs' tags (never typed out by hand)
         self.live = engine.tagged("live")
+        self.marked = frozenset(st.name for st in engine.states if st.marked)
+        self.monitor_live = self.specs["monitor"].tagged("live")
         self.transient = engine.tagged("transient")
         self.gone = engine.tagged("gone")
         self.rollout_busy = rollout.tagged("busy")
@@ -188,6 +193,10 @@ class Core:
     def settled(self, s: JobState) -> bool:
         """No command is out and no operation is in flight: the job waits for the loop's next call."""
         return not s.awaiting and not s.rollout_op and not s.trainer_op
+
+    def monitoring(self, s: JobView) -> bool:
+        """A monitor exists (created, paused or running): every live engine is one of its members."""
+        return s.monitor in self.monitor_live
 
     def routable(self, s: JobView, group: str = ROLLOUT) -> tuple[int, ...]:
         """The engines requests may go to: Serving only (invariant 4)."""
@@ -337,11 +346,13 @@ class _Tx:
                     released.add(effect.removeprefix("release_"))
                 elif effect in ("resume_weights", "resume_kv_cache"):
                     released.discard(effect.removeprefix("resume_"))
-            new = e._replace(state=out.dest, current=current, fresh=fresh, released=frozenset(released))
+            dest: Any = out.dest  # a name from the engine spec (the typed names are checked against the specs)
+            new = e._replace(state=dest, current=current, fresh=fresh, released=frozenset(released))
             self.set_engine(group, i, new)
         else:
             self.set_machine(part, out.dest)
-        self.moves.append(Move(machine, instance, trigger, src, out.dest, out.effects))
+        names: tuple[Any, ...] = (machine, trigger, src, out.dest)  # spec names: see lifecycle.names
+        self.moves.append(Move(names[0], instance, names[1], names[2], names[3], out.effects))
         for effect in out.effects:
             if self.core.is_command(machine, effect):
                 self.command(Command(effect, machine, instance, group, i))
@@ -452,10 +463,6 @@ class _Tx:
         if spec.when is not None and not self.core.p[spec.when]:
             self.refused = Refusal("blocked", f"{op.name}: blocked by {spec.when}", (spec.when,))
             return
-        problem = self.precondition(op)
-        if problem is not None:
-            self.refused = Refusal("illegal", f"{op.name}: {problem}")
-            return
         main = next((p for p in spec.program if "." in p), None)
         if main is not None:
             part, trigger = main.split(".", 1)
@@ -474,6 +481,11 @@ class _Tx:
                 kind = "not_applicable" if spec.optional else "illegal"
                 self.refused = Refusal(kind, f"{op.name}: {PARTS[part]} {trigger!r} is not allowed in state {src!r}")
                 return
+        # the operation's own machine allows it (or it has none): now the other machines' say
+        problem = self.precondition(op)
+        if problem is not None:
+            self.refused = Refusal("illegal", f"{op.name}: {problem}")
+            return
         program = spec.program if op.engine is None else tuple(f"{p}@{op.engine}" for p in spec.program)
         for lane in spec.holds:
             self.set_lane(lane, op=op.name)

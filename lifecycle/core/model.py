@@ -9,6 +9,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from lifecycle.names import (
+    EngineStateName,
+    FleetStateName,
+    MachineName,
+    MonitorStateName,
+    OperationName,
+    RolloutStateName,
+    StateName,
+    TrainerStateName,
+    Trigger,
+)
+
 ROLLOUT, EVAL = "rollout", "eval"  # the two engine groups: rollout engines and the eval fleet's
 GROUP_PREFIX = {ROLLOUT: "engine", EVAL: "eval"}  # instance names: engine-0, eval-0, ...
 
@@ -16,7 +28,7 @@ GROUP_PREFIX = {ROLLOUT: "engine", EVAL: "eval"}  # instance names: engine-0, ev
 class EngineState(NamedTuple):
     """One engine slot as the lifecycle knows it: its machine state plus the facts invariants read."""
 
-    state: str = "Init"
+    state: EngineStateName = "Init"
     current: bool = False  # holds the committed weight version
     fresh: bool = False  # took the weight update now in flight (becomes current when it is committed)
     released: frozenset[str] = frozenset()  # memory tags released and not yet resumed
@@ -38,10 +50,10 @@ class Command(NamedTuple):
 class JobState(NamedTuple):
     """Every machine's state, the engines' facts, and the operations in flight (one per lane)."""
 
-    rollout: str = "Init"
-    trainer: str = "Init"
-    monitor: str = "Init"
-    fleet: str = "Init"
+    rollout: RolloutStateName = "Init"
+    trainer: TrainerStateName = "Init"
+    monitor: MonitorStateName = "Init"
+    fleet: FleetStateName = "Init"
     engines: tuple[EngineState, ...] = ()
     evals: tuple[EngineState, ...] = ()
     lock: bool = False  # the engine lock: held exactly while the rollout side updates weights
@@ -62,18 +74,18 @@ class JobState(NamedTuple):
 class Move(NamedTuple):
     """One machine event the core fired (the runtime replays it on a ``transitions`` machine and logs it)."""
 
-    machine: str
+    machine: MachineName
     instance: str
-    trigger: str
-    src: str
-    dst: str
+    trigger: Trigger
+    src: StateName
+    dst: StateName
     effects: tuple[str, ...]
 
 
 class Op(NamedTuple):
     """An operation a training loop calls (``generate``, ``update_weights``, ``stop_engine`` of engine 1, ...)."""
 
-    name: str
+    name: OperationName
     engine: int | None = None
     now: float = 0.0
 

@@ -9,12 +9,12 @@ import pytest
 
 from lifecycle.cli import main
 from lifecycle.config import LifecycleConfig
+from lifecycle.core import EngineState, JobState
 from lifecycle.explore import explore, lattice, run_check
 from lifecycle.invariants import INVARIANTS, check_state, check_step
-from lifecycle.core import EngineState, JobState
-from lifecycle.world import DEAD, UP, Checker, Node, World, _normal
 from lifecycle.mutants import MUTANTS
 from lifecycle.predicates import vector
+from lifecycle.world import DEAD, UP, Checker, Node, World, _normal
 
 SINGLE = ["--use-fault-tolerance", "--ft-components", "train", "--rollout-num-gpus", "2", "--jobs", "1"]
 ROLLOUT_ONLY = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2}, check_paths=False)

@@ -70,7 +70,9 @@ def test_seed_scenario_1_save_then_replay(tmp_path: Path) -> None:
     rollout = [e for e in events if e.get("machine") == "rollout" and e.get("event") == "lifecycle.transition"]
     assert rollout[0]["dst"] == "Replay"
     assert not _effects(events) & {"construct_rollout_fn", "construct_eval_fn", "start_servers", "start_monitor"}
-    assert not [e for e in events if e.get("machine") in ("engine", "monitor")]
+    assert not [e for e in events if e.get("machine") == "engine"]
+    # never created, so the monitor's only move is the dispose of a part that never existed
+    assert [(e["src"], e["trigger"]) for e in events if e.get("machine") == "monitor"] == [("Init", "dispose")]
     trains = [e for e in events if e.get("machine") == "trainer" and e.get("trigger") == "train_done"]
     assert len(trains) == 3
 
@@ -119,7 +121,13 @@ def test_plain_train_only_trains_without_engines(tmp_path: Path) -> None:
     assert sum(result.rewards[-2:]) > sum(result.rewards[:2]), result.rewards  # on-policy: the reward moves up
     assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # producer and trainer agree on the policy
     events = read_jsonl(tmp_path / "to" / "events.jsonl")
-    assert not [e for e in events if e.get("machine") in ("engine", "monitor", "eval_fleet")]
+    assert not [e for e in events if e.get("machine") == "engine"]
+    # the monitor and the eval fleet were never created: their only move is the dispose of a never-made part
+    others = [e for e in events if e.get("machine") in ("monitor", "eval_fleet")]
+    assert [(e["machine"], e["src"], e["trigger"]) for e in others] == [
+        ("eval_fleet", "Init", "dispose"),
+        ("monitor", "Init", "dispose"),
+    ]
     effects = _effects(events)
     assert "construct_rollout_fn" in effects
     assert not effects & {"start_servers", "start_monitor", "probe_engine", "transfer_weights", "stop_servers"}
@@ -133,7 +141,7 @@ def test_train_only_with_the_engine_rollout_fn_fails(tmp_path: Path, monkeypatch
     """Re-introduce the bug (train-only constructs the engine rollout fn): the run stops, no routable engine."""
     import rollout.executor
 
-    monkeypatch.setattr(rollout.executor, "starts_servers", lambda config: True)
+    monkeypatch.setattr(rollout.executor, "PolicyRolloutFn", rollout.executor.EngineRolloutFn)
     config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
     with pytest.raises(ControllerError, match="no routable engine"):
         _run(config, tmp_path / "bug", 2)
