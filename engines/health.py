@@ -74,6 +74,11 @@ class HealthMonitor:
         return self._engines[slot]
 
     @property
+    def running(self) -> bool:
+        """Probe rounds are being sent (resumed and not paused or stopped since)."""
+        return self._running
+
+    @property
     def members(self) -> tuple[Slot, ...]:
         return tuple(self._engines)
 

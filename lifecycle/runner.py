@@ -50,6 +50,10 @@ class UnboundEffect(LifecycleError):
     """The config can issue a command that no shell handles (a runtime built without one of its parts)."""
 
 
+class RunFailed(LifecycleError):
+    """The run has stopped (the core's reason); the parts' explainers give the detailed error first."""
+
+
 class OperationRefused(LifecycleError):
     """An operation the core does not allow now (a loop bug: the wrong order, or a busy lane)."""
 
@@ -105,8 +109,8 @@ class Runner:
         self._watchers.append(fn)
 
     def explain(self, fn: Callable[[], None]) -> None:
-        """``fn`` raises the error that names a failure of its part (the engine, the flag, the fix); an
-        operation refused because the run has failed raises the first such error instead of a bare refusal."""
+        """``fn`` raises the error that names a failure of its part (the engine, the flag, the fix) and returns
+        when the failure is another part's; :meth:`check_failed` asks every part."""
         self._explainers.append(fn)
 
     def unbound(self) -> list[str]:
@@ -131,8 +135,7 @@ class Runner:
         refusal = await self.submit(Op(name, engine, self.clock()))
         if refusal is not None and refusal.kind not in allow:
             if refusal.kind == "failed":
-                for explain in self._explainers:
-                    explain()
+                self.check_failed()
             raise OperationRefused(refusal)
         return refusal
 
@@ -244,3 +247,13 @@ class Runner:
         """Raise the exception a handler raised, when that is why the run stopped."""
         if self.state.failed and self.errors:
             raise self.errors[-1]
+
+    def check_failed(self) -> None:
+        """When the run has stopped, raise why: a handler's exception, else the error of the part that failed
+        (its explainer names the engine or worker, the state and the flag), else :class:`RunFailed`."""
+        if not self.state.failed:
+            return
+        self.raise_failure()
+        for explain in self._explainers:
+            explain()
+        raise RunFailed(self.state.failed)

@@ -53,7 +53,7 @@ class InferenceController:
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         runner.watch(self._on_move)
-        runner.explain(self.check)
+        runner.explain(self._explain)
         runner.provide(
             {
                 "engine.launch_engine": self._launch,
@@ -127,15 +127,14 @@ class InferenceController:
         return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint)
 
     def check(self) -> None:
-        """Raise the failure the run must stop for, naming the engine, where it was and the fix."""
-        failed = self.runner.state.failed
-        if not failed:
-            return
-        self.runner.raise_failure()
-        instance = failed.split(" ", 1)[0]
+        """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
+        self.runner.check_failed()
+
+    def _explain(self) -> None:
+        """An engine stopped the run: name it, where it was and the fix."""
+        instance = self.runner.state.failed.split(" ", 1)[0]
         if instance.startswith(("engine-", "eval-")):
             raise self.engine_failure(instance)
-        raise ControllerError(failed)
 
     def engine_failure(self, instance: str) -> EngineFailed:
         reason = self.runner.reasons.get(instance, "unhealthy")

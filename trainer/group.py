@@ -64,7 +64,7 @@ class TrainerGroup:
         self._saved = ""
         self._crash: tuple[str, str] = ("", "")  # (trainer state, reason) of the last crash
         self.heals = 0
-        self.runner.explain(self.check)
+        self.runner.explain(self._explain)
         self.runner.provide(
             {
                 "trainer.allocate_workers": self._allocate,
@@ -135,7 +135,11 @@ class TrainerGroup:
             w.kill()
 
     def check(self) -> None:
-        """Raise the trainer's failure, naming the worker, the state it was in and the fix."""
+        """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
+        self.runner.check_failed()
+
+    def _explain(self) -> None:
+        """The trainer stopped the run: name the worker, the state it was in and the fix."""
         failed = self.runner.state.failed
         if not failed.startswith("trainer"):
             return

@@ -390,7 +390,7 @@ class _Tx:
                 self.fire("monitor", "resume")
             elif effect == "pause_monitor" and self.s.monitor == "Running":  # "monitors off": a no-op when paused
                 self.fire("monitor", "pause")
-            elif effect == "stop_monitor" and self.s.monitor in ("Paused", "Running"):
+            elif effect == "stop_monitor" and core.monitoring(self.s):
                 self.fire("monitor", "stop")
             elif effect == "arm_ci_fault_injection":
                 self.upd(ci_pending=True)
@@ -496,6 +496,8 @@ class _Tx:
         s, core = self.s, self.core
         if op.name in ("generate", "eval") and s.dirty:
             return "the last weight update failed and was not redone: engines may hold different weights"
+        if op.name in ("generate", "eval") and core.engines and all(e.state in core.gone for e in s.engines):
+            return "no rollout engine is in play (all stopped or never started): start one first (start_engine)"
         if op.name == "eval_done" and s.fleet not in ("Init", "Idle"):
             return f"the eval fleet is {s.fleet}: release it first"
         if op.name == "pin" and s.rollout != "Evaluating":
@@ -687,7 +689,7 @@ class _Tx:
         if o.name == "died":  # Ray/the OS saw the process exit: acted on at once, paused or not
             if e.state not in core.live:
                 return  # not started, already marked, or a death we caused (a stop, a recovery)
-            if self.s.monitor in ("Paused", "Running"):
+            if core.monitoring(self.s):  # a monitor exists: it turns the death into its verdict
                 self.fire("monitor", "engine_died")
             else:
                 self.fire("engine", "mark_unhealthy", o.group, o.engine)

@@ -18,14 +18,14 @@ import pytest
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import TRANSITION, EventLog, MemorySink
-from lifecycle.runner import Runner
+from lifecycle.runner import RunFailed, Runner
 
 pytest.importorskip("torch")
 
 from engines.engine import EngineFailed
 from engines.launcher import launcher_factory
 from models import TinyCausalLM
-from rollout.controller import ControllerError, InferenceController
+from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
 from rollout.task import PatternTask
 
@@ -110,6 +110,14 @@ class Rig:
     def state(self, i: int = 0) -> str:
         return self.runner.state.engines[i].state
 
+    async def released(self, index: int = 0) -> set[str]:
+        """The memory the engine itself says it has released (``/server_info``)."""
+        client = self.c.engines[index].client
+        assert client is not None
+        mem = (await client.server_info()).engine_memory()
+        assert mem is not None
+        return {tag for tag, on in (("weights", mem.weights_resident), ("kv_cache", mem.kv_cache_resident)) if not on}
+
     async def served_version(self, index: int) -> str | None:
         client = self.c.engines[index].client
         assert client is not None
@@ -139,11 +147,13 @@ def _kill(rig: Rig) -> None:
 def test_monitor_paused_at_creation_resumed_only_at_generate(rig: Rig) -> None:
     assert rig.runner.state.monitor == "Paused"
     seen: list[str] = []
+    running: list[bool] = []
     inner = rig.manager.executor.rollout_fn
     assert inner is not None
 
     async def spied(rollout_id: int, controller: InferenceController) -> list[Any]:
         seen.append(controller.runner.state.monitor)
+        running.append(controller.monitor.running)
         return await inner(rollout_id, controller)
 
     rig.manager.executor.rollout_fn = spied
@@ -151,14 +161,17 @@ def test_monitor_paused_at_creation_resumed_only_at_generate(rig: Rig) -> None:
         samples = rig.run(rig.manager.generate(0))
     finally:
         rig.manager.executor.rollout_fn = inner
-    assert len(samples) == 4 and seen == ["Running"]
-    assert rig.runner.state.monitor == "Paused"
+    assert len(samples) == 4 and seen == ["Running"] and running == [True]
+    assert rig.runner.state.monitor == "Paused" and not rig.c.monitor.running  # the real monitor stopped probing
     rig.run(rig.manager.offload())
     assert rig.manager.state == "Offloaded" and rig.runner.state.monitor == "Paused"
+    assert rig.run(rig.released()) == {"weights", "kv_cache"}  # what the engine itself reports
     rig.run(rig.manager.onload_weights())
+    assert rig.run(rig.released()) == {"kv_cache"}
     _, version = rig.update()
     rig.run(rig.manager.onload_kv())
     assert rig.manager.state == "Ready" and rig.state() == "Quiesced"
+    assert rig.run(rig.released()) == set()  # onload restored both tags
     # every monitor resume comes right after the rollout manager's generate (or eval) move, never elsewhere
     moves = rig.spy.moves()
     resumes = [i for i, m in enumerate(moves) if m == ("monitor", "resume")]
@@ -173,8 +186,8 @@ def test_monitor_paused_at_creation_resumed_only_at_generate(rig: Rig) -> None:
 @pytest.mark.routing
 @pytest.mark.recovery
 def test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serves(rig: Rig) -> None:
-    committed = rig.c.committed
-    assert committed is not None
+    """The restarted engine serves the trainer's latest version (not the initial one, not the one before)."""
+    _, latest = rig.update()
     _kill(rig)
     assert rig.c.routable() == []
     mark = len(rig.spy.at)
@@ -184,7 +197,7 @@ def test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serve
     assert loads and all(held for _, _, _, held, _ in loads)  # the catch-up ran under the engine lock
     engine_moves = [a[1] for a in window if a[0] == "engine-0"]
     assert engine_moves[:6] == ["recover", "restart", "ready", "begin_update", "finish_update", "resume"]
-    assert rig.run(rig.served_version(0)) == committed[1]
+    assert rig.run(rig.served_version(0)) == latest
 
 
 @pytest.mark.recovery
@@ -201,7 +214,7 @@ def test_without_the_catch_up_a_restarted_engine_is_never_routed(
         rig.run(rig.manager.init(rig.weights(0)))
         _kill(rig)
         monkeypatch.setattr(core_module._Tx, "ph_catch_up", lambda self: None)
-        with pytest.raises(ControllerError, match="no routable engine"):
+        with pytest.raises(RunFailed, match="no routable engine"):
             rig.run(rig.manager.generate(2))
         assert rig.state() == "PendingWeights" and rig.c.routable() == []
     finally:
@@ -276,23 +289,34 @@ def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(
 # -- the construction gate, and rollout FT as the one gate ------------------------------------------------------
 @pytest.mark.construction_gate
 def test_replay_constructs_nothing_and_starts_nothing(tmp_path: Path) -> None:
-    config = LifecycleConfig.from_mapping({"load_debug_rollout_data": str(tmp_path / "{rollout_id}.json")})
+    """Replay's generate reads the saved rollout; no rollout function exists to call (miles' TypeError on None)."""
+    from rollout.replay import save_rollout
+    from rollout.sample import sample
+
+    template = str(tmp_path / "{rollout_id}.json")
+    saved = [
+        sample(index=0, group=0, prompt="ab:", prompt_ids=[1, 2], output_ids=[3], response="a", reward=1.0,
+               weight_version="0", engine="engine-0", logprobs=[-0.5]),
+    ]  # fmt: skip
+    save_rollout(template, 0, saved, task="ab")
+    config = LifecycleConfig.from_mapping({"load_debug_rollout_data": template})
     spy = Spy()
     manager = RolloutManager(config, TASK, launcher_factory=None, log=EventLog([spy]))
     bind_trainer_stand_in(manager.runner)
 
-    async def go() -> None:
+    async def go() -> list[Any]:
         await manager.init(("unused", "0"))
         await manager.offload()
+        return await manager.generate(0)
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == saved
     assert manager.state == "Replay"
     assert manager.controller.engines == [] and manager.runner.state.monitor == "Init"
     assert manager.executor.rollout_fn is None and manager.executor.constructed == []
     effects = {e for ev in spy.events for e in ev.get("effects") or ()}
     assert not effects & {"construct_rollout_fn", "construct_eval_fn", "start_servers", "start_monitor"}
-    assert spy.moves() == [("rollout", "init")]
-    assert not manager.runner.ledger.ever("construct_rollout_fn")
+    assert spy.moves() == [("rollout", "init"), ("rollout", "generate")]
+    assert manager.runner.ledger.ever("load_replay_data") and not manager.runner.ledger.ever("construct_rollout_fn")
 
 
 @pytest.mark.parametrize(

@@ -190,6 +190,45 @@ def test_under_rollout_ft_the_fleet_sends_no_probe_of_its_own(tmp_path: Path) ->
     _with_fleet(MONITORED, tmp_path, body)
 
 
+@pytest.mark.parametrize(
+    ("values", "fleet_probes"), [(MONITORED, False), (SELF_PROBING, True)], ids=["rollout-ft", "no-ft"]
+)
+@pytest.mark.monitor
+def test_the_fleets_own_health_generate_on_the_wire(
+    values: dict[str, Any], fleet_probes: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted where it leaves: every ``/health_generate`` an eval engine's client sends outside its start-up
+    wait. The rollout monitor is told never to probe here, so under rollout FT the count must be 0; with
+    rollout FT off the fleet probes every pin itself, as miles' ``EvalFleet.pin`` does (so the count can fail)."""
+    from engines.client import EngineClient
+
+    sent: list[str] = []
+    starting: set[str] = set()
+    real_health, real_wait = EngineClient.health_generate, Engine._wait_healthy
+
+    async def counted(self: EngineClient, **kwargs: Any) -> Any:
+        if self.engine_id.startswith("eval-") and self.engine_id not in starting:
+            sent.append(self.engine_id)
+        return await real_health(self, **kwargs)
+
+    async def wait(self: Engine) -> None:
+        starting.add(self.id)
+        try:
+            await real_wait(self)
+        finally:
+            starting.discard(self.id)
+
+    monkeypatch.setattr(EngineClient, "health_generate", counted)
+    monkeypatch.setattr(Engine, "_wait_healthy", wait)
+
+    async def body(f: Fleet) -> None:
+        for rid in range(2):
+            assert (await f.manager.eval(rid)).skipped is None
+
+    _with_fleet({**values, "rollout_health_check_first_wait": 3600.0}, tmp_path, body)
+    assert bool(sent) is fleet_probes, sent
+
+
 def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.events import read_jsonl
+from lifecycle.events import TRANSITION, read_jsonl
 from lifecycle.trace import diff, load
 
 pytest.importorskip("ray")
@@ -145,6 +145,48 @@ def test_train_only_with_the_engine_rollout_fn_fails(tmp_path: Path, monkeypatch
     config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
     with pytest.raises(ControllerError, match="no routable engine"):
         _run(config, tmp_path / "bug", 2)
+
+
+@pytest.mark.lifecycle_gate
+def test_rollout_only_generates_and_never_trains(tmp_path: Path) -> None:
+    """--debug-rollout-only: no trainer worker, no trainer event, no loss; the engines serve the seed's weights."""
+    config = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2})
+    result = _run(config, tmp_path / "ro", 3, launcher="local", quiet=True)
+    assert len(result.rewards) == 3
+    events = read_jsonl(tmp_path / "ro" / "events.jsonl")
+    trainer = [e for e in events if e.get("machine") == "trainer"]
+    assert not [e for e in trainer if e["event"] == TRANSITION]  # no trainer move at all
+    # the one trainer event is the guard saying why it never started
+    assert [(e["event"], e["trigger"], e["blocked_by"]) for e in trainer] == [
+        ("lifecycle.blocked", "allocate", ["trains"])
+    ]
+    assert not [m for m in result.metrics if "loss" in m]
+    updates = [e for e in events if e.get("machine") == "engine" and e.get("trigger") == "begin_update"]
+    assert len(updates) == 2  # the initial weights on each engine, and no update after them
+
+
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
+def test_rollout_only_under_rollout_ft_recovers_a_killed_engine_without_a_trainer(tmp_path: Path) -> None:
+    """No trainer means no update_weights: the next generate recovers the engine and loads the committed weights
+    before it is routed again."""
+    config = LifecycleConfig.from_mapping({**CPU, "debug_rollout_only": True})
+    faults = (parse_fault("kill-engine:1@2"),)
+    result = _run(config, tmp_path / "ro-ft", 5, launcher="local", quiet=True, faults=faults)
+    assert len(result.rewards) == 5
+    events = read_jsonl(tmp_path / "ro-ft" / "events.jsonl")
+    moves = [e["trigger"] for e in events if e.get("instance") == "engine-1" and e.get("event") == TRANSITION]
+    i = moves.index("mark_unhealthy")
+    assert moves[i : i + 7] == [
+        "mark_unhealthy",
+        "recover",
+        "restart",
+        "ready",
+        "begin_update",
+        "finish_update",
+        "resume",
+    ]
+    assert all(state == "Quiesced" for state in result.metrics[-1]["engines"].values()), result.metrics[-1]
 
 
 class _Tty(io.StringIO):
