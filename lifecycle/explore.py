@@ -147,7 +147,7 @@ def explore(
                 queue.append(child)
         succ[key] = edges
         if len(parents) > max_states:
-            raise RuntimeError(f"more than {max_states} product states: raise --max-states or use fewer engines")
+            raise RuntimeError(f"more than {max_states} job states: raise --max-states or use fewer engines")
     result.states = len(parents)
     if not result.violations:
         for name, problem in check_reach(job, frozenset(seen_effects), only):

@@ -306,7 +306,7 @@ def check_state(job: Checker, n: Node, only: frozenset[str] | None = None) -> li
 def check_step(
     job: Checker, t: Transition, before: Node, only: frozenset[str] | None = None, *, with_state: bool = True
 ) -> list[tuple[str, str]]:
-    """Every step-invariant violation of one product step, and of the state it reaches (``with_state``)."""
+    """Every step-invariant violation of one step of the core, and of the state it reaches (``with_state``)."""
     out = []
     for inv in STEP:
         if only is None or inv.name in only:

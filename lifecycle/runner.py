@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import (
@@ -32,6 +31,7 @@ from lifecycle.core import (
     Op,
     Outcome,
     Refusal,
+    Result,
     instance_name,
 )
 from lifecycle.core.plan import ERROR
@@ -150,7 +150,7 @@ class Runner:
             self.check()
         async with self._lock:
             result = self.core.step(self.state, event)
-            commands = self._apply(result.state, result.moves, result.commands, result.blocked)
+            commands = self._apply(result)
         if result.refused is not None:
             return result.refused
         while commands:
@@ -162,7 +162,7 @@ class Runner:
             async with self._lock:
                 done = self.core.step(self.state, Completed(tuple(zip(commands, outcomes, strict=True)), self.clock()))
                 self._record(commands, outcomes)
-                commands = self._apply(done.state, done.moves, done.commands, done.blocked)
+                commands = self._apply(done)
         return None
 
     async def _cancelled(self, commands: tuple[Command, ...]) -> None:
@@ -172,7 +172,7 @@ class Runner:
                 results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
                 done = self.core.step(self.state, Completed(results, self.clock()))
                 self._record(commands, [o for _, o in results])
-                commands = self._apply(done.state, done.moves, done.commands, done.blocked)
+                commands = self._apply(done)
 
     async def _carry_out(self, cmd: Command) -> Outcome:
         handler = self.handlers.get(f"{cmd.machine}.{cmd.effect}")
@@ -199,22 +199,25 @@ class Runner:
             self._machines[instance] = m
         return m
 
-    def _apply(
-        self, state: JobState, moves: tuple[Move, ...], commands: tuple[Command, ...], blocked: tuple[Any, ...]
-    ) -> tuple[Command, ...]:
-        self.state = state
-        for b in blocked:  # the guard's refusal, logged by the machine itself (lifecycle.blocked)
-            m = self.machine(b.machine, b.instance)
-            if m.state == b.state:
-                m.fire(b.trigger)
+    def _apply(self, result: Result) -> tuple[Command, ...]:
+        """Take the core's step: its state, its commit, its moves (replayed, logged, ledgered), its commands."""
+        self.state = result.state
+        if result.commits and self.pending is not None:  # the core committed the update: these are served now
+            self.committed, self.pending = self.pending, None
+        commands, moves, blocked = result.commands, result.moves, result.blocked
         pending = {(c.machine, c.instance, c.effect): c for c in commands}
-        for move in moves:
+        for k, move in enumerate((*moves, None)):
+            for b in blocked:  # a guard's refusal, logged by the machine itself (lifecycle.blocked), in order
+                if b.after == k and self.machine(b.machine, b.instance).state == b.state:
+                    self.machine(b.machine, b.instance).fire(b.trigger)
+            if move is None:
+                break
             m = self.machine(move.machine, move.instance)
             if m.state != move.src:
                 raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
-            result = m.fire(move.trigger)
-            if result.dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
-                raise LifecycleError(f"{move.instance}: {move.trigger} went to {result.dst}, the core said {move.dst}")
+            fired = m.fire(move.trigger)
+            if fired.dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
+                raise LifecycleError(f"{move.instance}: {move.trigger} went to {fired.dst}, the core said {move.dst}")
             labels = []
             for effect in move.effects:
                 cmd = pending.pop((move.machine, move.instance, effect), None)
@@ -224,9 +227,6 @@ class Runner:
                     self._issued[cmd] = (m.seq, move.trigger, move.src, move.dst)
             if labels:
                 self.ledger.record(move.machine, move.instance, m.seq, move.trigger, move.src, move.dst, tuple(labels))
-            committing = move.machine == "rollout" and move.trigger == "update_done" and move.src != "CatchingUp"
-            if committing and self.pending is not None:  # the core committed the update: these are served now
-                self.committed, self.pending = self.pending, None
             for fn in self._watchers:
                 fn(move)
         return commands

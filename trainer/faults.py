@@ -131,18 +131,28 @@ class Expected:
         return f"{self.outcome}: {self.text}"
 
 
-def ft_config(name: str, engines: int = 2) -> LifecycleConfig:
-    """The FT configuration ``name`` with ``engines`` rollout engines (the matrix uses 2)."""
-    return LifecycleConfig.from_mapping({**FT_CONFIGS[name], "rollout_num_gpus": engines})
+# The run modes the matrix covers, as flags: the normal loop, and generation without a trainer.
+MODES: dict[str, dict[str, object]] = {"normal": {}, "rollout-only": {"debug_rollout_only": True}}
 
 
-def expected(kind: str, ft: str) -> Expected:
+def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleConfig:
+    """The FT configuration ``name`` with ``engines`` rollout engines (the matrix uses 2), in ``mode``."""
+    return LifecycleConfig.from_mapping({**FT_CONFIGS[name], **MODES[mode], "rollout_num_gpus": engines})
+
+
+def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
-    config = ft_config(ft)
+    config = ft_config(ft, mode=mode)
     if kind == "crash-trainer":
         if heals_trainer(config):
             return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
         return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
+    if rollout_ft(config) and mode == "rollout-only":  # no trainer, so no update_weights to recover it
+        return Expected(
+            "recovers",
+            "engine marked Unhealthy, relaunched at the next generate (no trainer), loads the committed weights "
+            "before it is routed; run completes",
+        )
     if rollout_ft(config):
         where = " on a surviving node" if kind == "lose-node" else ""
         return Expected(

@@ -164,7 +164,7 @@ class Core:
         if tx.refused is not None:
             return Result(state, (), (), tx.refused, tuple(tx.blocked))
         tx.run_programs()
-        return Result(tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked))
+        return Result(tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked), tx.commits)
 
     def is_command(self, machine: str, effect: str) -> bool:
         """Whether an effect of ``machine`` is work the shells carry out (else the core did it, or it is a label)."""
@@ -210,6 +210,7 @@ class _Tx:
         *JobState._fields,
         "blocked",
         "commands",
+        "commits",
         "core",
         "delay",
         "lane",
@@ -248,6 +249,7 @@ class _Tx:
         self.commands: list[Command] = []
         self.blocked: list[BlockedMove] = []
         self.refused: Refusal | None = None
+        self.commits = False  # this step committed weights: what the engines took is the served version now
         self.lane = "news"  # whose work the commands produced now are
         self.subject: tuple[str, int] | None = None  # the engine a monitor event is about
         self.delay = 0.0  # the backoff of the launch the next move issues (a restart)
@@ -331,7 +333,9 @@ class _Tx:
         instance = instance_name(group, i) if group is not None and i is not None else INSTANCE[part]
         if isinstance(out, Blocked):
             if log:
-                self.blocked.append(BlockedMove(machine, instance, trigger, src, out.blocked_by, out.guards))
+                self.blocked.append(
+                    BlockedMove(machine, instance, trigger, src, out.blocked_by, out.guards, len(self.moves))
+                )
             return out
         if out is None:
             return None
@@ -421,6 +425,9 @@ class _Tx:
             return  # the eval fleet restarts its own engines at its next pin
         if self.s.rollout == "StartingServers":
             self.fire("rollout", "servers_failed")
+        state = self.s.group(group)[i].state
+        if isinstance(self.core.c["engine"].table.get((state, "recover")), Blocked):
+            self.fire("engine", "recover", group, i, log=True)  # on the record: why it is not recovered
         self.fire("engine", "fail", group, i)
 
     def prepend(self, lane: str, phases: tuple[str, ...]) -> None:
@@ -474,7 +481,9 @@ class _Tx:
             out = self.core.c[part].table.get((src, trigger))
             if isinstance(out, Blocked):
                 instance = instance_name(ROLLOUT, op.engine) if op.engine is not None else INSTANCE[part]
-                self.blocked.append(BlockedMove(PARTS[part], instance, trigger, src, out.blocked_by, out.guards))
+                self.blocked.append(
+                    BlockedMove(PARTS[part], instance, trigger, src, out.blocked_by, out.guards, len(self.moves))
+                )
                 self.refused = Refusal("blocked", f"{op.name}: blocked by {', '.join(out.blocked_by)}", out.blocked_by)
                 return
             if out is None:
@@ -554,6 +563,7 @@ class _Tx:
 
     def commit(self) -> None:
         """What the engines took is now the served version (the initial weights, or an update)."""
+        self.commits = True
         self.upd(
             committed=True,
             dirty=False,

@@ -136,6 +136,7 @@ class BlockedMove(NamedTuple):
     state: str
     blocked_by: tuple[str, ...]
     guards: tuple[tuple[str, bool], ...]
+    after: int = 0  # how many of the step's moves came before it (the event log keeps the order)
 
 
 class Result(NamedTuple):
@@ -146,6 +147,7 @@ class Result(NamedTuple):
     commands: tuple[Command, ...] = ()
     refused: Refusal | None = None
     blocked: tuple[BlockedMove, ...] = ()
+    commits: bool = False  # weights were committed: the trainer's pending ones (if any) are the served ones now
 
     @property
     def ok(self) -> bool:

@@ -205,7 +205,7 @@ def make_machine(
     engines: Sequence[int] = ENGINE_COUNTS,
     base: type[JobModelBase] = JobModelBase,
 ) -> type[JobModelBase]:
-    """A ``RuleBasedStateMachine`` class over the product model, bound to ``machines`` and ``configs``."""
+    """A ``RuleBasedStateMachine`` class over the core in its world, bound to ``machines`` and ``configs``."""
     pool = tuple(configs) if configs is not None else VALID_CONFIGS
     assert pool, "no configs to draw from"
 
