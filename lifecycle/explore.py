@@ -181,7 +181,7 @@ def _graph_checks(
                 )
                 return
     if job.p["rollout_ft"] and (only is None or "no_stuck_recovery" in only):
-        sick = {"Unhealthy", "Recovering"}
+        sick = job.core.marked - job.core.specs["engine"].terminal_states  # marked, not over: Unhealthy, Recovering
 
         def good(k: Node) -> bool:
             return bool(k.job.failed) or not any(e.state in sick | {"Starting"} for e in k.job.engines)

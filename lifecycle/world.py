@@ -32,6 +32,7 @@ from lifecycle.core import (
     Op,
     Outcome,
 )
+from lifecycle.machines import MACHINES
 from lifecycle.names import OperationName
 from lifecycle.spec import MachineSpec
 
@@ -377,7 +378,7 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
     )
 
 
-_FINISHED = frozenset({"Failed", "Disposed"})
+_FINISHED = MACHINES["engine"].terminal_states
 _IDLE = frozenset({"Stopped", "Unhealthy", "Init"})
 
 

@@ -627,17 +627,17 @@ class _Tx:
         """Every engine stopped (death confirmed), then released."""
         stopping = False
         for group in (ROLLOUT, EVAL):
-            for i, e in enumerate(self.s.group(group)):
-                if e.state in ("Init", "Stopped"):
-                    self.fire("engine", "dispose", group, i)
-                elif isinstance(self.fire("engine", "stop", group, i), Step):
+            for i in range(len(self.s.group(group))):
+                # released where its spec allows it (never started, or stopped); stopped first otherwise
+                if self.fire("engine", "dispose", group, i) is None and isinstance(
+                    self.fire("engine", "stop", group, i), Step
+                ):
                     stopping = True
         if stopping:
             self.prepend(self.lane, ("dispose_engines",))
 
     def ph_fleet_dispose(self) -> None:
-        if self.s.fleet in ("Pinned", "SkippedUnhealthy", "SkippedPinViolation"):
-            self.fire("fleet", "release")
+        self.fire("fleet", "release")  # a pin or a skip still held (a no-op where the spec has no release)
         self.fire("fleet", "dispose")
 
     # -- the eval fleet's pin ---------------------------------------------------------------------------------------
@@ -649,7 +649,7 @@ class _Tx:
         for j, e in enumerate(self.s.evals):
             if e.state == "Unhealthy":
                 acted |= isinstance(self.fire("engine", "stop", EVAL, j), Step)
-            elif e.state in ("Stopped", "Init"):
+            elif (e.state, "start") in self.core.c["engine"].table:  # never started, or stopped
                 if e.state == "Stopped":
                     delay, times = next_delay(e.restarts, self.now, self.core.config)
                     self.set_engine(EVAL, j, e._replace(restarts=times))

@@ -104,10 +104,11 @@ REPLAY_ROLLOUTS = 400  # saved rollouts a replay world may read (more than a wor
 class Case:
     mode: str
     ft: str
+    launcher: str = "local"  # "ray": every engine server in a Ray actor, and a kill is the actor's death
 
     @property
     def name(self) -> str:
-        return f"{self.mode}/{self.ft}"
+        return f"{self.mode}/{self.ft}" + ("" if self.launcher == "local" else f"/{self.launcher}")
 
     @property
     def engines(self) -> int:
@@ -126,7 +127,7 @@ class Case:
         return LifecycleConfig.from_mapping(flags, check_paths=check_paths)
 
 
-CASES = tuple(Case(mode, ft) for mode in MODES for ft in FT)
+CASES = (*(Case(mode, ft) for mode in MODES for ft in FT), Case("normal", "both", launcher="ray"))
 
 
 class Divergence(AssertionError):
@@ -177,7 +178,7 @@ class World:
             self.config,
             TASK,
             runner=self.runner,
-            launcher_factory=launcher_factory("local"),
+            launcher_factory=launcher_factory("ray" if case.launcher == "ray" else "local"),
             timeouts=Timeouts(startup=90.0, request=30.0, death=10.0),
         )
         self.checker = Checker(self.config, engines=self.runner.core.engines)
@@ -467,8 +468,22 @@ class Calls:
         self.w.act(f"start_engine({i})", self.w.manager.start_engine(i))
 
     def kill_engine(self, i: int) -> None:
-        """SIGKILL the server; its death watcher reports it; the core marks it (then recovers or stops)."""
-        self.w.act(f"kill_engine({i})", self.w.manager.controller.kill_engine(i))
+        """SIGKILL the server (with Ray launchers: the actor's process dies); its death watcher reports it;
+        the core marks it (then recovers or stops)."""
+        w = self.w
+        if w.case.launcher == "local":
+            w.act(f"kill_engine({i})", w.manager.controller.kill_engine(i))
+            return
+
+        async def actor_dies() -> None:
+            w.manager.controller.engines[i].launcher.crash()
+            for _ in range(1500):  # bounded: Ray reports an actor's death within seconds
+                if w.runner.state.engines[i].state not in w.runner.core.live:
+                    return
+                await asyncio.sleep(0.02)
+            raise Divergence(f"engine-{i}: the actor's death was not reported within 30 s")
+
+        w.act(f"crash_actor({i})", actor_dies())
 
     def crash_trainer_worker(self, i: int) -> None:
         """The worker's process dies; the trainer learns it at its next call (heal, or stop)."""
@@ -619,5 +634,6 @@ def test_divergence_when_a_restarted_engine_gets_the_previous_weights(monkeypatc
 
 def test_the_cases_cover_every_mode_and_ft_configuration() -> None:
     assert {(c.mode, c.ft) for c in CASES} == {(m, f) for m in MODES for f in FT}
+    assert {c.launcher for c in CASES} == {"local", "ray"}
     modes = {c.config(Path("/nonexistent"), check_paths=False).mode for c in CASES}
     assert modes >= {"train-only", "rollout-only", "replay"}, modes
