@@ -36,7 +36,7 @@ from lifecycle.core import (
 )
 from lifecycle.core.plan import ERROR
 from lifecycle.errors import IllegalTransition, LifecycleError
-from lifecycle.events import DEFAULT_LOG, EventLog
+from lifecycle.events import DEFAULT_LOG, EventLog, bind_context
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import OperationName
 from lifecycle.runtime import LifecycleMachine
@@ -150,7 +150,10 @@ class Runner:
             self.check()
         async with self._lock:
             result = self.core.step(self.state, event)
-            commands = self._apply(result)
+            why = {}
+            if isinstance(event, Outcome) and event.reason and event.group is not None and event.engine is not None:
+                why[instance_name(event.group, event.engine)] = event.reason
+            commands = self._apply(result, why)
         if result.refused is not None:
             return result.refused
         while commands:
@@ -160,9 +163,10 @@ class Runner:
                 await asyncio.shield(self._cancelled(commands))
                 raise
             async with self._lock:
-                done = self.core.step(self.state, Completed(tuple(zip(commands, outcomes, strict=True)), self.clock()))
+                results = tuple(zip(commands, outcomes, strict=True))
+                done = self.core.step(self.state, Completed(results, self.clock()))
                 self._record(commands, outcomes)
-                commands = self._apply(done)
+                commands = self._apply(done, {c.instance: o.reason for c, o in results if o.reason})
         return None
 
     async def _cancelled(self, commands: tuple[Command, ...]) -> None:
@@ -172,7 +176,7 @@ class Runner:
                 results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
                 done = self.core.step(self.state, Completed(results, self.clock()))
                 self._record(commands, [o for _, o in results])
-                commands = self._apply(done)
+                commands = self._apply(done, {c.instance: o.reason for c, o in results})
 
     async def _carry_out(self, cmd: Command) -> Outcome:
         handler = self.handlers.get(f"{cmd.machine}.{cmd.effect}")
@@ -199,8 +203,11 @@ class Runner:
             self._machines[instance] = m
         return m
 
-    def _apply(self, result: Result) -> tuple[Command, ...]:
-        """Take the core's step: its state, its commit, its moves (replayed, logged, ledgered), its commands."""
+    def _apply(self, result: Result, why: Mapping[str, str] | None = None) -> tuple[Command, ...]:
+        """Take the core's step: its state, its commit, its moves (replayed, logged, ledgered), its commands.
+
+        ``why`` (instance -> reason) is the news that caused the step; it travels with that instance's moves
+        in the event log, so a ``mark_unhealthy`` says what the probe, the request or the death was."""
         self.state = result.state
         if result.commits and self.pending is not None:  # the core committed the update: these are served now
             self.committed, self.pending = self.pending, None
@@ -215,7 +222,12 @@ class Runner:
             m = self.machine(move.machine, move.instance)
             if m.state != move.src:
                 raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
-            fired = m.fire(move.trigger)
+            reason = why.get(move.instance) if why else None
+            if reason:
+                with bind_context(reason=reason):
+                    fired = m.fire(move.trigger)
+            else:
+                fired = m.fire(move.trigger)
             if fired.dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
                 raise LifecycleError(f"{move.instance}: {move.trigger} went to {fired.dst}, the core said {move.dst}")
             labels = []

@@ -58,7 +58,7 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "`crash-during-update`, so the engine recovered in step 2's update serves again; 2 CPU engines,",
         "1 trainer worker), under the four fault-tolerance configurations; and the engine faults once",
         "more in `--debug-rollout-only` runs (no trainer: a dead engine is recovered at the next generate,",
-        "loading the committed weights -- the seed's -- before it is routed). *Expected* is the"
+        "loading the committed weights -- the seed's -- before it is routed). *Expected* is the "
         "contract in `trainer/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
         "`heals_trainer`); *observed* is what the cell's test saw; a cell fails when they differ, and",
         "`tests/reliability/test_matrix.py::test_committed_doc_is_current` fails CI when this file and",
