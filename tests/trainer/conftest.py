@@ -17,3 +17,10 @@ def bind_rollout_stand_in(runner: Runner) -> None:
         return Outcome(NOMINAL.get(cmd.effect, "done"))
 
     runner.provide({f"{m}.{e}": nominal for m, e in runner.core.commands() if m != "trainer"})
+
+
+async def generated(runner: Runner) -> None:
+    """The rollout side through init and one generate, as a loop does before its first train step (the core
+    refuses ``train`` before anything was generated)."""
+    for name in ("init", "generate", "generate_done"):
+        await runner.operate(name)

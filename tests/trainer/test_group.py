@@ -22,7 +22,7 @@ from rollout.task import PatternTask  # noqa: E402
 from trainer.group import TrainerFailed, TrainerGroup  # noqa: E402
 from trainer.workers import WorkerCrashed  # noqa: E402
 
-from .conftest import bind_rollout_stand_in  # noqa: E402
+from .conftest import bind_rollout_stand_in, generated  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -74,6 +74,12 @@ def _group(tmp_path: Path, flags: dict[str, Any], workers: int, **kwargs: Any) -
     return group, sink
 
 
+async def _start(group: TrainerGroup) -> None:
+    """The trainer started and the (stand-in) rollout side through one generate: where a loop trains."""
+    await group.start()
+    await generated(group.runner)
+
+
 def _trainer_moves(sink: MemorySink) -> list[str]:
     return [e["trigger"] for e in sink if e.get("event") == TRANSITION and e["machine"] == "trainer"]
 
@@ -100,7 +106,7 @@ def test_train_ft_two_workers_replaces_the_crashed_worker_from_its_peer(
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.train(_samples())
             old_actor = group.workers[1].actor
             await group.crash_worker(1)
@@ -129,19 +135,19 @@ def test_train_ft_one_worker_heals_from_the_saved_state(tmp_path: Path, loop: as
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             saved = await group.workers[0].call("get_state")
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             restored: dict[str, Any] = {}
-            real_step = group._step
+            real_step = group.runner.handlers["trainer.train_step"]
 
-            async def spy_step(samples: Any) -> dict[str, float]:
+            async def spy_step(cmd: Any) -> Any:
                 if group.heals and not restored:  # the retried step: see what the replacement holds first
                     restored.update(await group.workers[0].call("get_state"))
-                return await real_step(samples)
+                return await real_step(cmd)
 
-            group._step = spy_step  # type: ignore[method-assign]
+            group.runner.handlers["trainer.train_step"] = spy_step  # the handler the core's command runs
             await group.train(_samples())
             assert group.state == "Ready" and group.heals == 1
             assert _same_params(saved["model"], restored["model"])
@@ -160,7 +166,7 @@ def test_train_ft_one_worker_without_a_saved_state_cannot_heal(tmp_path: Path, l
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             group._last_state = None
             await group.crash_worker(0)
             await _wait_dead(group, 0)
@@ -178,7 +184,7 @@ def test_no_train_ft_fails_naming_worker_and_flag(tmp_path: Path, loop: asyncio.
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             with pytest.raises(TrainerFailed) as info:
@@ -255,7 +261,7 @@ def test_a_crash_found_by_update_weights_heals_or_fails(
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             if heals:
@@ -286,7 +292,7 @@ def test_a_hung_worker_is_a_bounded_wait_then_a_crash(
 
     async def scenario() -> tuple[float, BaseException | None]:
         try:
-            await group.start()
+            await _start(group)
             await group.train(_samples())
             hung = group.workers[0]
             hung.hang(600.0)
