@@ -352,8 +352,8 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
     """Engines sorted by (state, facts, process health); commands and programs renamed to match."""
     job, world = _normal(job, world)
     engines, procs = job.engines, world.procs
-    if len(engines) < 2:
-        return job, world
+    if len(engines) < 2 or (len(engines) == 2 and not (engines[1], procs[1]) < (engines[0], procs[0])):
+        return job, world  # already in order (the common case, without building the sort)
     pairs = list(zip(engines, procs, strict=True))
     order = sorted(range(len(pairs)), key=pairs.__getitem__)
     if all(i == o for i, o in enumerate(order)):
@@ -390,11 +390,13 @@ def _normal(job: JobState, world: World) -> tuple[JobState, World]:
         # between pins the fleet serves nothing: which version an eval engine held last is not read again
         job = job._replace(evals=tuple(e._replace(current=False, fresh=False) for e in job.evals))
     engines, procs = job.engines, world.procs
-    if not any(
-        (e.state in _FINISHED and (p != DEAD_NOTIFIED or e != (e.state, *_BLANK)))
-        or (e.state in _IDLE and (e.current or e.fresh or e.released))
-        for e, p in zip(engines, procs, strict=True)
-    ):
+    for e, p in zip(engines, procs, strict=True):
+        if e.state in _FINISHED:
+            if p != DEAD_NOTIFIED or e.current or e.fresh or e.released or e.restarts:
+                break
+        elif e.state in _IDLE and (e.current or e.fresh or e.released):
+            break
+    else:
         return job, world
     new_engines, new_procs = [], []
     for e, p in zip(engines, procs, strict=True):
@@ -406,5 +408,3 @@ def _normal(job: JobState, world: World) -> tuple[JobState, World]:
         new_procs.append(p)
     return job._replace(engines=tuple(new_engines)), world._replace(procs=tuple(new_procs))
 
-
-_BLANK = tuple(EngineState())[1:]

@@ -15,7 +15,7 @@ out the commands it returns and reports their results back. Each rule is written
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core.model import (
@@ -148,6 +148,7 @@ class Core:
         self.releases = {s.name: s.releases for s in engine.states}
         self.updating_engine = frozenset(s for s in self.transient if s in self.live)  # receiving weights
         self.markable = frozenset(s for t in engine.transitions if t.trigger == "mark_unhealthy" for s in t.source)
+        self._effects: dict[tuple[str, tuple[str, ...]], _Effects] = {}
 
     # -- the public surface ---------------------------------------------------------------------------
     def initial(self) -> JobState:
@@ -165,6 +166,27 @@ class Core:
             return Result(state, (), (), tx.refused, tuple(tx.blocked))
         tx.run_programs()
         return Result(tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked), tx.commits)
+
+    def effects_of(self, machine: str, effects: tuple[str, ...]) -> _Effects:
+        """What a move's effects do to an engine's facts and which of them are commands (cached per move)."""
+        key = (machine, effects)
+        fx = self._effects.get(key)
+        if fx is None:
+            launch, add, drop = False, set[str](), set[str]()
+            for effect in effects:
+                if effect == "launch_engine":
+                    launch, add, drop = True, set(), set()
+                elif effect in ("release_weights", "release_kv_cache"):
+                    tag = effect.removeprefix("release_")
+                    add.add(tag)
+                    drop.discard(tag)
+                elif effect in ("resume_weights", "resume_kv_cache"):
+                    tag = effect.removeprefix("resume_")
+                    drop.add(tag)
+                    add.discard(tag)
+            commands = tuple(e for e in effects if self.is_command(machine, e))
+            fx = self._effects[key] = _Effects(commands, launch, frozenset(add), frozenset(drop))
+        return fx
 
     def is_command(self, machine: str, effect: str) -> bool:
         """Whether an effect of ``machine`` is work the shells carry out (else the core did it, or it is a label)."""
@@ -201,6 +223,15 @@ class Core:
     def routable(self, s: JobView, group: str = ROLLOUT) -> tuple[int, ...]:
         """The engines requests may go to: Serving only (invariant 4)."""
         return tuple(i for i, e in enumerate(s.group(group)) if e.state == "Serving")
+
+
+class _Effects(NamedTuple):
+    """A move's effects, read once: the commands among them and what they do to the engine's memory facts."""
+
+    commands: tuple[str, ...]
+    launch: bool  # a new process: holds no weights, releases nothing (then ``add`` is released again)
+    add: frozenset[str]  # memory tags released
+    drop: frozenset[str]  # memory tags resumed
 
 
 class _Tx:
@@ -339,27 +370,23 @@ class _Tx:
             return out
         if out is None:
             return None
+        fx = self.core.effects_of(machine, out.effects)
         if group is not None and i is not None:
             e = self.s.group(group)[i]
-            released = set(e.released)
-            current, fresh = e.current, e.fresh
-            for effect in out.effects:
-                if effect == "launch_engine":  # a new process holds nothing
-                    current, fresh, released = False, False, set()
-                elif effect in ("release_weights", "release_kv_cache"):
-                    released.add(effect.removeprefix("release_"))
-                elif effect in ("resume_weights", "resume_kv_cache"):
-                    released.discard(effect.removeprefix("resume_"))
             dest: Any = out.dest  # a name from the engine spec (the typed names are checked against the specs)
-            new = e._replace(state=dest, current=current, fresh=fresh, released=frozenset(released))
+            if fx.launch:  # a new process holds nothing
+                new = EngineState(dest, False, False, fx.add, e.restarts)
+            elif fx.add or fx.drop:
+                new = EngineState(dest, e.current, e.fresh, (e.released - fx.drop) | fx.add, e.restarts)
+            else:
+                new = EngineState(dest, e.current, e.fresh, e.released, e.restarts)
             self.set_engine(group, i, new)
         else:
             self.set_machine(part, out.dest)
         names: tuple[Any, ...] = (machine, trigger, src, out.dest)  # spec names: see lifecycle.names
         self.moves.append(Move(names[0], instance, names[1], names[2], names[3], out.effects))
-        for effect in out.effects:
-            if self.core.is_command(machine, effect):
-                self.command(Command(effect, machine, instance, group, i))
+        for effect in fx.commands:
+            self.command(Command(effect, machine, instance, group, i))
         phases: list[str] = []
         for effect in out.effects:
             phases += self.couple(part, effect, group, i)
@@ -370,9 +397,8 @@ class _Tx:
         return out
 
     def command(self, cmd: Command) -> None:
-        if cmd.effect == "launch_engine" and self.delay:
-            cmd = cmd._replace(delay=self.delay)
-        cmd = cmd._replace(lane=self.lane)
+        delay = self.delay if cmd.effect == "launch_engine" else 0.0
+        cmd = Command(cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane)
         self.commands.append(cmd)
         self.upd(awaiting=(*self.s.awaiting, cmd))
 
