@@ -407,4 +407,3 @@ def _normal(job: JobState, world: World) -> tuple[JobState, World]:
         new_engines.append(e)
         new_procs.append(p)
     return job._replace(engines=tuple(new_engines)), world._replace(procs=tuple(new_procs))
-
