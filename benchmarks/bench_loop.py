@@ -34,7 +34,7 @@ from typing import Any
 
 from structlog.contextvars import get_contextvars
 
-from lifecycle.cli import config_from_args
+from lifecycle.cli.args import config_from_args
 from lifecycle.runtime import LifecycleMachine
 
 GOAL = 0.01
@@ -110,7 +110,7 @@ def bare_record() -> Iterator[None]:
 
     apply, record = Runner._apply, Runner._record
 
-    def bare_apply(self: Runner, result: Any) -> Any:
+    def bare_apply(self: Runner, result: Any, why: Any = None) -> Any:
         self.state = result.state
         if result.commits and self.pending is not None:
             self.committed, self.pending = self.pending, None
@@ -178,7 +178,7 @@ def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[fl
 
 
 def _default_config() -> Any:
-    from lifecycle.cli import add_config_arguments
+    from lifecycle.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
