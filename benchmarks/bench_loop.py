@@ -7,8 +7,9 @@ defaults' rollout FT, monitors included):
    timed -- ``Core.step`` (the decision: operations, results, news) and the runner's ``_apply`` and
    ``_record`` (the core's moves replayed on ``transitions`` machines, the event log with its JSONL
    sink, the effect ledger); a call counts when a step is bound in its context, so start-up and
-   shutdown are excluded. Share = the loop thread's CPU time inside them / median step time (wall
-   time is printed too: an upper bound that also counts preemption by other processes).
+   shutdown are excluded. Share = the loop thread's CPU time inside them / the wall time of the same
+   steps (every step, the first included: numerator and denominator cover the same time; wall time
+   inside the layer is printed too: an upper bound that also counts preemption by other processes).
 2. **A/B**: the same loop with the record switched off -- the core still decides (nothing runs
    without it), but no ``transitions`` machine, event log or ledger is written. Everything the loop
    does because of the commands (HTTP calls, Ray calls, the monitor) is unchanged. The runs
@@ -186,14 +187,14 @@ def _default_config() -> Any:
 
 
 def one_run(steps: int, seed: int, wrap: Callable[[], Any]) -> list[float]:
-    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (the first step is dropped: warm-up)."""
+    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (every step, the first included)."""
     from trainer.loop import RunOptions, run_loop
 
     config = _default_config()
     with tempfile.TemporaryDirectory() as tmp, wrap():
         opts = RunOptions(steps=steps, seed=seed, run_dir=Path(tmp) / "run", quiet=True)
         result = asyncio.run(run_loop(config, opts, io.StringIO()))
-    return [float(m["seconds"]) for m in result.metrics[1:]]
+    return [float(m["seconds"]) for m in result.metrics]
 
 
 def main() -> None:
@@ -212,19 +213,19 @@ def main() -> None:
         before = timer.cpu
         steps = one_run(args.steps, 0, lambda: timed_layer(timer))
         ours += steps
-        print(f"round {r + 1}: lifecycle median step {statistics.median(steps) * 1e3:.0f} ms", end="", flush=True)
+        print(f"round {r + 1}: lifecycle mean step {sum(steps) / len(steps) * 1e3:.0f} ms", end="", flush=True)
         print(f" (lifecycle layer {(timer.cpu - before) / args.steps * 1e3:.2f} ms CPU/step)", end="", flush=True)
         steps = one_run(args.steps, 0, bare_record)
         bare += steps
-        print(f", bare median step {statistics.median(steps) * 1e3:.0f} ms", flush=True)
+        print(f", bare mean step {sum(steps) / len(steps) * 1e3:.0f} ms", flush=True)
 
     runs = args.rounds * args.steps
     per_step, wall_per_step = timer.cpu / runs, timer.seconds / runs
-    step = statistics.median(ours)
+    step = sum(ours) / len(ours)  # the mean: the layer's time over the same steps' time
     share = per_step / step
     print(
         f"P3 in-run: {timer.events / runs:.0f} layer calls/step, {per_step * 1e3:.2f} ms CPU/step in the "
-        f"lifecycle layer (Core.step + machines + ledger + event log) vs {step * 1e3:.0f} ms median step: "
+        f"lifecycle layer (Core.step + machines + ledger + event log) vs {step * 1e3:.0f} ms mean step: "
         f"{share:.2%} of step time (goal <= {GOAL:.0%}) {'ok' if share <= GOAL else 'NOT MET'}; "
         f"wall time inside it (preemption by other processes included, an upper bound): "
         f"{wall_per_step * 1e3:.2f} ms = {wall_per_step / step:.2%}"
