@@ -60,7 +60,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "recovered_engine_gets_old_weights",
         "the committed weights never advance, so a recovered engine is caught up with an older version",
         RUNNER,
-        "if committing and self.pending is not None:",
+        "if result.commits and self.pending is not None:",
         "if False:",
         (f"{T_CONTROLLER}::test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serves",),
     ),

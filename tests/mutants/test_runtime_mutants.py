@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .runtime_mutants import MUTANTS, RuntimeMutant, kill, markdown_table
-
-pytestmark = pytest.mark.slow  # each mutant copies the tree and starts a pytest of its own
+from .runtime_mutants import MUTANTS, ROOT, RuntimeMutant, kill, markdown_table
 
 
 def test_there_are_at_least_twelve_runtime_mutants_in_runtime_modules() -> None:
@@ -20,6 +18,17 @@ def test_there_are_at_least_twelve_runtime_mutants_in_runtime_modules() -> None:
     assert all(k.startswith("tests/") and "::" in k for m in MUTANTS for k in m.killers)
 
 
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_every_mutant_still_applies_and_names_real_killers(mutant: RuntimeMutant) -> None:
+    """Fast: a mutant whose text has drifted out of its module would only fail the slow run below."""
+    text = (ROOT / mutant.path).read_text()
+    assert text.count(mutant.old) == 1, f"{mutant.name}: its text occurs {text.count(mutant.old)}x in {mutant.path}"
+    for killer in mutant.killers:
+        path, _, name = killer.partition("::")
+        assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), f"{mutant.name}: no test {killer}"
+
+
+@pytest.mark.slow  # each mutant copies the tree and starts a pytest of its own
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_the_fast_suite_kills_the_runtime_mutant(mutant: RuntimeMutant) -> None:
     run = kill(mutant)
