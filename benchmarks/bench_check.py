@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import time
 
-from lifecycle import job as job_module
+from lifecycle import world as world_module
+from lifecycle.cli.check import _expected_cost
 from lifecycle.explore import explore, lattice, run_check
 from lifecycle.presets import preset
 
 
 def full(engines: int, jobs: int, faults: int) -> tuple[int, int, int, int, float]:
     lat = lattice()
-    groups = sorted(lat.groups.values(), key=lambda g: -len(g))
+    groups = sorted(lat.groups.values(), key=_expected_cost, reverse=True)  # as `lifecycle check` does
     t0 = time.perf_counter()
     states = transitions = 0
     for r in run_check(groups, engines=engines, jobs=jobs, max_faults=faults):
@@ -32,14 +33,12 @@ def full(engines: int, jobs: int, faults: int) -> tuple[int, int, int, int, floa
 def symmetry(engines: int, faults: int) -> tuple[int, int]:
     config = preset("ft-rollout")
     reduced = explore(config, engines=engines, max_faults=faults).states
-    original = job_module.Product.key
-    job_module.Product.key = lambda self: self._replace(  # type: ignore[method-assign]
-        engines=tuple(job_module._normal(e) for e in self.engines)
-    )
+    original = world_module.Node.key
+    world_module.Node.key = lambda self: world_module.Node(*world_module._normal(self.job, self.world))  # type: ignore[method-assign]
     try:
         unreduced = explore(config, engines=engines, max_faults=faults).states
     finally:
-        job_module.Product.key = original  # type: ignore[method-assign]
+        world_module.Node.key = original  # type: ignore[method-assign]
     return reduced, unreduced
 
 

@@ -1,6 +1,6 @@
 """Engine benchmarks P1, P2, P6 (Engines issue), each a ratio against a baseline of the same run.
 
-P1  process death -> Unhealthy: our path (Ray/OS reports the death; the monitor's ``engine_died``)
+P1  process death -> Unhealthy: our path (the launcher's death watcher reports it; the core marks it)
     vs a sequential poller with miles' semantics (every interval, probe the engines one after
     another, each with the probe timeout) at the same settings (--interval/--timeout, default 2 s).
 P2  one probe round over N engines with injected probe latency L: concurrent rounds (ours) vs the
@@ -23,13 +23,37 @@ from pathlib import Path
 from aiohttp import web
 
 from engines.client import EngineClient
-from engines.engine import Engine
 from engines.errors import EngineError
 from engines.health import HealthMonitor
-from engines.launcher import LocalLauncher
+from engines.launcher import LocalLauncher, launcher_factory
 from engines.process import torch_engine_command
 from lifecycle import LifecycleConfig
+from lifecycle.core import ROLLOUT, Command, Outcome
+from lifecycle.runner import Runner
 from models import TinyCausalLM
+from rollout.executor import RolloutManager
+from rollout.task import PatternTask
+
+
+def _weights() -> tuple[str, str]:
+    path = Path(tempfile.mkdtemp()) / "w.safetensors"
+    TinyCausalLM("tiny", seed=3).save_weights(path)
+    return str(path), "v1"
+
+
+def _manager(interval: float, timeout: float, engines: int) -> tuple[RolloutManager, Runner]:
+    """A rollout manager on real CPU engines under rollout FT; the trainer's part answers at once."""
+    cfg = LifecycleConfig.from_mapping(
+        {**config(interval, timeout).to_dict(), "rollout_num_gpus": engines, "engine_max_restarts": 100}
+    )
+    runner = Runner(cfg)
+
+    async def done(cmd: Command) -> Outcome:
+        return Outcome("done")
+
+    runner.provide({f"trainer.{e}": done for m, e in runner.core.commands() if m == "trainer"})
+    manager = RolloutManager(cfg, PatternTask(), runner=runner, launcher_factory=launcher_factory("local"))
+    return manager, runner
 
 
 def config(interval: float, timeout: float) -> LifecycleConfig:
@@ -62,41 +86,38 @@ async def sequential_poller(
         await asyncio.sleep(interval)
 
 
-async def p1_trial(mode: str, phase: float, interval: float, timeout: float) -> float:
-    """Seconds from SIGKILL of one of two real engines until it is marked Unhealthy."""
+async def p1_ours(phase: float, interval: float, timeout: float) -> float:
+    """Seconds from SIGKILL of one of two real engines until the core has it Unhealthy (the real runtime:
+    the launcher's death watcher reports ``died``, the core moves the engine)."""
+    manager, runner = _manager(interval, timeout, engines=2)
+    marked = asyncio.Event()
+    runner.watch(lambda m: marked.set() if m.instance == "engine-1" and m.dst == "Unhealthy" else None)
+    try:
+        await manager.init(_weights())
+        await manager.runner.operate("generate")  # the monitor is running, as during a rollout
+        await asyncio.sleep(interval * phase)  # kill at varying phases of the probe period
+        t0 = time.perf_counter()
+        await manager.controller.engines[1].launcher.kill()
+        await asyncio.wait_for(marked.wait(), 60)
+        return time.perf_counter() - t0
+    finally:
+        await manager.dispose()
+
+
+async def p1_baseline(phase: float, interval: float, timeout: float) -> float:
+    """The same death found by miles' sequential poller."""
     launchers = [LocalLauncher(f"e{i}", lambda i=i: torch_engine_command(seed=i)) for i in range(2)]
     urls = await asyncio.gather(*(lch.launch() for lch in launchers))
     clients = [EngineClient(u, engine_id=f"e{i}", timeout=timeout) for i, u in enumerate(urls)]
-    victim = launchers[1]
     dead = asyncio.Event()
     found: list[str] = []
-    monitor: HealthMonitor | None = None
-    if mode == "ours":
-
-        async def on_unhealthy(eid: str, why: str) -> None:
-            found.append(eid)
-            dead.set()
-
-        monitor = HealthMonitor(config(interval, timeout), "rollout", on_unhealthy)
-        await monitor.create()
-        for c in clients:
-            monitor.add_engine(c.engine_id, lambda t, c=c: c.health_generate(timeout=t))
-        await monitor.resume()
-
-        async def watcher(m: HealthMonitor) -> None:
-            await m.engine_died("e1", await victim.watch())
-
-        task = asyncio.create_task(watcher(monitor))
-    else:
-        task = asyncio.create_task(sequential_poller(clients, interval, timeout, dead, found))
-    await asyncio.sleep(interval * phase)  # kill at varying phases of the probe period
+    task = asyncio.create_task(sequential_poller(clients, interval, timeout, dead, found))
+    await asyncio.sleep(interval * phase)
     t0 = time.perf_counter()
-    await victim.kill()
+    await launchers[1].kill()
     await asyncio.wait_for(dead.wait(), 60)
     elapsed = time.perf_counter() - t0
     task.cancel()
-    if monitor is not None:
-        await monitor.stop()
     for c in clients:
         await c.close()
     for lch in launchers:
@@ -110,18 +131,25 @@ async def p1(trials: int, interval: float, timeout: float) -> tuple[list[float],
     base: list[float] = []
     for trial in range(trials):
         phase = 0.1 + 0.8 * ((trial * 0.37) % 1)
-        ours.append(await p1_trial("ours", phase, interval, timeout))
-        base.append(await p1_trial("baseline", phase, interval, timeout))
+        ours.append(await p1_ours(phase, interval, timeout))
+        base.append(await p1_baseline(phase, interval, timeout))
     return ours, base
 
 
 async def probe_rounds(clients: list[EngineClient]) -> tuple[float, float]:
     """One concurrent monitor round vs the same probes one after another (warm pools); closes the clients."""
-    monitor = HealthMonitor(config(interval=10.0, timeout=5.0), "rollout", lambda e, r: None)
-    await monitor.create()
-    for c in clients:
-        monitor.add_engine(c.engine_id, lambda t, c=c: c.health_generate(timeout=t))
-    await monitor.machine.fire("resume")
+
+    async def report(outcome: Outcome) -> None:
+        return None
+
+    monitor = HealthMonitor(config(interval=10.0, timeout=5.0), report)
+    for i, c in enumerate(clients):
+
+        async def probe(t: float, c: EngineClient = c) -> Outcome:
+            await c.health_generate(timeout=t)
+            return Outcome("probe_ok")
+
+        monitor.add_engine((ROLLOUT, i), probe)
     await monitor.probe_round()  # warm the connection pools
     t0 = time.perf_counter()
     await monitor.probe_round()
@@ -165,28 +193,27 @@ async def p2_real(n: int) -> tuple[float, float]:
 
 
 async def p6(trials: int) -> tuple[list[float], list[float]]:
-    cfg = config(2.0, 2.0)
-    tmp = Path(tempfile.mkdtemp())
-    weights = tmp / "w.safetensors"
-    TinyCausalLM("tiny", seed=3).save_weights(weights)
+    """Cold start (launch, load, serve) vs recovery (SIGKILL -> Unhealthy -> recover, restart, catch up,
+    serve), both through the real runtime on one CPU engine."""
     cold: list[float] = []
     recovery: list[float] = []
     for _ in range(trials):
-        engine = Engine("e0", cfg, LocalLauncher("e0", lambda: torch_engine_command(seed=0)))
-        t0 = time.perf_counter()
-        await engine.start()
-        await engine.load_weights(str(weights), "v1")
-        await engine.resume()
-        cold.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        await engine.launcher.kill()
-        await engine.mark_unhealthy("killed")
-        await engine.recover()
-        await engine.load_weights(str(weights), "v1")
-        await engine.resume()
-        recovery.append(time.perf_counter() - t0)
-        assert engine.routable
-        await engine.stop()
+        manager, runner = _manager(2.0, 2.0, engines=1)
+        try:
+            t0 = time.perf_counter()
+            await manager.init(_weights())
+            await runner.operate("generate")
+            assert runner.state.engines[0].state == "Serving"
+            cold.append(time.perf_counter() - t0)
+            await runner.operate("generate_done")
+            t0 = time.perf_counter()
+            await manager.controller.kill_engine(0)
+            await runner.operate("generate")  # recovers, catches up, routes
+            assert runner.state.engines[0].state == "Serving"
+            recovery.append(time.perf_counter() - t0)
+            await runner.operate("generate_done")
+        finally:
+            await manager.dispose()
     return cold, recovery
 
 

@@ -3,23 +3,19 @@
 Two measurements, both on the real loop (Ray trainer, two CPU engine processes, the embedded CPU
 defaults' rollout FT, monitors included):
 
-1. **In-run share** (the precise one): every ``fire`` of every machine is timed during the steps
-   (``LifecycleMachine.fire`` and ``AsyncLifecycleMachine.fire``; an event counts when a step is
-   bound in its context, so start-up and shutdown moves are excluded). The time inside ``fire`` is
-   the whole machine layer: the table lookup, the ``transitions`` state change, the effect
-   ledger and the event log (JSONL sink write included). Share = the loop thread's CPU time inside
-   ``fire`` / median step time (wall time inside ``fire`` is printed too: an upper bound that also
-   counts preemption by other processes).
-2. **A/B** (the baseline the issue asks for): the same loop with ``fire`` replaced by a *bare*
-   version that looks up the same compiled table, sets the state and returns the same effects
-   -- no ``transitions`` machine, no ledger, no event log. Everything the loop does because of
-   the effects (HTTP calls, Ray calls, monitor pause/resume) is unchanged, so the only difference
-   is the lifecycle layer itself. That makes it a fair "same components without the machines"
-   baseline: a loop calling the components directly would have to take the same decisions
-   somewhere; here they cost a dict lookup. The runs alternate (lifecycle, bare, lifecycle, ...)
-   and the median step time of each variant is compared. The difference is far below the
-   step-to-step noise of a 2-core machine, so the A/B ratio mainly shows there is nothing to see;
-   the in-run share is the number to hold against the goal (<= 1 % of step time).
+1. **In-run share** (the precise one): every call of the lifecycle layer made during the steps is
+   timed -- ``Core.step`` (the decision: operations, results, news) and the runner's ``_apply`` and
+   ``_record`` (the core's moves replayed on ``transitions`` machines, the event log with its JSONL
+   sink, the effect ledger); a call counts when a step is bound in its context, so start-up and
+   shutdown are excluded. Share = the loop thread's CPU time inside them / the wall time of the same
+   steps (every step, the first included: numerator and denominator cover the same time; wall time
+   inside the layer is printed too: an upper bound that also counts preemption by other processes).
+2. **A/B**: the same loop with the record switched off -- the core still decides (nothing runs
+   without it), but no ``transitions`` machine, event log or ledger is written. Everything the loop
+   does because of the commands (HTTP calls, Ray calls, the monitor) is unchanged. The runs
+   alternate and the median step time of each variant is compared; the difference is far below
+   the step-to-step noise of a 2-core machine, so the in-run share is the number to hold against
+   the goal (<= 1 % of step time).
 
 Run: python benchmarks/bench_loop.py [--steps N] [--rounds R]
 """
@@ -39,10 +35,8 @@ from typing import Any
 
 from structlog.contextvars import get_contextvars
 
-from lifecycle.cli import config_from_args
-from lifecycle.errors import IllegalTransition
-from lifecycle.runtime import AsyncLifecycleMachine, FireResult, LifecycleMachine
-from lifecycle.spec import Step
+from lifecycle.cli.args import config_from_args
+from lifecycle.runtime import LifecycleMachine
 
 GOAL = 0.01
 
@@ -73,61 +67,65 @@ class Timer:
         entry[1] += 1
 
 
-@contextmanager
-def timed_fire(timer: Timer) -> Iterator[None]:
-    sync_fire, async_fire = LifecycleMachine.fire, AsyncLifecycleMachine.fire
-
-    def fire(self: LifecycleMachine, trigger: str) -> FireResult:
-        if timer.depth or "step" not in get_contextvars():
-            return sync_fire(self, trigger)
-        timer.depth += 1
-        t, c = time.perf_counter(), time.thread_time()
-        try:
-            return sync_fire(self, trigger)
-        finally:
-            timer.add(self.spec.name, time.perf_counter() - t, time.thread_time() - c)
-            timer.depth -= 1
-
-    async def afire(self: AsyncLifecycleMachine, trigger: str) -> FireResult:
-        # no suspension inside (see Timer), so thread CPU time here is this fire's own
-        if "step" not in get_contextvars():
-            return await async_fire(self, trigger)
-        t, c = time.perf_counter(), time.thread_time()
-        try:
-            return await async_fire(self, trigger)
-        finally:
-            timer.add(f"{self.spec.name} (async)", time.perf_counter() - t, time.thread_time() - c)
-
-    LifecycleMachine.fire, AsyncLifecycleMachine.fire = fire, afire  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LifecycleMachine.fire, AsyncLifecycleMachine.fire = sync_fire, async_fire  # type: ignore[method-assign]
-
-
-def _bare(self: Any, trigger: str) -> FireResult:
-    """The same decision without the lifecycle layer: table lookup, state, effects."""
-    out = self._compiled.table.get((self.state, trigger))
-    if out is None:
-        raise IllegalTransition(self.spec.name, self.instance, self.state, trigger, self.spec.allowed(self.state))
-    if type(out) is not Step:
-        return FireResult(self.spec.name, self.instance, trigger, self.state, self.state, False, (), {}, out.blocked_by)
-    src, self.state = self.state, out.dest
-    return FireResult(self.spec.name, self.instance, trigger, src, out.dest, True, out.effects, out.guard_map)
+LAYER = ("step", "_apply", "_record")  # the core's decision, then the record: transitions machines, log, ledger
 
 
 @contextmanager
-def bare_fire() -> Iterator[None]:
-    sync_fire, async_fire = LifecycleMachine.fire, AsyncLifecycleMachine.fire
+def timed_layer(timer: Timer) -> Iterator[None]:
+    """Time every call of the lifecycle layer made during a step: ``Core.step`` (the decision) and the
+    runner's ``_apply``/``_record`` (the moves replayed on ``transitions`` machines, the event log, the
+    ledger). All three are synchronous: thread CPU time inside them is their own."""
+    from lifecycle.core import Core
+    from lifecycle.runner import Runner
 
-    async def afire(self: AsyncLifecycleMachine, trigger: str) -> FireResult:
-        return _bare(self, trigger)
+    originals = {"step": Core.step, "_apply": Runner._apply, "_record": Runner._record}
 
-    LifecycleMachine.fire, AsyncLifecycleMachine.fire = _bare, afire  # type: ignore[method-assign]
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if timer.depth or "step" not in get_contextvars():
+                return fn(*args, **kwargs)
+            timer.depth += 1
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timer.add(name, time.perf_counter() - t, time.thread_time() - c)
+                timer.depth -= 1
+
+        return timed
+
+    Core.step = wrap("Core.step", originals["step"])  # type: ignore[method-assign]
+    Runner._apply = wrap("Runner._apply", originals["_apply"])  # type: ignore[method-assign]
+    Runner._record = wrap("Runner._record", originals["_record"])  # type: ignore[method-assign]
     try:
         yield
     finally:
-        LifecycleMachine.fire, AsyncLifecycleMachine.fire = sync_fire, async_fire  # type: ignore[method-assign]
+        Core.step, Runner._apply, Runner._record = originals.values()  # type: ignore[method-assign]
+
+
+@contextmanager
+def bare_record() -> Iterator[None]:
+    """The baseline: the core still decides (the loop cannot run without it), but nothing is recorded --
+    no ``transitions`` machine, no event log, no ledger."""
+    from lifecycle.runner import Runner
+
+    apply, record = Runner._apply, Runner._record
+
+    def bare_apply(self: Runner, result: Any, why: Any = None) -> Any:
+        self.state = result.state
+        if result.commits and self.pending is not None:
+            self.committed, self.pending = self.pending, None
+        for move in result.moves:
+            for fn in self._watchers:
+                fn(move)
+        return result.commands
+
+    Runner._apply = bare_apply  # type: ignore[method-assign]
+    Runner._record = lambda self, commands, outcomes: None  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        Runner._apply, Runner._record = apply, record  # type: ignore[method-assign]
 
 
 def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[float, float]]:
@@ -181,7 +179,7 @@ def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[fl
 
 
 def _default_config() -> Any:
-    from lifecycle.cli import add_config_arguments
+    from lifecycle.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
@@ -189,20 +187,20 @@ def _default_config() -> Any:
 
 
 def one_run(steps: int, seed: int, wrap: Callable[[], Any]) -> list[float]:
-    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (the first step is dropped: warm-up)."""
+    """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (every step, the first included)."""
     from trainer.loop import RunOptions, run_loop
 
     config = _default_config()
     with tempfile.TemporaryDirectory() as tmp, wrap():
         opts = RunOptions(steps=steps, seed=seed, run_dir=Path(tmp) / "run", quiet=True)
         result = asyncio.run(run_loop(config, opts, io.StringIO()))
-    return [float(m["seconds"]) for m in result.metrics[1:]]
+    return [float(m["seconds"]) for m in result.metrics]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10, help="steps per run (default 10)")
-    parser.add_argument("--rounds", type=int, default=2, help="lifecycle/bare run pairs (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="with-record/core-only run pairs (default 2)")
     args = parser.parse_args()
 
     from engines.actor import init_local_cluster
@@ -213,33 +211,34 @@ def main() -> None:
     bare: list[float] = []
     for r in range(args.rounds):
         before = timer.cpu
-        steps = one_run(args.steps, 0, lambda: timed_fire(timer))
+        steps = one_run(args.steps, 0, lambda: timed_layer(timer))
         ours += steps
-        print(f"round {r + 1}: lifecycle median step {statistics.median(steps) * 1e3:.0f} ms", end="", flush=True)
-        print(f" (machine layer {(timer.cpu - before) / args.steps * 1e3:.2f} ms CPU/step)", end="", flush=True)
-        steps = one_run(args.steps, 0, bare_fire)
+        print(f"round {r + 1}: lifecycle mean step {sum(steps) / len(steps) * 1e3:.0f} ms", end="", flush=True)
+        print(f" (lifecycle layer {(timer.cpu - before) / args.steps * 1e3:.2f} ms CPU/step)", end="", flush=True)
+        steps = one_run(args.steps, 0, bare_record)
         bare += steps
-        print(f", bare median step {statistics.median(steps) * 1e3:.0f} ms", flush=True)
+        print(f", bare mean step {sum(steps) / len(steps) * 1e3:.0f} ms", flush=True)
 
     runs = args.rounds * args.steps
     per_step, wall_per_step = timer.cpu / runs, timer.seconds / runs
-    step = statistics.median(ours)
+    step = sum(ours) / len(ours)  # the mean: the layer's time over the same steps' time
     share = per_step / step
     print(
-        f"P3 in-run: {timer.events / runs:.0f} machine events/step, {per_step * 1e3:.2f} ms CPU/step in the "
-        f"machine layer (fire + ledger + event log) vs {step * 1e3:.0f} ms median step: {share:.2%} of step time "
-        f"(goal <= {GOAL:.0%}) {'ok' if share <= GOAL else 'NOT MET'}; wall time inside fire (preemption by "
-        f"other processes included, an upper bound): {wall_per_step * 1e3:.2f} ms = {wall_per_step / step:.2%}"
+        f"P3 in-run: {timer.events / runs:.0f} layer calls/step, {per_step * 1e3:.2f} ms CPU/step in the "
+        f"lifecycle layer (Core.step + machines + ledger + event log) vs {step * 1e3:.0f} ms mean step: "
+        f"{share:.2%} of step time (goal <= {GOAL:.0%}) {'ok' if share <= GOAL else 'NOT MET'}; "
+        f"wall time inside it (preemption by other processes included, an upper bound): "
+        f"{wall_per_step * 1e3:.2f} ms = {wall_per_step / step:.2%}"
     )
     parts = ", ".join(
         f"{name} {sec / runs * 1e3:.2f} ms ({int(n) / runs:.1f} events)"
         for name, (sec, n) in sorted(timer.by_machine.items(), key=lambda kv: -kv[1][0])
     )
-    print(f"  CPU per step by machine: {parts}")
+    print(f"  CPU per step by part: {parts}")
     a, b = statistics.median(ours), statistics.median(bare)
     spread = statistics.pstdev(bare) / b if len(bare) > 1 else 0.0
     print(
-        f"P3 A/B: median step {a * 1e3:.0f} ms with the lifecycle vs {b * 1e3:.0f} ms with a bare fire: "
+        f"P3 A/B: median step {a * 1e3:.0f} ms with the lifecycle's record vs {b * 1e3:.0f} ms with the core alone: "
         f"{a / b:.3f}x (step-to-step spread of the baseline: {spread:.0%}; the difference is within noise)"
     )
     costs = cold_event_cost()

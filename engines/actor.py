@@ -134,6 +134,8 @@ class RayLauncher:
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(getattr(exc, "cause", None), Exception) else exc
             raise EngineStartError(self.engine_id, str(cause)) from None
+        except ray.exceptions.RayError as exc:  # e.g. a start error Ray could not deserialize: still a failed start
+            raise EngineStartError(self.engine_id, str(exc).splitlines()[-1] if str(exc) else repr(exc)) from None
         self._alive = True
         return str(url)
 

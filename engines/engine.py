@@ -1,29 +1,25 @@
-"""One engine slot: the ``engine`` machine driving a real server process through a launcher.
+"""One engine slot: the I/O of one inference server, reported as the outcomes the core understands.
 
-Every action is *first* a machine transition (so an illegal or blocked step raises or reports
-before anything happens) and *then* the real work; the work's outcome fires the next event.
-``Stopping -> Stopped`` only once the process is confirmed dead; recovery is allowed only by
-``rollout_ft`` and spends the restart budget (capped backoff), ending in ``Failed``.
+The slot decides nothing. The lifecycle core (``lifecycle.core``) moves the ``engine`` machine and
+hands out commands -- launch, kill, load these weights, pause generation, release memory -- and the
+slot carries each one out against the real server (through its launcher and ``EngineClient``) and
+says what happened: ``ready`` or ``start_failed``, ``dead`` or ``alive``, ``loaded``, ``refused`` or
+``request_failed``, ``done``. Every wait is bounded (:class:`Timeouts`); running out is an outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from engines.client import EngineClient
-from engines.errors import EngineError
+from engines.errors import EngineError, EngineHTTPError
 from engines.launcher import Launcher
 from engines.protocol import PauseMode
-from engines.restart import RestartBudget
-from lifecycle.config import LifecycleConfig
+from lifecycle.core import Outcome
 from lifecycle.errors import LifecycleError
-from lifecycle.events import EventLog, bind_context
-from lifecycle.ledger import EffectLedger
-from lifecycle.machines import ENGINE
-from lifecycle.runtime import FireResult, LifecycleMachine
 
 
 class EngineFailed(LifecycleError):
@@ -36,7 +32,7 @@ class EngineFailed(LifecycleError):
 
 @dataclass
 class Timeouts:
-    """Every wait is bounded; each timeout becomes a transition (start_failed, mark_unhealthy)."""
+    """Every wait is bounded; each timeout is an outcome (start_failed, request_failed, alive)."""
 
     startup: float = 60.0
     request: float = 30.0
@@ -44,65 +40,34 @@ class Timeouts:
 
 
 class Engine:
-    """An engine slot. Methods are the controller's verbs; ``machine.state`` is the truth."""
+    """An engine slot: a launcher, the client of the server it started, and what that server holds."""
 
     def __init__(
         self,
         engine_id: str,
-        config: LifecycleConfig,
         launcher: Launcher,
         *,
         api_key: str | None = None,
-        ledger: EffectLedger | None = None,
-        log: EventLog | None = None,
         timeouts: Timeouts | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        probe_endpoint: str = "health_generate",
     ) -> None:
         self.id = engine_id
-        self.config = config
+        self.probe_endpoint = probe_endpoint
         self.launcher = launcher
         self.api_key = api_key
-        self.machine = LifecycleMachine(ENGINE, config, engine_id, ledger=ledger, log=log)
-        self.budget = RestartBudget.from_config(config, clock)
         self.timeouts = timeouts or Timeouts()
         self.client: EngineClient | None = None
         self.url: str | None = None
-        self.weight_version: str | None = None
-        self.reason = ""
+        self.weight_version: str | None = None  # what the server reported after its last load
+        self.reason = ""  # why the last command failed (it travels with the outcome)
 
-    @property
-    def state(self) -> str:
-        return self.machine.state
+    def _failed(self, name: str, reason: str) -> Outcome:
+        self.reason = reason
+        return Outcome(name, reason=reason)
 
-    @property
-    def routable(self) -> bool:
-        """Only Serving engines receive generate requests (invariant 4)."""
-        return self.machine.state == "Serving"
-
-    def _fire(self, trigger: str) -> FireResult:
-        return self.machine.fire(trigger)
-
-    def _require(self, client: EngineClient | None) -> EngineClient:
-        if client is None:
-            raise EngineFailed(self.id, self.state, "no server process")
-        return client
-
-    # -- start ---------------------------------------------------------------------------------
-    async def start(self, *, confirm: bool = True) -> None:
-        """Init/Stopped -> Starting -> PendingWeights (alive, not routable until it has weights).
-
-        ``confirm=False`` stops at a healthy ``Starting``: a controller launching many engines at once
-        then calls :meth:`confirm_ready` in slot order, so the event log does not depend on which
-        process happened to answer first.
-        """
-        self._fire("start")
-        await self._launch(confirm=confirm)
-
-    def confirm_ready(self) -> None:
-        """Starting (process healthy) -> PendingWeights."""
-        self._fire("ready")
-
-    async def _launch(self, *, confirm: bool = True) -> None:
+    # -- start and stop ------------------------------------------------------------------------------
+    async def launch(self) -> Outcome:
+        """Start the process and wait (bounded) until ``/health_generate`` answers: ``ready`` or ``start_failed``."""
         try:
             self.url = await asyncio.wait_for(self.launcher.launch(), self.timeouts.startup)
             if self.client is not None:
@@ -110,127 +75,91 @@ class Engine:
             self.client = EngineClient(self.url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
             await self._wait_healthy()
         except (TimeoutError, EngineError, OSError) as exc:
-            self.reason = f"did not start: {exc}"
-            self._fire("start_failed")
-            raise EngineFailed(self.id, "Starting", self.reason) from exc
+            return self._failed("start_failed", f"did not start: {exc}")
         self.weight_version = None
-        if confirm:
-            self._fire("ready")
+        return Outcome("ready")
 
     async def _wait_healthy(self) -> None:
-        """Poll /health_generate until it answers (bounded by the startup timeout), then flush the cache."""
-        client = self._require(self.client)
+        """Poll /health_generate until it answers (the startup probe, bounded), then flush the cache."""
+        assert self.client is not None
         deadline = time.monotonic() + self.timeouts.startup
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                await client.health_generate(timeout=min(5.0, self.timeouts.request))
-                await client.flush_cache()
+                await self.client.health_generate(timeout=min(5.0, self.timeouts.request))
+                await self.client.flush_cache()
                 return
             except EngineError as exc:
                 last = exc
                 await asyncio.sleep(0.1)
         raise TimeoutError(f"/health_generate did not answer within {self.timeouts.startup:g}s ({last})")
 
-    # -- weights -----------------------------------------------------------------------------------
-    async def load_weights(self, path: str, version: str) -> None:
-        """PendingWeights/Quiesced/WeightsOnly -> (Loading|Updating)Weights -> ...; checks the version."""
-        self._fire("begin_update")
-        client = self._require(self.client)
-        try:
-            await client.update_weights_from_disk(path, weight_version=version)
-            info = await client.model_info()
-            got = info.weight_version
-            if got != version:
-                raise EngineFailed(self.id, self.state, f"loaded weight version {got!r}, expected {version!r}")
-        except EngineError as exc:
-            self.reason = f"weight update failed: {exc}"
-            await self.mark_unhealthy(self.reason)
-            raise
-        except EngineFailed:
-            self._fire("abort_update")
-            raise
-        self.weight_version = version
-        self._fire("finish_update")
-
-    async def abort_update(self) -> None:
-        self._fire("abort_update")
-
-    # -- traffic -----------------------------------------------------------------------------------
-    async def resume(self) -> None:
-        """Quiesced -> Serving: routable again."""
-        self._fire("resume")
-        await self._require(self.client).continue_generation()
-
-    async def drain(self, mode: PauseMode = "retract") -> None:
-        """Serving -> Quiesced: out of routing, in-flight generation paused."""
-        self._fire("drain")
-        await self._require(self.client).pause_generation(mode=mode)
-
-    # -- memory --------------------------------------------------------------------------------------
-    async def offload(self) -> None:
-        self._fire("offload")
-        await self._require(self.client).release_memory_occupation(["weights", "kv_cache"])
-
-    async def onload_weights(self) -> None:
-        self._fire("onload_weights")
-        await self._require(self.client).resume_memory_occupation(["weights"])
-
-    async def onload_kv(self) -> None:
-        self._fire("onload_kv")
-        await self._require(self.client).resume_memory_occupation(["kv_cache"])
-
-    # -- faults and recovery ---------------------------------------------------------------------------
-    async def mark_unhealthy(self, reason: str) -> None:
-        """A probe threshold, a failed request or a death report: out of routing at once."""
-        if self.state in ("Unhealthy", "Recovering", "Stopping", "Stopped", "Failed", "Disposed", "Init"):
-            return
-        self.reason = f"{reason} (while {self.state})"
-        with bind_context(reason=self.reason):  # the cause travels with the transition event
-            self._fire("mark_unhealthy")
-
-    async def recover(self) -> None:
-        """Unhealthy -> Recovering -> Starting -> PendingWeights, within the restart budget.
-
-        Without rollout FT the guard blocks: the engine goes to Failed and the error says why.
-        """
-        result = self._fire("recover")
-        if not result.ok:
-            self._fire("fail")
-            raise EngineFailed(
-                self.id,
-                "Unhealthy",
-                f"{self.reason or 'unhealthy'}; not recovered: rollout fault tolerance is off "
-                f"(blocked by {', '.join(result.blocked_by)}; use --use-fault-tolerance --ft-components rollout)",
-            )
-        await self.launcher.kill()
-        await self.launcher.wait_dead(self.timeouts.death)
-        delay = self.budget.next_delay()
-        if delay is None:
-            self._fire("give_up")
-            raise EngineFailed(
-                self.id,
-                "Recovering",
-                f"{self.reason}; restart budget spent ({self.budget.max_restarts} restarts within "
-                f"{self.budget.window:g}s: --engine-max-restarts / --engine-restart-window)",
-            )
-        await asyncio.sleep(delay)
-        self._fire("restart")
-        await self._launch()
-
-    # -- stop ----------------------------------------------------------------------------------------------
-    async def stop(self) -> None:
-        """-> Stopping, kill, and Stopped only once the process is confirmed dead."""
-        self._fire("stop")
+    async def kill(self) -> Outcome:
+        """SIGKILL the server and wait (bounded) until its death is confirmed: ``dead`` or ``alive``."""
         await self.launcher.kill()
         if not await self.launcher.wait_dead(self.timeouts.death):
-            raise EngineFailed(self.id, "Stopping", f"process still alive {self.timeouts.death:g}s after SIGKILL")
-        self._fire("confirm_dead")
+            return self._failed("alive", f"process still alive {self.timeouts.death:g}s after SIGKILL")
         if self.client is not None:
             await self.client.close()
             self.client = None
+        return Outcome("dead")
 
-    async def dispose(self) -> None:
-        if self.state not in ("Init", "Stopped"):
-            await self.stop()
-        self._fire("dispose")
+    # -- weights ----------------------------------------------------------------------------------------
+    async def load(self, path: str, version: str) -> Outcome:
+        """``/update_weights_from_disk``, then ``/model_info`` must report ``version``: ``loaded`` or why not."""
+        if self.client is None:
+            return self._failed("request_failed", "no server process")
+        try:
+            await self.client.update_weights_from_disk(path, weight_version=version)
+            got = (await self.client.model_info()).weight_version
+        except EngineHTTPError as exc:  # it answered and said no: the old weights stay, it must not serve
+            return self._failed("refused", f"refused the weights: {exc}")
+        except EngineError as exc:
+            return self._failed("request_failed", f"weight update failed: {exc}")
+        if got != version:
+            return self._failed("refused", f"loaded weight version {got!r}, expected {version!r}")
+        self.weight_version = version
+        return Outcome("loaded")
+
+    # -- traffic and memory -----------------------------------------------------------------------------
+    async def continue_generation(self) -> Outcome:
+        return await self._request("continue_generation")
+
+    async def pause_generation(self, mode: PauseMode = "retract") -> Outcome:
+        return await self._request("pause_generation", mode=mode)
+
+    async def release(self, tag: str) -> Outcome:
+        return await self._request("release_memory_occupation", tags=[tag])
+
+    async def resume(self, tag: str) -> Outcome:
+        return await self._request("resume_memory_occupation", tags=[tag])
+
+    async def probe(self, timeout: float) -> Outcome:
+        """One liveness probe, bounded: ``/health_generate`` (a real 1-token generation) by default;
+        ``/health`` (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
+        if self.client is None:
+            return self._failed("probe_failed", "no server process")
+        call = self.client.health if self.probe_endpoint == "health" else self.client.health_generate
+        try:
+            await asyncio.wait_for(call(timeout=timeout), timeout)
+        except (TimeoutError, EngineError) as exc:
+            return self._failed("probe_failed", f"probe failed: {type(exc).__name__}: {exc}")
+        return Outcome("probe_ok")
+
+    async def _request(self, method: str, **kwargs: object) -> Outcome:
+        if self.client is None:
+            return self._failed("request_failed", "no server process")
+        try:
+            await getattr(self.client, method)(**kwargs)
+        except EngineError as exc:
+            return self._failed("request_failed", f"{method} failed: {exc}")
+        return Outcome("done")
+
+    async def close(self) -> None:
+        """Best effort, whatever the state: kill the process, close the client, release the launcher."""
+        with contextlib.suppress(Exception):  # already gone: nothing to do
+            await self.launcher.kill()
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+        self.launcher.shutdown()

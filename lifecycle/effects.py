@@ -18,6 +18,7 @@ EFFECTS: dict[str, str] = {
     "pause_monitor": "pause rollout health monitors",
     "resume_monitor": "resume rollout health monitors",
     "arm_ci_fault_injection": "arm CI fault injection on rollout engines",
+    "inject_ci_fault": "kill one rollout engine (once, armed by --ci-test) so that CI exercises recovery",
     "start_eval_fleet": "create the dedicated eval fleet",
     "acquire_engine_lock": "take the engine lock for a weight update",
     "release_engine_lock": "release the engine lock",
@@ -56,5 +57,6 @@ EFFECTS: dict[str, str] = {
     "offload_train": "release trainer memory",
     "onload_train": "restore trainer memory",
     "replace_worker": "start a replacement for a crashed trainer worker",
+    "keep_heal_state": "keep a copy of the model and optimizer to heal a worker without a peer from (train FT)",
     "restore_from_peer": "copy model and optimizer state from a healthy peer",
 }

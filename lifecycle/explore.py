@@ -1,9 +1,10 @@
-"""Exhaustive exploration of a job's product state space, and the config lattice.
+"""Exhaustive exploration of the lifecycle core, and the config lattice.
 
-Breadth-first search over :class:`lifecycle.job.Job` (built from the runtime's own specs), with
+Breadth-first search over :class:`lifecycle.world.Checker` -- the core's own step function, driven
+by every operation a loop may call, every result a command may have and every fault -- with
 identical engines sorted (symmetry) and a parent pointer per state, so the first violation found
-comes with a *shortest* counterexample. Configs only matter through their predicate vector, so
-the lattice explores each distinct vector once and reports which configs it covers.
+comes with a *shortest* counterexample. Configs only matter through their predicate vector, so the
+lattice explores each distinct vector once and reports which configs it covers.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.invariants import INVARIANTS, check_reach, check_state, check_step
-from lifecycle.job import Job, Product, Transition
 from lifecycle.predicates import vector
 from lifecycle.spec import MachineSpec, Step
+from lifecycle.world import Checker, Node, Transition
 
 ROLLOUT_SIDE = ("rollout", "engine", "monitor", "eval_fleet")
 
@@ -55,7 +56,7 @@ class Violation:
                     "n": n,
                     "action": t.action.name,
                     "engine": t.action.engine,
-                    "fault": t.action.env,
+                    "fault": t.action.fault,
                     "label": t.action.label(),
                     "moves": [
                         {
@@ -98,22 +99,23 @@ def explore(
     only: frozenset[str] | None = None,
     max_faults: int = 2,
     max_states: int = 2_000_000,
+    evals: int | None = None,
 ) -> Result:
-    """Explore every reachable product state of one config; stop at the first violation."""
+    """Explore every reachable state of one config; stop at the first violation."""
     t0 = time.perf_counter()
-    job = Job(config, engines=engines, machines=machines, max_faults=max_faults)
+    job = Checker(config, engines=engines, evals=evals, machines=machines, max_faults=max_faults)
     result = Result(config, engines)
     selected = [i for i in INVARIANTS.values() if only is None or i.name in only]
     result.invariants = len(selected)
-    start = job.initial()
-    parents: dict[Product, tuple[Product | None, Transition | None]] = {start.key(): (None, None)}
-    succ: dict[Product, list[tuple[Product, bool]]] = {}  # (child, is_fault)
+    start = job.initial().key()
+    parents: dict[Node, tuple[Node | None, Transition | None]] = {start.key(): (None, None)}
+    succ: dict[Node, list[tuple[Node, bool]]] = {}  # (child, is_fault)
     seen_effects: set[tuple[str, str]] = set()
-    queue: deque[Product] = deque([start])
+    queue: deque[Node] = deque([start])
 
-    def path_to(key: Product, last: Transition | None = None) -> list[Transition]:
+    def path_to(key: Node, last: Transition | None = None) -> list[Transition]:
         steps: list[Transition] = [] if last is None else [last]
-        k: Product | None = key
+        k: Node | None = key
         while k is not None:
             parent, via = parents[k]
             if via is not None:
@@ -125,16 +127,16 @@ def explore(
         result.violations.append(Violation(name, problem, [], config))
     while queue and not result.violations:
         s = queue.popleft()
-        key = s.key()
-        edges: list[tuple[Product, bool]] = []
+        key = s  # the queue holds keys: a sorted, normalised node is as good a state as any
+        edges: list[tuple[Node, bool]] = []
         for t in job.successors(s):
             result.transitions += 1
             for m in t.moves:
                 for e in m.effects:
                     seen_effects.add((m.machine, e))
-            child = t.state.key()
+            child = t.node.key()
             new = child not in parents
-            problems = check_step(job, t, s, only, with_state=new)
+            problems = check_step(job, t, s, only, with_state=new) if t.moves or new else []
             if problems:
                 name, problem = problems[0]
                 result.violations.append(Violation(name, problem, path_to(key, t), config))
@@ -142,10 +144,10 @@ def explore(
             edges.append((child, t.action.fault))
             if new:
                 parents[child] = (key, t)
-                queue.append(t.state)
+                queue.append(child)
         succ[key] = edges
         if len(parents) > max_states:
-            raise RuntimeError(f"more than {max_states} product states: raise --max-states or use fewer engines")
+            raise RuntimeError(f"more than {max_states} job states: raise --max-states or use fewer engines")
     result.states = len(parents)
     if not result.violations:
         for name, problem in check_reach(job, frozenset(seen_effects), only):
@@ -157,9 +159,9 @@ def explore(
 
 
 def _graph_checks(
-    job: Job,
-    parents: Mapping[Product, Any],
-    succ: Mapping[Product, list[tuple[Product, bool]]],
+    job: Checker,
+    parents: Mapping[Node, Any],
+    succ: Mapping[Node, list[tuple[Node, bool]]],
     result: Result,
     only: frozenset[str] | None,
     path_to: Any,
@@ -167,8 +169,8 @@ def _graph_checks(
     if only is None or "no_deadlock" in only:
         for key in parents:
             if not job.terminal(key) and not any(not fault for _, fault in succ.get(key, ())):
-                stuck = ", ".join(f"{n}={getattr(key, n)}" for n in ("rollout", "trainer", "monitor", "fleet"))
-                engines = ", ".join(e.state for e in key.engines)
+                stuck = ", ".join(f"{n}={getattr(key.job, n)}" for n in ("rollout", "trainer", "monitor", "fleet"))
+                engines = ", ".join(e.state for e in key.job.engines)
                 result.violations.append(
                     Violation(
                         "no_deadlock",
@@ -179,12 +181,12 @@ def _graph_checks(
                 )
                 return
     if job.p["rollout_ft"] and (only is None or "no_stuck_recovery" in only):
-        sick = {"Unhealthy", "Recovering"}
+        sick = job.core.marked - job.core.specs["engine"].terminal_states  # marked, not over: Unhealthy, Recovering
 
-        def good(k: Product) -> bool:
-            return bool(k.failed) or not any(e.state in sick | {"Starting"} for e in k.engines)
+        def good(k: Node) -> bool:
+            return bool(k.job.failed) or not any(e.state in sick | {"Starting"} for e in k.job.engines)
 
-        reverse: dict[Product, list[Product]] = {}
+        reverse: dict[Node, list[Node]] = {}
         for k, edges in succ.items():
             for child, _env in edges:
                 reverse.setdefault(child, []).append(k)
@@ -196,7 +198,7 @@ def _graph_checks(
                     ok.add(prev)
                     queue.append(prev)
         for key in parents:
-            if key not in ok and any(e.state in sick for e in key.engines):
+            if key not in ok and any(e.state in sick for e in key.job.engines):
                 result.violations.append(
                     Violation(
                         "no_stuck_recovery",
@@ -234,6 +236,7 @@ def lattice() -> Lattice:
             "eval_num_gpus": 2 if fleet else 0,
             "offload": offload,
             "rollout_num_gpus": 2,
+            "engine_max_restarts": 1,  # a second restart gives up: the checker reaches Failed through the budget
         }
         if mode == "train-only":
             flags["debug_train_only"] = True

@@ -1,11 +1,12 @@
 """The job-level invariants (the README's invariant table) and the effect-gating rules, as named functions.
 
-Three kinds, each a plain function the explorer *and* the hypothesis suite call:
+Three kinds, each a plain function the explorer *and* the hypothesis suites call, over the core's
+state (:class:`lifecycle.core.JobState`) and the checker's world (process health):
 
-* ``state``  -- ``fn(job, state) -> problem | None``, over one product state;
-* ``step``   -- ``fn(job, transition, before) -> problem | None``, over one product step and the
-  effects it recorded (its slice of the ledger);
-* ``reach``  -- ``fn(job, seen_effects) -> problem | None``, over every effect seen while
+* ``state``  -- ``fn(checker, node) -> problem | None``, over one node;
+* ``step``   -- ``fn(checker, transition, before) -> problem | None``, over one step of the core and the
+  machine moves (with their effects) it made;
+* ``reach``  -- ``fn(checker, seen_effects) -> problem | None``, over every effect seen while
   exploring (none registered today: "must happen" rules are written as step obligations, e.g.
   "plain train-only's init constructs the rollout function", so hypothesis can check them too).
 
@@ -18,16 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from lifecycle.job import (
-    BUSY_ROLLOUT,
-    DEAD_NOTIFIED,
-    LIVE,
-    UP,
-    UPDATING_ROLLOUT,
-    Job,
-    Product,
-    Transition,
-)
+from lifecycle.core import SNAPSHOT
+from lifecycle.world import DEAD_NOTIFIED, UP, Checker, Node, Transition
 
 Problem = str | None
 
@@ -66,7 +59,7 @@ NEVER_IN_REPLAY = frozenset(
 
 
 @_register("step")
-def replay_never_constructs(job: Job, t: Transition, before: Product) -> Problem:
+def replay_never_constructs(job: Checker, t: Transition, before: Node) -> Problem:
     """(1) Replay never constructs the rollout/eval function and starts no server, monitor or fleet."""
     if job.p["replay"]:
         for who, effect in _effects(t):
@@ -76,7 +69,7 @@ def replay_never_constructs(job: Job, t: Transition, before: Product) -> Problem
 
 
 @_register("step")
-def train_only_starts_no_server(job: Job, t: Transition, before: Product) -> Problem:
+def train_only_starts_no_server(job: Checker, t: Transition, before: Node) -> Problem:
     """(2) --debug-train-only starts no rollout server."""
     if job.p["train_only"]:
         for who, effect in _effects(t):
@@ -86,7 +79,7 @@ def train_only_starts_no_server(job: Job, t: Transition, before: Product) -> Pro
 
 
 @_register("step")
-def plain_train_only_constructs_rollout_fn(job: Job, t: Transition, before: Product) -> Problem:
+def plain_train_only_constructs_rollout_fn(job: Checker, t: Transition, before: Node) -> Problem:
     """(2) Plain --debug-train-only (no replay) still constructs the rollout function: it is the data source."""
     if job.p["train_only"] and not job.p["replay"]:
         for m in t.moves:
@@ -97,7 +90,7 @@ def plain_train_only_constructs_rollout_fn(job: Job, t: Transition, before: Prod
 
 # -- 3: rollout FT is the one gate -------------------------------------------------------------------
 @_register("step")
-def recover_only_with_rollout_ft(job: Job, t: Transition, before: Product) -> Problem:
+def recover_only_with_rollout_ft(job: Checker, t: Transition, before: Node) -> Problem:
     """(3) recover_engine runs only under rollout FT -- engine side and trainer side."""
     if not job.p["rollout_ft"]:
         for who, effect in _effects(t):
@@ -107,7 +100,7 @@ def recover_only_with_rollout_ft(job: Job, t: Transition, before: Product) -> Pr
 
 
 @_register("step")
-def monitors_only_with_rollout_ft(job: Job, t: Transition, before: Product) -> Problem:
+def monitors_only_with_rollout_ft(job: Checker, t: Transition, before: Node) -> Problem:
     """(3) Health monitors are started, and probe, only when monitors_rollout (servers + rollout FT)."""
     if not job.p["monitors_rollout"]:
         for who, effect in _effects(t):
@@ -117,17 +110,17 @@ def monitors_only_with_rollout_ft(job: Job, t: Transition, before: Product) -> P
 
 
 @_register("step")
-def ci_injection_only_with_rollout_ft(job: Job, t: Transition, before: Product) -> Problem:
-    """(3) CI fault injection is armed only under rollout FT (ci_injects_rollout_faults)."""
+def ci_injection_only_with_rollout_ft(job: Checker, t: Transition, before: Node) -> Problem:
+    """(3) CI fault injection is armed, and injects, only under rollout FT (ci_injects_rollout_faults)."""
     if not job.p["ci_injects_rollout_faults"]:
         for who, effect in _effects(t):
-            if effect == "arm_ci_fault_injection":
-                return f"{who} armed CI fault injection without rollout fault tolerance"
+            if effect in ("arm_ci_fault_injection", "inject_ci_fault"):
+                return f"{who} performed {effect} without rollout fault tolerance"
     return None
 
 
 @_register("step")
-def fleet_probes_only_when_unmonitored(job: Job, t: Transition, before: Product) -> Problem:
+def fleet_probes_only_when_unmonitored(job: Checker, t: Transition, before: Node) -> Problem:
     """(3) The eval fleet probes its engines only when no monitor does (eval_fleet_self_probes)."""
     if not job.p["eval_fleet_self_probes"]:
         for who, effect in _effects(t, "eval_fleet"):
@@ -137,7 +130,7 @@ def fleet_probes_only_when_unmonitored(job: Job, t: Transition, before: Product)
 
 
 @_register("step")
-def fleet_self_probes_when_unmonitored(job: Job, t: Transition, before: Product) -> Problem:
+def fleet_self_probes_when_unmonitored(job: Checker, t: Transition, before: Node) -> Problem:
     """(3) When no rollout monitor exists (rollout FT off), the eval fleet's pin probes its engines itself."""
     if job.p["eval_fleet_self_probes"]:
         for m in t.moves:
@@ -147,28 +140,29 @@ def fleet_self_probes_when_unmonitored(job: Job, t: Transition, before: Product)
 
 
 @_register("state")
-def train_only_ft_never_recovers_rollout(job: Job, s: Product) -> Problem:
+def train_only_ft_never_recovers_rollout(job: Checker, n: Node) -> Problem:
     """(3) With --ft-components train no engine is ever Recovering and no monitor exists."""
     if job.p["train_ft"] and not job.p["rollout_ft"]:
-        if any(e.state == "Recovering" for e in s.engines):
+        if any(e.state == "Recovering" for e in n.job.engines):
             return "an engine is Recovering under train-only fault tolerance"
-        if s.monitor not in ("Init",):
-            return f"a rollout monitor is {s.monitor} under train-only fault tolerance"
+        if n.job.monitor != "Init":
+            return f"a rollout monitor is {n.job.monitor} under train-only fault tolerance"
     return None
 
 
 # -- 4: routing ---------------------------------------------------------------------------------------
 @_register("state")
-def serving_engines_hold_current_weights(job: Job, s: Product) -> Problem:
+def serving_engines_hold_current_weights(job: Checker, n: Node) -> Problem:
     """(4) Every Serving (routable) engine holds the committed weight version; recovered ones wait in PendingWeights."""
-    for i, e in enumerate(s.engines):
-        if e.state == "Serving" and not e.current:
-            return f"engine-{i} is Serving without the current weight version"
+    for name, engines in (("engine", n.job.engines), ("eval", n.job.evals)):
+        for i, e in enumerate(engines):
+            if e.state == "Serving" and not e.current:
+                return f"{name}-{i} is Serving without the current weight version"
     return None
 
 
 @_register("step")
-def traffic_only_to_serving(job: Job, t: Transition, before: Product) -> Problem:
+def traffic_only_to_serving(job: Checker, t: Transition, before: Node) -> Problem:
     """(4) route_traffic happens only on a transition into Serving."""
     for m in t.moves:
         if "route_traffic" in m.effects and m.dst != "Serving":
@@ -178,98 +172,104 @@ def traffic_only_to_serving(job: Job, t: Transition, before: Product) -> Problem
 
 # -- 5: weight updates ----------------------------------------------------------------------------------
 @_register("step")
-def weight_update_targets_quiesced_snapshot(job: Job, t: Transition, before: Product) -> Problem:
+def weight_update_targets_quiesced_snapshot(job: Checker, t: Transition, before: Node) -> Problem:
     """(5) A weight update starts on one snapshot of quiesced, weight-holding engines, with monitors paused."""
-    for m in t.moves:
+    engines: dict[str, str] = {f"engine-{i}": e.state for i, e in enumerate(before.job.engines)}
+    monitor: str = before.job.monitor
+    for m in t.moves:  # the job as it was at the moment of each move of this step
         if m.machine == "rollout" and m.trigger == "begin_update":
-            if before.monitor == "Running":
+            if monitor == "Running":
                 return "a weight update started while the health monitor was running"
-            if not job.snapshot_ready(before):
-                states = ", ".join(e.state for e in before.engines)
+            want = SNAPSHOT.get(m.src, frozenset())
+            if not all(state in want or state in job.core.gone for state in engines.values()):
+                states = ", ".join(engines.values())
                 return f"a weight update started on a fleet that is not one quiesced snapshot ({states})"
+        elif m.machine == "engine" and m.instance in engines:
+            engines[m.instance] = m.dst
+        elif m.machine == "monitor":
+            monitor = m.dst
     return None
 
 
 @_register("state")
-def engine_lock_held_only_while_updating(job: Job, s: Product) -> Problem:
+def engine_lock_held_only_while_updating(job: Checker, n: Node) -> Problem:
     """(5) The engine lock is held exactly while the rollout side updates weights: released on every exit."""
-    updating = s.rollout in UPDATING_ROLLOUT
-    if s.lock and not updating:
-        return f"the engine lock is still held in rollout state {s.rollout}"
-    if updating and not s.lock:
+    updating = n.job.rollout in job.core.rollout_updating
+    if n.job.lock and not updating:
+        return f"the engine lock is still held in rollout state {n.job.rollout}"
+    if updating and not n.job.lock:
         return "weights are being updated without the engine lock"
     return None
 
 
 # -- 6: offload/onload -------------------------------------------------------------------------------------
-_RELEASED = {
-    "Offloaded": frozenset({"weights", "kv_cache"}),
-    "WeightsOnly": frozenset({"kv_cache"}),
-    "UpdatingWeightsKVReleased": frozenset({"kv_cache"}),
-}
-
-
 @_register("state")
-def onload_restores_what_offload_released(job: Job, s: Product) -> Problem:
-    """(6) An engine's released memory tags match its state; a resident state has released nothing."""
-    for i, e in enumerate(s.engines):
-        if e.state in LIVE and e.released != _RELEASED.get(e.state, frozenset()):
+def onload_restores_what_offload_released(job: Checker, n: Node) -> Problem:
+    """(6) An engine's released memory tags match its state (the spec's ``releases``); resident states release none."""
+    for i, e in enumerate(n.job.engines):
+        if e.state in job.core.live and e.released != job.core.releases[e.state]:
             return f"engine-{i} is {e.state} with released memory {sorted(e.released)}"
     return None
 
 
 @_register("step")
-def offload_only_from_quiesced(job: Job, t: Transition, before: Product) -> Problem:
+def offload_only_from_quiesced(job: Checker, t: Transition, before: Node) -> Problem:
     """(6) Memory is released only from a quiesced engine while no generation or eval runs."""
     for m in t.moves:
         released = {"release_weights", "release_kv_cache"} & set(m.effects)
-        if m.machine == "engine" and released and (m.src != "Quiesced" or before.rollout in BUSY_ROLLOUT):
-            return f"{m.instance} released memory from {m.src} while the rollout manager was {before.rollout}"
+        busy = before.job.rollout in job.core.rollout_busy
+        if m.machine == "engine" and released and (m.src != "Quiesced" or busy):
+            return f"{m.instance} released memory from {m.src} while the rollout manager was {before.job.rollout}"
     return None
 
 
 # -- 7: monitors -----------------------------------------------------------------------------------------------
 @_register("state")
-def monitors_run_only_during_generate_or_eval(job: Job, s: Product) -> Problem:
+def monitors_run_only_during_generate_or_eval(job: Checker, n: Node) -> Problem:
     """(7) A monitor runs only while the rollout manager generates or evaluates."""
-    if s.monitor == "Running" and s.rollout not in BUSY_ROLLOUT:
-        return f"the health monitor is running while the rollout manager is {s.rollout}"
+    if n.job.monitor == "Running" and n.job.rollout not in job.core.rollout_busy:
+        return f"the health monitor is running while the rollout manager is {n.job.rollout}"
     return None
 
 
 # -- health and shutdown -------------------------------------------------------------------------------------
 @_register("state")
-def dead_engines_are_not_counted_alive(job: Job, s: Product) -> Problem:
+def dead_engines_are_not_counted_alive(job: Checker, n: Node) -> Problem:
     """An engine whose death Ray has reported is never left in a live state (also while monitors are paused)."""
-    for i, e in enumerate(s.engines):
-        if e.proc == DEAD_NOTIFIED and e.state in LIVE:
+    for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):
+        if proc == DEAD_NOTIFIED and e.state in job.core.live:
             return f"engine-{i} is dead (Ray reported it) but still counted alive in {e.state}"
     return None
 
 
 @_register("step")
-def healthy_engines_are_not_marked_unhealthy(job: Job, t: Transition, before: Product) -> Problem:
+def healthy_engines_are_not_marked_unhealthy(job: Checker, t: Transition, before: Node) -> Problem:
     """A probe result is acted on only while the monitor runs: a stale failure must not kill a healthy engine."""
+    if not any(m.machine == "monitor" and "mark_engine_unhealthy" in m.effects for m in t.moves):
+        return None
     for m in t.moves:
-        if m.machine == "engine" and m.trigger == "mark_unhealthy":
+        if m.machine == "engine" and m.trigger == "mark_unhealthy" and m.instance.startswith("engine-"):
             i = int(m.instance.rsplit("-", 1)[1])
-            if before.engines[i].proc == UP:
+            if before.world.procs[i] == UP:
                 return f"{m.instance} was marked Unhealthy although its process is healthy (a stale probe result)"
     return None
 
 
 @_register("state")
-def stopped_only_after_death_confirmed(job: Job, s: Product) -> Problem:
+def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     """An engine is Stopped only once its process is confirmed dead."""
-    for i, e in enumerate(s.engines):
-        if e.state == "Stopped" and e.proc != DEAD_NOTIFIED:
-            return f"engine-{i} is Stopped but its process was not confirmed dead ({e.proc})"
+    for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):
+        if e.state == "Stopped" and proc != DEAD_NOTIFIED:
+            return f"engine-{i} is Stopped but its process was not confirmed dead ({proc})"
     return None
 
 
 # -- graph-level (implemented by the explorer) ------------------------------------------------------------------------
 INVARIANTS["no_deadlock"] = Invariant(
-    "no_deadlock", "graph", None, "Every non-terminal product state has an enabled controller event (not only faults)."
+    "no_deadlock",
+    "graph",
+    None,
+    "Every state where the run has not stopped can go on without a fault: an operation, a result, a report.",
 )
 INVARIANTS["no_stuck_recovery"] = Invariant(
     "no_stuck_recovery",
@@ -291,22 +291,22 @@ STEP = [i for i in INVARIANTS.values() if i.kind == "step"]
 REACH = [i for i in INVARIANTS.values() if i.kind == "reach"]
 
 
-def check_state(job: Job, s: Product, only: frozenset[str] | None = None) -> list[tuple[str, str]]:
+def check_state(job: Checker, n: Node, only: frozenset[str] | None = None) -> list[tuple[str, str]]:
     """Every state-invariant violation of ``s`` as (name, problem)."""
     out = []
     for inv in STATE:
         if only is None or inv.name in only:
             assert inv.fn is not None
-            problem = inv.fn(job, s)
+            problem = inv.fn(job, n)
             if problem:
                 out.append((inv.name, problem))
     return out
 
 
 def check_step(
-    job: Job, t: Transition, before: Product, only: frozenset[str] | None = None, *, with_state: bool = True
+    job: Checker, t: Transition, before: Node, only: frozenset[str] | None = None, *, with_state: bool = True
 ) -> list[tuple[str, str]]:
-    """Every step-invariant violation of one product step, and of the state it reaches (``with_state``)."""
+    """Every step-invariant violation of one step of the core, and of the state it reaches (``with_state``)."""
     out = []
     for inv in STEP:
         if only is None or inv.name in only:
@@ -314,11 +314,11 @@ def check_step(
             problem = inv.fn(job, t, before)
             if problem:
                 out.append((inv.name, problem))
-    return out + check_state(job, t.state, only) if with_state else out
+    return out + check_state(job, t.node, only) if with_state else out
 
 
 def check_reach(
-    job: Job, seen: frozenset[tuple[str, str]], only: frozenset[str] | None = None
+    job: Checker, seen: frozenset[tuple[str, str]], only: frozenset[str] | None = None
 ) -> list[tuple[str, str]]:
     out = []
     for inv in REACH:

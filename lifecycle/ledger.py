@@ -11,7 +11,11 @@ from typing import NamedTuple
 
 
 class LedgerEntry(NamedTuple):
-    """One effect performed by one transition of one machine instance."""
+    """One effect of one transition of one machine instance, and whether its work was done.
+
+    ``status`` is ``done`` (the handler ran, or the effect needs none) or ``failed`` (its handler
+    raised, or reported that the work did not happen: a refused load, a request to a dead engine).
+    """
 
     machine: str
     instance: str
@@ -20,6 +24,7 @@ class LedgerEntry(NamedTuple):
     src: str
     dst: str
     effect: str
+    status: str = "done"
 
 
 class EffectLedger:
@@ -31,11 +36,19 @@ class EffectLedger:
         self._entries: list[LedgerEntry] = []
 
     def record(
-        self, machine: str, instance: str, seq: int, trigger: str, src: str, dst: str, effects: tuple[str, ...]
+        self,
+        machine: str,
+        instance: str,
+        seq: int,
+        trigger: str,
+        src: str,
+        dst: str,
+        effects: tuple[str, ...],
+        status: str = "done",
     ) -> None:
         append = self._entries.append
         for effect in effects:
-            append(LedgerEntry(machine, instance, seq, trigger, src, dst, effect))
+            append(LedgerEntry(machine, instance, seq, trigger, src, dst, effect, status))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -51,15 +64,30 @@ class EffectLedger:
         ]
 
     def effects(self, machine: str | None = None, instance: str | None = None) -> list[str]:
-        """Effect names in the order they ran, optionally for one machine and/or instance."""
+        """Effect names in the order they were recorded (done or failed), for one machine and/or instance."""
         return [e.effect for e in self.entries(machine, instance)]
 
     def ever(self, effect: str, machine: str | None = None) -> bool:
-        """Did ``effect`` ever run (on ``machine``, when given)?"""
-        return any(e.effect == effect and (machine is None or e.machine == machine) for e in self._entries)
+        """Was ``effect`` ever done (on ``machine``, when given)? A failed attempt does not count."""
+        return any(
+            e.effect == effect and e.status == "done" and (machine is None or e.machine == machine)
+            for e in self._entries
+        )
+
+    def failed(self, effect: str, machine: str | None = None) -> bool:
+        """Was ``effect`` attempted and failed?"""
+        return any(
+            e.effect == effect and e.status == "failed" and (machine is None or e.machine == machine)
+            for e in self._entries
+        )
 
     def count(self, effect: str, machine: str | None = None) -> int:
-        return sum(1 for e in self._entries if e.effect == effect and (machine is None or e.machine == machine))
+        """How often ``effect`` was done."""
+        return sum(
+            1
+            for e in self._entries
+            if e.effect == effect and e.status == "done" and (machine is None or e.machine == machine)
+        )
 
     def clear(self) -> None:
         self._entries.clear()

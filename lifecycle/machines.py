@@ -10,6 +10,9 @@ from __future__ import annotations
 from lifecycle.spec import MachineSpec, StateSpec, T
 
 S = StateSpec
+LIVE, TRANSIENT, GONE = frozenset({"live"}), frozenset({"transient"}), frozenset({"gone"})
+BUSY, UPDATING = frozenset({"busy"}), frozenset({"updating"})
+KV = frozenset({"kv_cache"})
 
 # -- engine ------------------------------------------------------------------------------------
 # One per engine slot. PendingWeights: alive but not routable until it holds the current
@@ -29,22 +32,31 @@ ENGINE = MachineSpec(
     name="engine",
     doc="One inference engine slot (an SGLang-API server process owned by a Ray actor).",
     states=(
-        S("Init", doc="slot allocated, no process"),
-        S("Starting", doc="process launched, waiting for /health_generate"),
-        S("PendingWeights", doc="alive, but does not hold the current weight version: never routed"),
-        S("Serving", doc="routable: holds current weights and KV cache"),
-        S("Quiesced", doc="out of routing, generation paused, memory resident"),
-        S("LoadingWeights", doc="a (re)started engine receiving the current weights; still not routable"),
-        S("UpdatingWeights", doc="receiving weights, KV cache resident"),
-        S("Offloaded", doc="weights and KV cache released"),
-        S("WeightsOnly", doc="weights resumed, KV cache still released (partial onload)"),
-        S("UpdatingWeightsKVReleased", doc="receiving weights while the KV cache is released"),
+        S("Init", doc="slot allocated, no process", tags=GONE),
+        S("Starting", doc="process launched, waiting for /health_generate", tags=TRANSIENT),
+        S("PendingWeights", doc="alive, but does not hold the current weight version: never routed", tags=LIVE),
+        S("Serving", doc="routable: holds current weights and KV cache", tags=LIVE),
+        S("Quiesced", doc="out of routing, generation paused, memory resident", tags=LIVE),
+        S(
+            "LoadingWeights",
+            doc="a (re)started engine receiving the current weights; still not routable",
+            tags=LIVE | TRANSIENT,
+        ),
+        S("UpdatingWeights", doc="receiving weights, KV cache resident", tags=LIVE | TRANSIENT),
+        S("Offloaded", doc="weights and KV cache released", tags=LIVE, releases=frozenset({"weights", "kv_cache"})),
+        S("WeightsOnly", doc="weights resumed, KV cache still released (partial onload)", tags=LIVE, releases=KV),
+        S(
+            "UpdatingWeightsKVReleased",
+            doc="receiving weights while the KV cache is released",
+            tags=LIVE | TRANSIENT,
+            releases=KV,
+        ),
         S("Unhealthy", marked=True, doc="dead or failing its probes"),
-        S("Recovering", marked=True, doc="being restarted by rollout fault tolerance"),
-        S("Stopping", doc="kill requested, death not yet confirmed"),
-        S("Stopped", doc="death confirmed; may be started again"),
-        S("Failed", terminal=True, marked=True, doc="restart budget spent, or no rollout FT"),
-        S("Disposed", terminal=True, doc="slot released"),
+        S("Recovering", marked=True, doc="being restarted by rollout fault tolerance", tags=TRANSIENT),
+        S("Stopping", doc="kill requested, death not yet confirmed", tags=TRANSIENT),
+        S("Stopped", doc="death confirmed; may be started again", tags=GONE),
+        S("Failed", terminal=True, marked=True, doc="restart budget spent, or no rollout FT", tags=GONE),
+        S("Disposed", terminal=True, doc="slot released", tags=GONE),
     ),
     transitions=(
         T("start", ("Init", "Stopped"), "Starting", effects=["launch_engine"]),
@@ -90,8 +102,8 @@ MONITOR = MachineSpec(
     doc="Rollout health monitor of one server group (probes /health_generate concurrently).",
     states=(
         S("Init", doc="not created"),
-        S("Paused", doc="created or paused: probes are not sent, late results are dropped"),
-        S("Running", doc="probing every interval (with jitter)"),
+        S("Paused", doc="created or paused: probes are not sent, late results are dropped", tags=LIVE),
+        S("Running", doc="probing every interval (with jitter)", tags=LIVE),
         S("Stopped", terminal=True, doc="stopped for good"),
     ),
     transitions=(
@@ -103,12 +115,15 @@ MONITOR = MachineSpec(
         T("threshold_reached", "Running", "Running", effects=["mark_engine_unhealthy"]),
         T("probe_failed", "Paused", "Paused", effects=["discard_probe_result"]),
         T("threshold_reached", "Paused", "Paused", effects=["discard_probe_result"]),
+        # a result of a probe sent before the last pause (an older resume): never acted on
+        T("stale_result", "Running", "Running", effects=["discard_probe_result"]),
+        T("stale_result", "Paused", "Paused", effects=["discard_probe_result"]),
         T("engine_died", "Running", "Running", effects=["mark_engine_unhealthy"]),
         T("engine_died", "Paused", "Paused", effects=["mark_engine_unhealthy"]),
         T("stop", ("Paused", "Running"), "Stopped", effects=["stop_monitor"]),
         T("dispose", "Init", "Stopped"),  # never created (monitors_rollout false): nothing to stop
     ),
-    environment=frozenset({"engine_died", "probe_failed", "threshold_reached"}),
+    environment=frozenset({"engine_died", "probe_failed", "threshold_reached", "stale_result"}),
 )
 
 # -- rollout manager (InferenceController + RolloutExecutor) -----------------------------------
@@ -123,13 +138,17 @@ ROLLOUT = MachineSpec(
         S("Constructed", doc="rollout and eval functions built"),
         S("StartingServers", doc="rollout server groups launching"),
         S("Ready", doc="idle between steps; monitors paused"),
-        S("Generating", doc="rollout function running; monitors resumed"),
-        S("Evaluating", doc="eval function running; monitors resumed"),
-        S("UpdatingWeights", doc="engine lock held, monitors paused, weights flowing"),
-        S("CatchingUp", doc="engine lock held: restarted engines receive the committed weights (PendingWeights)"),
+        S("Generating", doc="rollout function running; monitors resumed", tags=BUSY),
+        S("Evaluating", doc="eval function running; monitors resumed", tags=BUSY),
+        S("UpdatingWeights", doc="engine lock held, monitors paused, weights flowing", tags=UPDATING),
+        S(
+            "CatchingUp",
+            doc="engine lock held: restarted engines receive the committed weights (PendingWeights)",
+            tags=UPDATING,
+        ),
         S("Offloaded", doc="engine memory released for training"),
         S("WeightsOnly", doc="weights resumed, KV cache still released"),
-        S("UpdatingWeightsKVReleased", doc="engine lock held while the KV cache is released"),
+        S("UpdatingWeightsKVReleased", doc="engine lock held while the KV cache is released", tags=UPDATING),
         S("Failed", terminal=True, marked=True, doc="servers could not start"),
         S("Disposed", terminal=True),
     ),
@@ -156,6 +175,8 @@ ROLLOUT = MachineSpec(
             "Generating",
             effects=["resume_monitor if monitors_rollout", "generate_rollouts"],
         ),
+        # --ci-test under rollout FT: once, at the first generate, one engine is killed so CI exercises recovery
+        T("inject_ci_fault", "Generating", "Generating", when="ci_injects_rollout_faults", effects=["inject_ci_fault"]),
         T("generate_done", "Generating", "Ready", effects=[_MONITOR_OFF, "save_rollout_data if saves_rollout_data"]),
         T("eval", "Ready", "Evaluating", effects=["resume_monitor if monitors_rollout", "run_eval"]),
         T("eval_done", "Evaluating", "Ready", effects=[_MONITOR_OFF]),
@@ -236,21 +257,22 @@ TRAINER = MachineSpec(
         S("Allocated", doc="worker actors placed"),
         S("Initialized", doc="policy and optimizer built"),
         S("Ready", doc="between steps"),
-        S("Training", doc="one optimisation step"),
-        S("UpdatingWeights", doc="pushing weights to rollout engines under the engine lock"),
+        S("Training", doc="one optimisation step", tags=BUSY),
+        S("UpdatingWeights", doc="pushing weights to rollout engines under the engine lock", tags=BUSY),
         S("Offloaded", doc="trainer memory released"),
-        S("Saving", doc="writing a checkpoint"),
-        S("Errored", marked=True, doc="a worker crashed"),
-        S("Healing", marked=True, doc="replacement worker restoring state from a peer (train FT)"),
+        S("Saving", doc="writing a checkpoint", tags=BUSY),
+        S("Errored", marked=True, doc="a worker crashed", tags=BUSY),
+        S("Healing", marked=True, doc="replacement worker restoring state from a peer (train FT)", tags=BUSY),
         S("Failed", terminal=True, marked=True, doc="a worker crashed without train FT"),
         S("Disposed", terminal=True),
     ),
     transitions=(
-        T("allocate", "Init", "Allocated", effects=["allocate_workers"]),
+        # --debug-rollout-only generates without training: no worker is ever allocated
+        T("allocate", "Init", "Allocated", when="trains", effects=["allocate_workers"]),
         T("initialize", "Allocated", "Initialized", effects=["init_model"]),
-        T("ready", "Initialized", "Ready"),
+        T("ready", "Initialized", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T("train", "Ready", "Training", effects=["train_step"]),
-        T("train_done", "Training", "Ready"),
+        T("train_done", "Training", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T(
             "update_weights",
             "Ready",

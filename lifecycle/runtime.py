@@ -135,7 +135,7 @@ def _shared_machine(compiled: CompiledSpec) -> Machine:
 
 
 class _Base:
-    __slots__ = ("_compiled", "_handlers", "instance", "ledger", "log", "seq", "spec", "state")
+    __slots__ = ("_compiled", "_handlers", "instance", "ledger", "log", "record", "seq", "spec", "state")
 
     def __init__(
         self,
@@ -146,8 +146,10 @@ class _Base:
         ledger: EffectLedger | None = None,
         log: EventLog | None = None,
         handlers: Mapping[str, Handler] | None = None,
+        record: bool = True,
     ) -> None:
         self.spec = spec
+        self.record = record  # False: the owner records effects when their work has run (lifecycle.runner)
         self._compiled = spec.compile(config)
         self.instance = instance
         self.state = spec.initial
@@ -194,7 +196,7 @@ class _Base:
 
     def _moved(self, trigger: str, src: str, step: Step) -> FireResult:
         self.seq += 1
-        if step.effects:
+        if step.effects and self.record:
             self.ledger.record(self.spec.name, self.instance, self.seq, trigger, src, step.dest, step.effects)
         if self.log.enabled:
             self.log.emit(

@@ -19,15 +19,33 @@ from lifecycle.effects import EFFECTS
 from lifecycle.errors import SpecError
 from lifecycle.predicates import PREDICATES, vector
 
+# What a state *means* to the rest of the job, declared on the state so that no module types out
+# a set of state names by hand: the core, the checker and the shells read these groups.
+TAGS: dict[str, str] = {
+    "live": "an engine: its process is up and the slot holds its server (memory tags apply); a monitor: it "
+    "exists and watches the live engines",
+    "transient": "waits for an outcome the shells report (a launch, a load, a kill): the job is not settled",
+    "gone": "out of play: not part of a weight-update snapshot, not counted as serving capacity",
+    "busy": "a machine doing work that other machines must not cut into (generation, a training step)",
+    "updating": "the rollout manager holds the engine lock while weights flow",
+}
+MEMORY_TAGS = ("weights", "kv_cache")
+
 
 @dataclass(frozen=True)
 class StateSpec:
-    """One state. ``terminal`` states have no exits; ``marked`` ones matter to invariants."""
+    """One state. ``terminal`` states have no exits; ``marked`` ones matter to invariants.
+
+    ``tags`` name the groups the state belongs to (:data:`TAGS`); ``releases`` the memory an engine in
+    this state has released (invariant 6 compares it with what the engine reports).
+    """
 
     name: str
     terminal: bool = False
     marked: bool = False
     doc: str = ""
+    tags: frozenset[str] = frozenset()
+    releases: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -200,6 +218,10 @@ class MachineSpec:
     def state_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.states)
 
+    def tagged(self, tag: str) -> frozenset[str]:
+        """The names of the states carrying ``tag`` (a group of :data:`TAGS`)."""
+        return frozenset(st.name for st in self.states if tag in st.tags)
+
     def state(self, name: str) -> StateSpec:
         for s in self.states:
             if s.name == name:
@@ -319,6 +341,10 @@ def validate(spec: MachineSpec) -> list[str]:
 
     terminal = {s.name for s in spec.states if s.terminal}
     for st in spec.states:
+        for tag in sorted(st.tags - set(TAGS)):
+            problems.append(f"state {st.name!r} has unknown tag {tag!r} (known: {', '.join(TAGS)})")
+        for mem in sorted(st.releases - set(MEMORY_TAGS)):
+            problems.append(f"state {st.name!r} releases unknown memory {mem!r} (known: {', '.join(MEMORY_TAGS)})")
         outgoing = [t.trigger for t in spec.transitions if st.name in t.source]
         if st.terminal and outgoing:
             problems.append(f"terminal state {st.name!r} has outgoing transitions: {', '.join(sorted(set(outgoing)))}")

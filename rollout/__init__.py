@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollout.controller import ControllerError, InferenceController
-    from rollout.eval_fleet import EvalFleet, PinResult
+    from rollout.eval_fleet import PinResult
     from rollout.executor import EngineRolloutFn, EvalResult, RolloutExecutor, RolloutManager
     from rollout.replay import ReplayDataError, load_rollout, save_rollout
     from rollout.task import PatternTask
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "ControllerError": "rollout.controller",
     "InferenceController": "rollout.controller",
-    "EvalFleet": "rollout.eval_fleet",
     "PinResult": "rollout.eval_fleet",
     "EngineRolloutFn": "rollout.executor",
     "EvalResult": "rollout.executor",
@@ -37,7 +36,6 @@ _EXPORTS = {
 __all__ = [
     "ControllerError",
     "EngineRolloutFn",
-    "EvalFleet",
     "EvalResult",
     "InferenceController",
     "PatternTask",

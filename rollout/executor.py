@@ -30,13 +30,14 @@ from engines.engine import Engine, Timeouts
 from engines.errors import EngineError
 from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
+from lifecycle.core import EVAL, Command
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machines import ROLLOUT
-from lifecycle.predicates import starts_servers
-from lifecycle.runtime import FireResult, LifecycleMachine
+from lifecycle.names import RolloutStateName
+from lifecycle.runner import Runner
 from models import CharTokenizer
 from rollout.controller import ControllerError, InferenceController
+from rollout.eval_fleet import pin_fleet
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_samples, save_rollout
 from rollout.sample import Sample, sample
@@ -206,16 +207,15 @@ class RolloutExecutor:
 
     def __init__(
         self,
-        config: LifecycleConfig,
-        machine: LifecycleMachine,
+        runner: Runner,
         controller: InferenceController,
         task: PatternTask,
         *,
         rollout_fn_path: str | None = None,
         data_source_path: str | None = None,
     ) -> None:
-        self.config = config
-        self.machine = machine
+        self.runner = runner
+        self.config = runner.config
         self.controller = controller
         self.task = task
         self.rollout_fn_path = rollout_fn_path
@@ -224,81 +224,103 @@ class RolloutExecutor:
         self.rollout_fn: RolloutFn | None = None
         self.eval_fn: EngineEvalFn | None = None
         self.constructed: list[str] = []
+        self._rollout_id = 0
+        self._samples: list[Sample] = []
+        runner.provide(
+            {
+                "rollout.construct_rollout_fn": self._construct_rollout_fn,
+                "rollout.construct_eval_fn": self._construct_eval_fn,
+                "rollout.load_replay_data": self._load_replay_data,
+                "rollout.save_rollout_data": self._save_rollout_data,
+            }
+        )
 
-    def init(self) -> FireResult:
-        result = self.machine.fire("init")
-        if "construct_rollout_fn" in result.effects:
-            if self.data_source_path:  # the data source feeds the rollout fn: built behind the same gate
-                self.data_source = load_data_source(self.data_source_path, self.task)
-                self.task = dataclasses.replace(self.task, source=self.data_source)
-                self.constructed.append("data_source")
-            if self.rollout_fn_path:
-                self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
-            elif not starts_servers(self.config):
-                # plain train-only: the rollout fn is the data source and there is no engine to call
-                self.rollout_fn = PolicyRolloutFn(self.task)
-            else:
-                self.rollout_fn = EngineRolloutFn(self.task)
-            self.constructed.append("rollout_fn")
-        if "construct_eval_fn" in result.effects:
-            self.eval_fn = EngineEvalFn(self.task)
-            self.constructed.append("eval_fn")
-        return result
+    # -- the handlers of the construction gate and the data effects ---------------------------------------
+    async def _construct_rollout_fn(self, cmd: Command) -> None:
+        if self.data_source_path:  # the data source feeds the rollout fn: built behind the same gate
+            self.data_source = load_data_source(self.data_source_path, self.task)
+            self.task = dataclasses.replace(self.task, source=self.data_source)
+            self.constructed.append("data_source")
+        if self.rollout_fn_path:
+            self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
+        elif not self.runner.core.engines:
+            # plain train-only: the rollout fn is the data source and there is no engine to call
+            self.rollout_fn = PolicyRolloutFn(self.task)
+        else:
+            self.rollout_fn = EngineRolloutFn(self.task)
+        self.constructed.append("rollout_fn")
 
+    async def _construct_eval_fn(self, cmd: Command) -> None:
+        self.eval_fn = EngineEvalFn(self.task)
+        self.constructed.append("eval_fn")
+
+    async def _load_replay_data(self, cmd: Command) -> None:
+        path = self.config.load_debug_rollout_data
+        assert path is not None  # the spec's replay guard put the machine here
+        self._samples = load_samples(path, self._rollout_id)
+
+    async def _save_rollout_data(self, cmd: Command) -> None:
+        template = self.config.save_debug_rollout_data
+        assert template is not None  # the effect is gated on saves_rollout_data
+        save_rollout(template, self._rollout_id, self._samples, task=self.task.pattern)
+
+    # -- the loop's calls -------------------------------------------------------------------------------
     async def generate(self, rollout_id: int) -> list[Sample]:
-        if self.machine.state == "Replay":
-            result = self.machine.fire("generate")
-            if "load_replay_data" not in result.effects:
-                raise ControllerError("replay generate did not load data")
-            path = self.config.load_debug_rollout_data
-            assert path is not None
-            return load_samples(path, rollout_id)
+        """The ``generate`` operation (recover, catch up, route), the rollout function, ``generate_done``."""
+        self._rollout_id = rollout_id
+        self._samples = []
+        await self.runner.operate("generate")
+        self.controller.check()
+        if self.state == "Replay":
+            return self._samples
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
-        await self.controller.begin_generate()
         try:
-            samples = await self.rollout_fn(rollout_id, self.controller)
+            self._samples = await self.rollout_fn(rollout_id, self.controller)
         finally:
-            done = await self.controller.end_generate()
-        if "save_rollout_data" in done.effects and self.config.save_debug_rollout_data:
-            save_rollout(self.config.save_debug_rollout_data, rollout_id, samples, task=self.task.pattern)
-        return samples
+            await self.runner.operate("generate_done", allow=_NOT_NOW)
+        self.controller.check()
+        return self._samples
 
     async def eval(self, rollout_id: int) -> EvalResult:
-        """The ``eval``/``eval_done`` moves around one eval: on the pinned eval fleet, else the rollout engines."""
+        """The ``eval``/``eval_done`` operations around one eval: on the pinned eval fleet, else the rollout engines."""
         t0 = time.monotonic()
         controller = self.controller
-        fleet = controller.eval_fleet
         if self.eval_fn is None:  # replay: the construction gate built no eval function
             return EvalResult(rollout_id, None, skipped="no_eval_fn", detail=f"rollout manager in {self.state}")
-        if fleet is None and not controller.engines:  # plain train-only: no server to evaluate on
+        fleet = self.runner.core.evals > 0  # the config has an eval fleet (--eval-num-gpus)
+        if not fleet and not self.runner.core.engines:  # plain train-only: no server to evaluate on
             return EvalResult(rollout_id, None, skipped="no_engines", detail="no rollout server and no eval fleet")
-        await controller.begin_eval()
+        await self.runner.operate("eval")
         try:
-            if fleet is None:
+            controller.check()
+            if not fleet:
                 samples = await self.eval_fn(rollout_id, controller.routable, controller.engine_unhealthy)
                 return _eval_result(rollout_id, samples, "rollout", t0)
-            if controller.weights is None:
-                raise ControllerError("eval: the eval fleet has no committed weights to pin")
-            pin = await fleet.pin(*controller.weights)
+            pin = await pin_fleet(self.runner, controller)
             try:
                 if not pin.ok:
                     return EvalResult(
                         rollout_id, None, pin.weight_version, "eval_fleet", pin.reason, pin.detail, 0, _since(t0)
                     )
                 try:
-                    samples = await self.eval_fn(rollout_id, fleet.routable, fleet.engine_unhealthy)
+                    samples = await self.eval_fn(
+                        rollout_id, lambda: controller.routable(EVAL), controller.engine_unhealthy
+                    )
                 except EvalFailed as exc:
                     return EvalResult(rollout_id, None, pin.weight_version, "eval_fleet", "unhealthy", str(exc))
                 return _eval_result(rollout_id, samples, "eval_fleet", t0)
             finally:
-                await fleet.release()
+                await self.runner.operate("release", allow=_NOT_NOW)
         finally:
-            await controller.end_eval()
+            await self.runner.operate("eval_done", allow=_NOT_NOW)
 
     @property
-    def state(self) -> str:
-        return self.machine.state
+    def state(self) -> RolloutStateName:
+        return self.runner.state.rollout
+
+
+_NOT_NOW = frozenset({"not_applicable", "blocked", "failed"})
 
 
 def _since(t0: float) -> float:
@@ -306,19 +328,24 @@ def _since(t0: float) -> float:
 
 
 def _eval_result(rollout_id: int, samples: list[Sample], on: str, t0: float) -> EvalResult:
-    versions = sorted({str(s["weight_version"]) for s in samples})
+    versions = sorted({str(s.get("weight_version")) for s in samples})
     reward = sum(float(s["reward"]) for s in samples) / len(samples)
     return EvalResult(rollout_id, reward, ",".join(versions), on, samples=len(samples), seconds=_since(t0))
 
 
 class RolloutManager:
-    """The facade miles calls the rollout manager: one ``rollout`` machine shared by both halves."""
+    """The facade miles calls the rollout manager: the controller and the executor over one job's runner.
+
+    Every method is an operation of the lifecycle core (``lifecycle.core.plan.OPERATIONS``); one the
+    config does not allow (an offload without --offload-rollout) is a no-op, not an error.
+    """
 
     def __init__(
         self,
         config: LifecycleConfig,
         task: PatternTask,
         *,
+        runner: Runner | None = None,
         launcher_factory: LauncherFactory | None = None,
         log: EventLog | None = None,
         ledger: EffectLedger | None = None,
@@ -328,19 +355,12 @@ class RolloutManager:
         data_source_path: str | None = None,
     ) -> None:
         self.config = config
-        self.machine = LifecycleMachine(ROLLOUT, config, "rollout", log=log, ledger=ledger)
+        self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.controller = InferenceController(
-            config,
-            self.machine,
-            launcher_factory=launcher_factory,
-            log=log,
-            ledger=ledger,
-            timeouts=timeouts,
-            seed=seed,
+            self.runner, launcher_factory=launcher_factory, timeouts=timeouts, seed=seed
         )
         self.executor = RolloutExecutor(
-            config,
-            self.machine,
+            self.runner,
             self.controller,
             task,
             rollout_fn_path=rollout_fn_path,
@@ -348,38 +368,50 @@ class RolloutManager:
         )
 
     @property
-    def state(self) -> str:
-        return self.machine.state
+    def state(self) -> RolloutStateName:
+        return self.runner.state.rollout
 
     async def init(self, weights: tuple[str, str]) -> None:
-        """init (construction gate), then start the servers with the initial weights -- unless replaying."""
-        self.executor.init()
-        if self.machine.state == "Replay":
-            return
-        await self.controller.start_servers(weights)
+        """init (construction gate), then the servers with the initial weights -- unless replaying."""
+        self.runner.committed = weights
+        await self.runner.operate("init")
+        self.controller.check()
 
     async def generate(self, rollout_id: int) -> list[Sample]:
         self.controller.check()
-        await self.controller.catch_up()
         return await self.executor.generate(rollout_id)
 
     async def eval(self, rollout_id: int) -> EvalResult:
         """miles' ``rollout_manager.eval``: restarted rollout engines catch up first, as for generate."""
         self.controller.check()
-        await self.controller.catch_up()
         return await self.executor.eval(rollout_id)
 
+    async def catch_up(self) -> None:
+        """Restarted engines load the committed weights (generate and eval do this first anyway)."""
+        await self.runner.operate("catch_up", allow=_NOT_NOW)
+
     async def offload(self) -> None:
-        await self.controller.offload()
+        await self.runner.operate("offload", allow=_NOT_NOW)
+        self.controller.check()
 
     async def onload_weights(self) -> None:
-        await self.controller.onload_weights()
+        await self.runner.operate("onload_weights", allow=_NOT_NOW)
+        self.controller.check()
 
     async def onload_kv(self) -> None:
-        await self.controller.onload_kv()
+        await self.runner.operate("onload_kv", allow=_NOT_NOW)
+        self.controller.check()
+
+    async def stop_engine(self, index: int) -> None:
+        """An operator's stop: out of routing, killed, ``Stopped`` once its death is confirmed; never recovered."""
+        await self.runner.operate("stop_engine", index)
+
+    async def start_engine(self, index: int) -> None:
+        """Start a stopped engine again; it waits in ``PendingWeights`` until a catch-up loads the weights."""
+        await self.runner.operate("start_engine", index)
 
     async def dispose(self) -> None:
-        if self.machine.can("dispose"):
-            result = self.machine.fire("dispose")
-            await self.controller._effects(result)
-        await self.controller.close()
+        try:
+            await self.runner.operate("dispose", allow=_NOT_NOW)
+        finally:
+            await self.controller.close()

@@ -20,7 +20,6 @@ from typing import Any
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from lifecycle.predicates import starts_servers
 from trainer.checks import check_async, check_steps
 from trainer.faults import FAULTS, check_faults, parse_fault
 
@@ -175,7 +174,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         load_rollout(config.load_debug_rollout_data, 0, trainable=True)
     if ns.engines is not None:
         _positive("--engines", ns.engines)
-        if starts_servers(config):
+        if config.num_rollout_engines:  # servers start (0 under replay and plain train-only)
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
     # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once

@@ -9,8 +9,8 @@ Seven faults, each a *real* failure of a real part (no mocked errors):
                           only a bounded wait (request timeout, probe timeout) can notice it
 ``kill-http``             only the HTTP server process dies; the actor lives (its pid is unchanged)
 ``crash-during-update``   the server is SIGKILLed the moment its engine machine enters a weight
-                          update (``LoadingWeights``/``UpdatingWeights*``), before the HTTP call
-``crash-during-offload``  the same at ``Offloaded`` (needs ``--offload-rollout``)
+                          update (a ``live`` and ``transient`` state), before the HTTP call
+``crash-during-offload``  the same when its weights are released (needs ``--offload-rollout``)
 ``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
 ``crash-trainer``         a trainer worker actor's process dies
 ========================  ==========================================================================
@@ -40,6 +40,7 @@ from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.predicates import heals_trainer, offloads_rollout, rollout_ft
 from lifecycle.presets import FT_PRESETS
+from lifecycle.runner import Runner
 
 FAULTS = (
     "kill-engine",
@@ -67,8 +68,6 @@ FT_CONFIGS: dict[str, dict[str, object]] = {
     "rollout": FT_PRESETS["ft-rollout"],
     "both": FT_PRESETS["ft-both"],
 }
-UPDATE_STATES = frozenset({"LoadingWeights", "UpdatingWeights", "UpdatingWeightsKVReleased"})
-DETECTED = frozenset({"Unhealthy", "Recovering", "Failed"})
 _FAULT_RE = re.compile(r"^(?P<kind>[a-z-]+):(?P<index>\d+)@(?P<step>\d+)$")
 
 
@@ -132,18 +131,28 @@ class Expected:
         return f"{self.outcome}: {self.text}"
 
 
-def ft_config(name: str, engines: int = 2) -> LifecycleConfig:
-    """The FT configuration ``name`` with ``engines`` rollout engines (the matrix uses 2)."""
-    return LifecycleConfig.from_mapping({**FT_CONFIGS[name], "rollout_num_gpus": engines})
+# The run modes the matrix covers, as flags: the normal loop, and generation without a trainer.
+MODES: dict[str, dict[str, object]] = {"normal": {}, "rollout-only": {"debug_rollout_only": True}}
 
 
-def expected(kind: str, ft: str) -> Expected:
+def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleConfig:
+    """The FT configuration ``name`` with ``engines`` rollout engines (the matrix uses 2), in ``mode``."""
+    return LifecycleConfig.from_mapping({**FT_CONFIGS[name], **MODES[mode], "rollout_num_gpus": engines})
+
+
+def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
-    config = ft_config(ft)
+    config = ft_config(ft, mode=mode)
     if kind == "crash-trainer":
         if heals_trainer(config):
             return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
         return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
+    if rollout_ft(config) and mode == "rollout-only":  # no trainer, so no update_weights to recover it
+        return Expected(
+            "recovers",
+            "engine marked Unhealthy, relaunched at the next generate (no trainer), loads the committed weights "
+            "before it is routed; run completes",
+        )
     if rollout_ft(config):
         where = " on a surviving node" if kind == "lose-node" else ""
         return Expected(
@@ -155,11 +164,11 @@ def expected(kind: str, ft: str) -> Expected:
 
 # -- the injector -----------------------------------------------------------------------------------------
 class EngineSlot(Protocol):
-    id: str
-    launcher: Launcher
+    @property
+    def id(self) -> str: ...
 
     @property
-    def state(self) -> str: ...
+    def launcher(self) -> Launcher: ...
 
 
 class Workers(Protocol):
@@ -177,11 +186,16 @@ class Controller(Protocol):
     @property
     def engines(self) -> Sequence[EngineSlot]: ...
 
+    def state_of(self, engine: Any) -> str: ...
+
     @property
     def log(self) -> EventLog | None: ...
 
     @property
     def config(self) -> LifecycleConfig: ...
+
+    @property
+    def runner(self) -> Runner: ...
 
 
 @dataclass
@@ -229,17 +243,17 @@ class FaultInjector:
             raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
         assert controller is not None
         engine = engines[fault.index]
-        record = Injection(fault, engine.id, at=now, detail={"state_before": engine.state})
+        record = Injection(fault, engine.id, at=now, detail={"state_before": controller.state_of(engine)})
         self.injections.append(record)
         launcher = engine.launcher
         if fault.kind == "kill-engine":
             record.detail["actor"] = await _info(launcher)
             launcher.crash()
-            await self._detected(engine)
+            await self._detected(controller, engine)
         elif fault.kind == "kill-http":
             record.detail["actor"] = await _info(launcher)
             await launcher.kill()  # the server process only: a Ray actor stays alive
-            await self._detected(engine)
+            await self._detected(controller, engine)
             record.detail["actor_after"] = await _info(launcher)
         elif fault.kind == "hang-engine":
             record.detail["server_pid"] = await launcher.pause_server()
@@ -248,7 +262,9 @@ class FaultInjector:
                 raise ConfigError(
                     "--inject", str(fault), "rollout engines are never offloaded", "add --offload-rollout"
                 )
-            targets = UPDATE_STATES if fault.kind == "crash-during-update" else frozenset({"Offloaded"})
+            core = controller.runner.core  # the engine states the fault lands in, read off the spec's tags
+            offloaded = frozenset(state for state, released in core.releases.items() if "weights" in released)
+            targets = core.updating_engine if fault.kind == "crash-during-update" else offloaded
             pid = await launcher.server_pid()
             if pid is None:
                 raise FaultError(f"{fault}: {engine.id} has no server process to crash")
@@ -264,7 +280,7 @@ class FaultInjector:
                 raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
             record.detail["node"] = node
             await asyncio.to_thread(remove_node, node)
-            await self._detected(engine)
+            await self._detected(controller, engine)
         return record
 
     def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
@@ -292,14 +308,13 @@ class FaultInjector:
 
         log.add_sink(sink)
 
-    async def _detected(self, engine: EngineSlot) -> None:
+    async def _detected(self, controller: Controller, engine: EngineSlot) -> None:
         """Bounded: the lifecycle must have seen the fault (a transition) within ``detect_timeout``."""
         deadline = time.monotonic() + self.detect_timeout
-        while engine.state not in DETECTED:
+        while controller.state_of(engine) in controller.runner.core.live:  # marked: no longer live
             if time.monotonic() > deadline:
-                raise FaultError(
-                    f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {engine.state})"
-                )
+                state = controller.state_of(engine)
+                raise FaultError(f"{engine.id}: fault not detected within {self.detect_timeout:g}s (state {state})")
             await asyncio.sleep(0.02)
 
 

@@ -1,38 +1,35 @@
-"""The trainer group: N trainer workers (Ray actors) driven by the ``trainer`` machine.
+"""The trainer group: N trainer workers (Ray actors) -- the shell of the ``trainer`` machine.
 
 ``train`` shards the batch by GRPO group across workers, averages their gradients and applies the
-average everywhere (replicas stay identical). ``update_weights`` writes the new weights
-(safetensors) into the run directory and pushes them through the rollout controller, under its
-engine lock; it recovers rollout engines first **only** when the move's effects include
-``recover_engine`` (``trainer_recovers_rollout``). With train FT (``heals_trainer``) a crashed worker
-is replaced, restored from a peer's state (or the group's last good state when it has no peer), and
-the step is retried; without it the group fails.
+average everywhere (replicas stay identical, so any one can heal another). ``update_weights`` writes
+the new weights into the run directory and lets the job's core push them to the rollout engines, under
+the engine lock, recovering dead engines first when the trainer's move says ``recover_engine``
+(``trainer_recovers_rollout``). A crashed worker is healed (replaced, restored from a peer's state or
+the group's last kept one) when the core's ``heal`` move is allowed (``heals_trainer``), and the
+operation runs again; otherwise the group fails. Every worker call is bounded (``call_timeout``): a hung
+worker is a crashed one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from lifecycle.config import LifecycleConfig
+from lifecycle.core import Command, Outcome
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
-from lifecycle.machines import TRAINER
-from lifecycle.predicates import heals_trainer
-from lifecycle.runtime import FireResult, LifecycleMachine
+from lifecycle.names import TrainerStateName
+from lifecycle.runner import Runner
 from trainer.workers import WorkerCrashed, WorkerHandle
+
+_NOT_NOW = frozenset({"blocked", "not_applicable"})
 
 
 class TrainerFailed(LifecycleError):
     """A trainer worker crashed and the group may not heal (no train FT), or healing failed."""
-
-
-class WeightSink(Protocol):
-    async def recover_unhealthy(self) -> list[str]: ...
-
-    async def update_weights(self, path: str, version: str) -> list[str]: ...
 
 
 class TrainerGroup:
@@ -41,6 +38,7 @@ class TrainerGroup:
         config: LifecycleConfig,
         run_dir: str | Path,
         *,
+        runner: Runner | None = None,
         workers: int = 1,
         model_size: str = "tiny",
         seed: int = 0,
@@ -53,33 +51,155 @@ class TrainerGroup:
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         self.config = config
+        self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.run_dir = Path(run_dir)
         self.size = workers
         self.model_args = (model_size, seed, lr, temperature)
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
-        self.machine = LifecycleMachine(TRAINER, config, "trainer", log=log, ledger=ledger)
         self.workers: list[WorkerHandle] = []
         self._last_state: Any = None
+        self._samples: Sequence[Mapping[str, Any]] = ()
+        self._stats: dict[str, float] = {}
+        self._step = 0
+        self._saved = ""
+        self._crash: tuple[str, str] = ("", "")  # (trainer state, reason) of the last crash
         self.heals = 0
+        self.runner.explain(self._explain)
+        self.runner.provide(
+            {
+                "trainer.allocate_workers": self._allocate,
+                "trainer.init_model": self._init_model,
+                "trainer.keep_heal_state": self._keep_heal_state,
+                "trainer.train_step": self._train_step,
+                "trainer.transfer_weights": self._write_update,
+                "trainer.save_checkpoint": self._save_checkpoint,
+                "trainer.replace_worker": self._replace_worker,
+                "trainer.offload_train": lambda c: self._all("offload"),
+                "trainer.onload_train": lambda c: self._all("onload"),
+            }
+        )
 
     @property
-    def state(self) -> str:
-        return self.machine.state
+    def state(self) -> TrainerStateName:
+        return self.runner.state.trainer
 
-    def _fire(self, trigger: str) -> FireResult:
-        return self.machine.fire(trigger)
-
-    async def start(self) -> tuple[str, str]:
-        """allocate -> initialize -> ready; returns the initial weights (path, version '0')."""
-        self._fire("allocate")
-        self.workers = [self._worker(rank) for rank in range(self.size)]
-        self._fire("initialize")
-        for w in self.workers:
-            await w.call("pid")  # the actor has built its policy and optimizer
-        self._fire("ready")
-        if self.size == 1 and heals_trainer(self.config):  # a crash before the first step heals from here
-            self._last_state = await self.workers[0].call("get_state")
+    # -- the loop's calls ---------------------------------------------------------------------------------
+    async def start(self) -> tuple[str, str] | None:
+        """allocate -> initialize -> ready; the initial weights (path, version ``0``), or None under
+        --debug-rollout-only (no trainer: blocked by ``trains``)."""
+        if await self.runner.operate("trainer.start", allow=_NOT_NOW) is not None:
+            return None
+        self.check()
         return await self._write_weights(0)
+
+    async def train(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+        """One optimisation step (run again once after a heal with train FT); None when no trainer exists."""
+        self._samples, self._stats = samples, {}
+        if await self.runner.operate("train", allow=_NOT_NOW) is not None:
+            return None
+        self.check()
+        return self._stats
+
+    async def update_weights(self, step: int) -> bool:
+        """Write the weights of ``step`` and push them to the rollout engines (the core's update program).
+        False when the config has nothing to push to (train-only, rollout-only)."""
+        self._step = step
+        if await self.runner.operate("update_weights", allow=_NOT_NOW) is not None:
+            return False
+        self.check()
+        return True
+
+    async def save(self, step: int) -> str | None:
+        """Write a checkpoint (the train-only producer's hand-off); its path."""
+        self._step = step
+        if await self.runner.operate("save", allow=_NOT_NOW) is not None:
+            return None
+        self.check()
+        return self._saved
+
+    async def offload(self) -> None:
+        await self.runner.operate("offload_train", allow=_NOT_NOW)
+        self.check()
+
+    async def onload(self) -> None:
+        await self.runner.operate("onload_train", allow=_NOT_NOW)
+        self.check()
+
+    async def crash_worker(self, rank: int) -> None:
+        """Fault injection: the worker's process dies."""
+        self.workers[rank].crash()
+
+    async def dispose(self) -> None:
+        await self.runner.operate("trainer.dispose", allow=_NOT_NOW | {"failed"})
+        for w in self.workers:
+            w.kill()
+
+    def check(self) -> None:
+        """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
+        self.runner.check_failed()
+
+    def _explain(self) -> None:
+        """The trainer stopped the run: name the worker, the state it was in and the fix."""
+        failed = self.runner.state.failed
+        if not failed.startswith("trainer"):
+            return
+        where, reason = self._crash
+        if self.runner.state.trainer == "Failed":  # the spec's fail: heals_trainer is false
+            dead = ", ".join(str(w.rank) for w in self.workers if not w.answered_last) or "?"
+            raise TrainerFailed(
+                f"trainer worker {dead} crashed in state {where} ({reason}); not healed: train fault tolerance "
+                "is off (use --use-fault-tolerance --ft-components train)"
+            )
+        raise TrainerFailed(f"{failed}")
+
+    # -- the handlers of the trainer's effects -----------------------------------------------------------------
+    def _worker(self, rank: int) -> WorkerHandle:
+        return WorkerHandle(rank, *self.model_args, call_timeout=self.call_timeout)
+
+    def _crashed(self, exc: WorkerCrashed) -> Outcome:
+        self._crash = (self.runner.state.trainer, str(exc))
+        return Outcome("worker_crashed", reason=str(exc))
+
+    async def _allocate(self, cmd: Command) -> None:
+        self.workers = [self._worker(rank) for rank in range(self.size)]
+
+    async def _init_model(self, cmd: Command) -> Outcome | None:
+        try:
+            for w in self.workers:
+                await w.call("pid")  # the actor has built its policy and optimizer
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        return None
+
+    async def _keep_heal_state(self, cmd: Command) -> Outcome | None:
+        """Under train FT, a group without a peer keeps its last good state to heal from."""
+        if self.size == 1:
+            try:
+                self._last_state = await self.workers[0].call("get_state")
+            except WorkerCrashed as exc:
+                return self._crashed(exc)
+        return None
+
+    async def _train_step(self, cmd: Command) -> Outcome:
+        samples = self._samples
+        try:
+            groups = sorted({s["group"] for s in samples})
+            shards = [[s for s in samples if groups.index(s["group"]) % self.size == r] for r in range(self.size)]
+            results = [await w.call("compute_grads", shard) for w, shard in zip(self.workers, shards, strict=True)]
+            grads = [g for g, _ in results]
+            avg = (
+                grads[0] if len(grads) == 1 else {k: sum(g[k] for g in grads if k in g) / len(grads) for k in grads[0]}
+            )
+            for w in self.workers:
+                await w.call("apply_grads", avg)
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        stats: dict[str, float] = {}
+        for _, s in results:
+            for k, v in s.items():
+                stats[k] = stats.get(k, 0.0) + v / len(results)
+        self._stats = stats
+        return Outcome("trained")
 
     async def _write_weights(self, step: int) -> tuple[str, str]:
         path = self.run_dir / "weights" / f"step-{step}.safetensors"
@@ -87,37 +207,20 @@ class TrainerGroup:
         await self.workers[0].call("save_weights", str(path))
         return str(path.resolve()), str(step)
 
-    # -- training -----------------------------------------------------------------------------------
-    async def train(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """One optimisation step (retried once after a heal with train FT)."""
-        self._fire("train")
+    async def _write_update(self, cmd: Command) -> Outcome | None:
+        """The trainer's ``transfer_weights``: the new weights on disk, for the engines of the snapshot."""
         try:
-            stats = await self._step(samples)
+            self.runner.pending = await self._write_weights(self._step)
         except WorkerCrashed as exc:
-            await self._crashed(str(exc))
-            self._fire("train")
-            stats = await self._step(samples)
-        self._fire("train_done")
-        return stats
+            return self._crashed(exc)
+        return None
 
-    async def _step(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        groups = sorted({s["group"] for s in samples})
-        shards = [[s for s in samples if groups.index(s["group"]) % self.size == r] for r in range(self.size)]
-        results = [await w.call("compute_grads", shard) for w, shard in zip(self.workers, shards, strict=True)]
-        grads = [g for g, _ in results]
-        avg = grads[0] if len(grads) == 1 else {k: sum(g[k] for g in grads if k in g) / len(grads) for k in grads[0]}
-        for w in self.workers:
-            await w.call("apply_grads", avg)
-        if self.size == 1 and heals_trainer(self.config):
-            self._last_state = await self.workers[0].call("get_state")  # no peer to heal from: keep one
-        stats: dict[str, float] = {}
-        for _, s in results:
-            for k, v in s.items():
-                stats[k] = stats.get(k, 0.0) + v / len(results)
-        return stats
-
-    def _worker(self, rank: int) -> WorkerHandle:
-        return WorkerHandle(rank, *self.model_args, call_timeout=self.call_timeout)
+    async def _save_checkpoint(self, cmd: Command) -> Outcome:
+        try:
+            self._saved, _ = await self._write_weights(self._step)
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        return Outcome("saved")
 
     async def _alive(self, worker: WorkerHandle) -> bool:
         """A short ping: a dead actor fails at once, a hung one runs out of the (short) bound."""
@@ -127,74 +230,33 @@ class TrainerGroup:
             return False
         return True
 
-    async def _crashed(self, reason: str) -> None:
-        state = self.state  # where the crash hit: named in the error
-        self._fire("worker_crashed")
-        if not self._fire("heal").ok:
-            self._fire("fail")
-            dead_ranks = [str(w.rank) for w in self.workers if not await self._alive(w)]
-            raise TrainerFailed(
-                f"trainer worker {', '.join(dead_ranks) or '?'} crashed in state {state} ({reason}); not healed: "
-                "train fault tolerance is off (use --use-fault-tolerance --ft-components train)"
-            )
+    async def _replace_worker(self, cmd: Command) -> Outcome:
+        """Replace every dead or hung worker and restore it from a live peer's state, else the last kept one."""
         alive: list[WorkerHandle] = []
         dead: list[WorkerHandle] = []
         for w in self.workers:
             (alive if await self._alive(w) else dead).append(w)
-        state = await alive[0].call("get_state") if alive else self._last_state
+        try:
+            state = await alive[0].call("get_state") if alive else self._last_state
+        except WorkerCrashed as exc:
+            return Outcome("heal_failed", reason=str(exc))
         if state is None:
-            raise TrainerFailed(f"trainer worker crashed ({reason}); no peer or saved state to heal from")
+            return Outcome("heal_failed", reason=f"{self._crash[1]}; no peer or saved state to heal from")
         for w in dead:
             w.kill()  # dead, or hung: either way it must not come back
             replacement = self._worker(w.rank)
-            await replacement.call("set_state", state)
+            try:
+                await replacement.call("set_state", state)
+            except WorkerCrashed as exc:
+                return Outcome("heal_failed", reason=str(exc))
             self.workers[self.workers.index(w)] = replacement
         self.heals += 1
-        self._fire("healed")
+        return Outcome("healed")
 
-    # -- weights to the rollout engines -------------------------------------------------------------------
-    async def update_weights(self, sink: WeightSink | None, step: int) -> FireResult:
-        """Write the weights; push them to the engines (recovering them first only if the move says so)."""
-        result = self._fire("update_weights")
-        if not result.ok:
-            return result
-        if "recover_engine" in result.effects and sink is not None:
-            await sink.recover_unhealthy()
+    async def _all(self, method: str) -> Outcome | None:
         try:
-            path, version = await self._write_weights(step)
-        except WorkerCrashed as exc:  # a crash found while writing: heal (or fail) as in train, then redo the move
-            await self._crashed(str(exc))
-            result = await self.update_weights(sink, step)
-            return result
-        if sink is not None:
-            await sink.update_weights(path, version)
-        self._fire("update_done")
-        return result
-
-    # -- memory and checkpoints ----------------------------------------------------------------------------
-    async def offload(self) -> None:
-        if self._fire("offload").ok:
             for w in self.workers:
-                await w.call("offload")
-
-    async def onload(self) -> None:
-        if self.machine.state == "Offloaded":
-            self._fire("onload")
-            for w in self.workers:
-                await w.call("onload")
-
-    async def save(self, step: int) -> str:
-        self._fire("save")
-        path, _ = await self._write_weights(step)
-        self._fire("save_done")
-        return path
-
-    async def crash_worker(self, rank: int) -> None:
-        """Fault injection: the worker's process dies."""
-        self.workers[rank].crash()
-
-    async def dispose(self) -> None:
-        if self.machine.can("dispose"):
-            self._fire("dispose")
-        for w in self.workers:
-            w.kill()
+                await w.call(method)
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        return None

@@ -28,7 +28,7 @@ from engines.process import torch_engine_command
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
-from rollout.controller import ControllerError
+from lifecycle.runner import Runner
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
@@ -185,23 +185,22 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     metrics_path.write_text("")
     t0 = time.monotonic()
     init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
+    runner = Runner(config, log=log, ledger=ledger)  # the job's one lifecycle core, shared by both sides
     trainer = TrainerGroup(
         config,
         run_dir,
+        runner=runner,
         workers=opts.workers,
         model_size=opts.model_size,
         seed=opts.seed,
         lr=opts.lr,
         temperature=task.temperature,
-        log=log,
-        ledger=ledger,
     )
     manager = RolloutManager(
         config,
         task,
+        runner=runner,
         launcher_factory=launcher_factory(opts.launcher, functools.partial(torch_engine_command, seed=opts.seed)),
-        log=log,
-        ledger=ledger,
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
         data_source_path=opts.data_source,
@@ -233,7 +232,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
     try:
-        weights = await trainer.start()
+        # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
+        weights = await trainer.start() or initial_weights(run_dir, opts.model_size, opts.seed)
         await manager.init(weights)
         _feed_policy_source(manager, weights, model_size=opts.model_size)
         say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
@@ -250,9 +250,9 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                     _add_eval(evals, await manager.eval(step))
                 samples = await manager.generate(step)
                 await manager.offload()
-                stats = await trainer.train(samples)
+                stats = await trainer.train(samples) or {}
                 await manager.onload_weights()
-                await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
+                await trainer.update_weights(step + 1)
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 await manager.onload_kv()
                 if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
@@ -296,7 +296,19 @@ def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, mo
 async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: TrainerGroup, version: int) -> None:
     """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
     if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
-        _feed_policy_source(manager, (await trainer.save(version), str(version)))
+        path = await trainer.save(version)
+        if path is not None:
+            _feed_policy_source(manager, (path, str(version)))
+
+
+def initial_weights(run_dir: Path, model_size: str, seed: int) -> tuple[str, str]:
+    """The weights a trainer of this seed starts from (version ``0``), written without a trainer."""
+    from models import TinyCausalLM
+
+    path = run_dir / "weights" / "step-0.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    TinyCausalLM(model_size, seed=seed).save_weights(path)
+    return str(path.resolve()), "0"
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:
@@ -339,14 +351,9 @@ async def _async_steps(
                 if step + 1 < opts.steps:
                     pending = _start_generate(manager, step + 1)
                     await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
-                stats = await trainer.train(samples)
-                await _await_generation(pending)
-                if manager.state in ("Generating", "Evaluating"):
-                    raise ControllerError(
-                        f"step {step}: weight update while the rollout manager is {manager.state}; "
-                        "begin_update is allowed only from Ready (wait for generate to end first)"
-                    )
-                await trainer.update_weights(manager.controller if manager.controller.engines else None, step + 1)
+                stats = await trainer.train(samples) or {}
+                await _await_generation(pending)  # the core refuses a weight update while generate runs
+                await trainer.update_weights(step + 1)
                 await _checkpoint_for_policy_source(manager, trainer, step + 1)
                 if interval is not None and (step + 1) % interval == 0:
                     _add_eval(evals, await manager.eval(step))  # generate(k+1) has ended: the manager is Ready

@@ -103,6 +103,7 @@ class WorkerHandle:
         self.call_timeout = call_timeout
         self.startup_timeout = startup_timeout  # the first call also waits for the actor's torch import
         self._answered = False
+        self.answered_last = True  # False once a call crashed or ran out of its bound (the failure names it)
         from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
 
         options = driver_node_placement()
@@ -123,8 +124,13 @@ class WorkerHandle:
         try:
             result = await asyncio.wait_for(self._await(getattr(self.actor, method).remote(*args)), bound)
         except TimeoutError:
+            self.answered_last = False
             raise WorkerCrashed(f"trainer worker {self.rank}: no answer to {method} within {bound:g}s") from None
+        except WorkerCrashed:
+            self.answered_last = False
+            raise
         self._answered = True
+        self.answered_last = True
         return result
 
     def hang(self, seconds: float) -> None:

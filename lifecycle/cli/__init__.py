@@ -102,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"lifecycle {ns.command}"
     try:
         return func(ns)
+    except BrokenPipeError:  # `lifecycle trace show ... | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
     except LifecycleError as exc:  # ConfigError, UsageError, ReplayDataError, EngineError, ...
         return _report(prog, exc, ns.debug)
     except OSError as exc:

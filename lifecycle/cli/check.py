@@ -16,6 +16,7 @@ from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_che
 from lifecycle.invariants import INVARIANTS
 from lifecycle.machines import MACHINES
 from lifecycle.mutants import MUTANTS
+from lifecycle.predicates import evaluate
 
 
 def register(sub: Any) -> None:
@@ -23,10 +24,13 @@ def register(sub: Any) -> None:
         "check",
         help="explore every reachable job state and check the lifecycle invariants",
         description=(
-            "Breadth-first exploration of the product of all machines of one job (rollout manager, monitor, "
-            "N engines, eval fleet, trainer) with environment faults, for every valid config of the lattice "
-            "(FT x components x mode x ci-test x eval fleet x offload), or for one config when --config or any "
-            "lifecycle flag is given. Exits 1 with the shortest counterexample on a violation."
+            "Breadth-first exploration of the lifecycle core -- Core.step, the function the runtime executes "
+            "-- driven by every operation a loop may call in any order, every answer the shells may give and "
+            "the world's faults (kill, hang, HTTP death, refused loads, worker crashes), over every machine of "
+            "one job (rollout manager, monitor, N engines, eval fleet, trainer), for every valid config of the "
+            "lattice (FT x components x mode x ci-test x eval fleet x offload), or for one config when --config "
+            "or any lifecycle flag is given. Prints states/s. Exits 1 with the shortest counterexample on a "
+            "violation."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="invariants:\n"
@@ -51,6 +55,13 @@ def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
     return config_from_args(ns, check_paths=False)
 
 
+def _expected_cost(group: list[LifecycleConfig]) -> tuple[bool, ...]:
+    """Largest explorations first, so that two workers finish together: an eval fleet, monitors and
+    offload each multiply the states (measured: the fleet about 3x, rollout FT about 2x)."""
+    p = evaluate(group[0])
+    return (p["eval_fleet_enabled"], p["monitors_rollout"], p["offloads_rollout"], p["ci_injects_rollout_faults"])
+
+
 def cmd_check(ns: argparse.Namespace) -> int:
     only = frozenset(ns.invariant) if ns.invariant else None
     for name in only or ():
@@ -70,7 +81,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         skipped = 0
     else:
         lat = lattice()
-        groups = sorted(lat.groups.values(), key=lambda g: -len(g))
+        groups = sorted(lat.groups.values(), key=_expected_cost, reverse=True)
         skipped = len(lat.invalid)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []

@@ -1,7 +1,8 @@
-"""The health monitor's semantics: concurrency, threshold, pause discards, death, grace, gating.
+"""The health monitor's mechanics: concurrency, threshold, stale results after a pause, grace, jitter, stop.
 
-Probes here are coroutines with real latency (asyncio.sleep) -- the unit under test is the
-monitor's timing logic; tests against real engine processes live with the engine tests.
+Probes here are coroutines with real latency (asyncio.sleep) and the monitor's reports are collected
+as they would reach the runner; what a report *does* (mark, count, discard) is the core's, tested in
+``tests/lifecycle/test_core.py`` and, with real engines, in ``tests/rollout``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import time
 
 import pytest
 
-from engines.health import HealthMonitor, create_monitor
-from lifecycle import EffectLedger, LifecycleConfig
+from engines.health import HealthMonitor
+from lifecycle import LifecycleConfig
+from lifecycle.core import Command, Outcome
+
+pytestmark = pytest.mark.monitor
+CMD = Command("resume_monitor", "monitor", "monitor")
 
 
 def _config(**kw: object) -> LifecycleConfig:
@@ -28,123 +33,111 @@ def _config(**kw: object) -> LifecycleConfig:
 
 
 def _ok(latency: float = 0.0):
-    async def probe(timeout: float) -> None:
+    async def probe(timeout: float) -> Outcome:
         await asyncio.sleep(latency)
+        return Outcome("probe_ok")
 
     return probe
 
 
 def _failing(latency: float = 0.0):
-    async def probe(timeout: float) -> None:
+    async def probe(timeout: float) -> Outcome:
         await asyncio.sleep(latency)
-        raise ConnectionError("connection refused")
+        return Outcome("probe_failed", reason="connection refused")
 
     return probe
 
 
-async def _monitor(config: LifecycleConfig, ledger: EffectLedger | None = None):
-    marked: list[tuple[str, str]] = []
-    monitor = await create_monitor(config, "rollout", lambda e, r: marked.append((e, r)), ledger=ledger)
-    assert monitor is not None
-    return monitor, marked
+def _monitor(config: LifecycleConfig) -> tuple[HealthMonitor, list[Outcome]]:
+    reports: list[Outcome] = []
+
+    async def report(outcome: Outcome) -> None:
+        reports.append(outcome)
+
+    return HealthMonitor(config, report), reports
 
 
-@pytest.mark.monitor
 def test_probes_run_concurrently_so_a_round_costs_one_latency():
     """All 16 probes of a round are in flight together (sequential probing would have one at a time);
     the time it saves is measured by benchmarks/bench_engines.py (P2), not asserted here."""
     in_flight, most = 0, 0
 
-    async def probe(timeout: float) -> None:
+    async def probe(timeout: float) -> Outcome:
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.02)
         in_flight -= 1
+        return Outcome("probe_ok")
 
     async def run() -> None:
-        config = _config(rollout_health_check_interval=1.0, rollout_health_check_timeout=1.0)
-        monitor, _ = await _monitor(config)
+        monitor, _ = _monitor(_config(rollout_health_check_interval=1.0, rollout_health_check_timeout=1.0))
         for i in range(16):
-            monitor.add_engine(f"engine-{i}", probe)
-        await monitor.machine.fire("resume")  # Running, without the background loop
+            monitor.add_engine(("rollout", i), probe)
         await monitor.probe_round()
 
     asyncio.run(run())
     assert most == 16
 
 
-def test_threshold_of_consecutive_failures_marks_the_engine_once():
-    async def run():
-        ledger = EffectLedger()
-        monitor, marked = await _monitor(_config(), ledger)
-        monitor.add_engine("engine-0", _ok())
-        monitor.add_engine("engine-1", _failing())
-        await monitor.resume()
+def test_threshold_of_consecutive_failures_is_reported_once():
+    async def run() -> list[Outcome]:
+        monitor, reports = _monitor(_config())
+        monitor.add_engine(("rollout", 0), _ok())
+        monitor.add_engine(("rollout", 1), _failing())
+        await monitor.resume(CMD)
         await asyncio.sleep(0.5)
         await monitor.stop()
-        return ledger, marked
+        return reports
 
-    ledger, marked = asyncio.run(run())
-    assert [e for e, _ in marked] == ["engine-1"]
-    assert "2 consecutive failed probes" in marked[0][1] and "connection refused" in marked[0][1]
-    assert ledger.count("count_probe_failure") == 1
-    assert ledger.count("mark_engine_unhealthy") == 1
-    assert ledger.count("probe_engine") >= 2
+    reports = asyncio.run(run())
+    verdicts = [(o.name, o.engine) for o in reports if o.name != "probe"]
+    assert verdicts == [("probe_failed", 1), ("threshold_reached", 1)]  # the first failure only counts
+    last = next(o for o in reports if o.name == "threshold_reached")
+    assert "2 consecutive failed probes" in last.reason and "connection refused" in last.reason
+    assert sum(o.name == "probe" for o in reports) >= 2  # one probe round report per round
 
 
-@pytest.mark.monitor
-def test_a_probe_failure_returning_after_pause_is_discarded():
-    async def run():
-        ledger = EffectLedger()
-        monitor, marked = await _monitor(
-            _config(
-                rollout_health_check_failure_threshold=1,
-                rollout_health_check_timeout=0.05,
-                rollout_health_check_interval=0.05,
-            ),
-            ledger,
-        )
-        monitor.add_engine("engine-0", _failing(latency=0.03))
-        await monitor.resume()
+def test_a_marked_engine_is_not_probed_again():
+    async def run() -> HealthMonitor:
+        monitor, _ = _monitor(_config())
+        monitor.add_engine(("rollout", 0), _failing())
+        await monitor.resume(CMD)
+        await asyncio.sleep(0.4)
+        await monitor.stop()
+        return monitor
+
+    monitor = asyncio.run(run())
+    assert monitor.members == ()
+
+
+def test_a_probe_failure_returning_after_a_pause_is_reported_as_stale():
+    async def run() -> list[Outcome]:
+        monitor, reports = _monitor(_config(rollout_health_check_failure_threshold=1))
+        monitor.add_engine(("rollout", 0), _failing(latency=0.03))
+        await monitor.resume(CMD)
         await asyncio.sleep(0.01)  # the first probe is in flight
-        await monitor.pause()
+        await monitor.pause(CMD)
         await asyncio.sleep(0.1)  # it fails after the pause
-        return monitor, ledger, marked
+        await monitor.stop()
+        return reports
 
-    monitor, ledger, marked = asyncio.run(run())
-    assert marked == []
-    assert monitor.discarded == 1
-    assert ledger.count("discard_probe_result") == 1
-    assert ledger.count("mark_engine_unhealthy") == 0
+    reports = asyncio.run(run())
+    assert [o.name for o in reports if o.name != "probe"] == ["stale_result"]
 
 
-def test_death_is_acted_on_at_once_even_while_paused():
-    async def run():
-        ledger = EffectLedger()
-        monitor, marked = await _monitor(_config(), ledger)
-        monitor.add_engine("engine-0", _ok())
-        assert monitor.state == "Paused"
-        await monitor.engine_died("engine-0", "exit code -9")  # no probe round in between: it acts now
-        return monitor.health("engine-0").probes if "engine-0" in monitor._engines else 0, marked
-
-    probes, marked = asyncio.run(run())
-    assert marked == [("engine-0", "process died: exit code -9")]
-    assert probes == 0
-
-
-@pytest.mark.monitor
 def test_startup_grace_delays_the_first_probe():
-    async def run():
+    async def run() -> tuple[float, list[float]]:
         calls: list[float] = []
 
-        async def probe(timeout: float) -> None:
+        async def probe(timeout: float) -> Outcome:
             calls.append(time.perf_counter())
+            return Outcome("probe_ok")
 
-        monitor, _ = await _monitor(_config(rollout_health_check_first_wait=0.3))
+        monitor, _ = _monitor(_config(rollout_health_check_first_wait=0.3))
         t0 = time.perf_counter()
-        monitor.add_engine("engine-0", probe)
-        await monitor.resume()
+        monitor.add_engine(("rollout", 0), probe)
+        await monitor.resume(CMD)
         await asyncio.sleep(0.5)
         await monitor.stop()
         return t0, calls
@@ -155,52 +148,43 @@ def test_startup_grace_delays_the_first_probe():
 
 
 def test_jitter_keeps_the_period_within_bounds():
-    monitor = HealthMonitor(
-        _config(rollout_health_check_interval=10.0, rollout_health_check_timeout=1.0, rollout_health_check_jitter=0.2),
-        "g",
-        lambda e, r: None,
+    config = _config(
+        rollout_health_check_interval=10.0, rollout_health_check_timeout=1.0, rollout_health_check_jitter=0.2
     )
+    monitor, _ = _monitor(config)
     periods = [monitor._period() for _ in range(200)]
     assert min(periods) >= 8.0 and max(periods) <= 12.0
     assert max(periods) - min(periods) > 1.0  # it does vary
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        {"ft_components": ["train"]},  # train-only FT: no monitor, no probe
-        {"use_fault_tolerance": False},
-        {"debug_train_only": True},
-    ],
-)
-@pytest.mark.monitor
-def test_no_monitor_without_monitors_rollout(flags):
-    async def run():
-        ledger = EffectLedger()
-        monitor = await create_monitor(_config(**flags), "rollout", lambda e, r: None, ledger=ledger)
-        return monitor, ledger
-
-    monitor, ledger = asyncio.run(run())
-    assert monitor is None
-    assert len(ledger) == 0
-
-
-@pytest.mark.monitor
 def test_stop_ends_every_probe_loop_also_one_a_pause_left_sleeping():
     """A pause lets the probe loop finish its sleep; stop must not leave it pending (a leaked task)."""
 
     async def run() -> tuple[list[bool], int]:
-        config = _config(rollout_health_check_interval=30.0, rollout_health_check_timeout=1.0)
-        monitor, _ = await _monitor(config)
-        monitor.add_engine("engine-0", _ok())
-        await monitor.resume()
+        monitor, _ = _monitor(_config(rollout_health_check_interval=30.0, rollout_health_check_timeout=1.0))
+        monitor.add_engine(("rollout", 0), _ok())
+        await monitor.resume(CMD)
         await asyncio.sleep(0.05)  # one round done, now sleeping 30 s
         loops = list(monitor._loops)
-        await monitor.pause()
-        await monitor.resume()  # a second loop while the first still sleeps
+        await monitor.pause(CMD)
+        await monitor.resume(CMD)  # a second loop while the first still sleeps
         loops += [t for t in monitor._loops if t not in loops]
         await monitor.stop()
         return [t.done() for t in loops], len(monitor._loops)
 
     done, left = asyncio.run(run())
     assert len(done) == 2 and all(done) and left == 0
+
+
+def test_a_probe_that_runs_out_of_its_timeout_is_a_failure():
+    async def run() -> list[Outcome]:
+        monitor, reports = _monitor(_config(rollout_health_check_failure_threshold=1))
+        monitor.add_engine(("rollout", 0), _ok(latency=1.0))  # never answers within 0.05 s
+        await monitor.resume(CMD)
+        await asyncio.sleep(0.2)
+        await monitor.stop()
+        return reports
+
+    reports = asyncio.run(run())
+    (verdict,) = [o for o in reports if o.name != "probe"]
+    assert verdict.name == "threshold_reached" and "no answer within 0.05s" in verdict.reason

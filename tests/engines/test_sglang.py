@@ -435,18 +435,17 @@ def test_a_cancelled_launch_leaves_no_server_behind() -> None:
 
 
 def test_engine_slot_runs_on_the_backend(stub_script: Path) -> None:
-    """SGLangBackend is an engines.engine.Launcher: an engine slot starts and stops through it."""
+    """SGLangBackend is an engines.launcher.Launcher: an engine slot starts and stops through it."""
     backend = stub_backend(stub_script, "sg-slot", health_503=1)
-    engine = Engine("sg-slot", rollout_config(), backend, timeouts=Timeouts(startup=10, request=2, death=5))
+    engine = Engine("sg-slot", backend, timeouts=Timeouts(startup=10, request=2, death=5))
 
     async def main() -> tuple[str, str]:
-        await engine.start()
-        started = engine.state
-        await engine.stop()
-        return started, engine.state
+        started = (await engine.launch()).name
+        stopped = (await engine.kill()).name
+        return started, stopped
 
     try:
-        assert asyncio.run(main()) == ("PendingWeights", "Stopped")
+        assert asyncio.run(main()) == ("ready", "dead")
         assert outcomes(backend)[-2:] == [(HEALTH, "200"), (FLUSH, "200")]
         assert not backend.alive()
     finally:

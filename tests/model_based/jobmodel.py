@@ -1,26 +1,25 @@
-"""Hypothesis state machines over the job's product model (``lifecycle.job.Job``).
+"""Hypothesis state machines over the lifecycle core in its world (``lifecycle.world.Checker``).
 
 ``make_machine(machines=None, configs=None)`` returns a ``RuleBasedStateMachine`` class whose
-rules are the product model's own action families -- rollout-manager operations, trainer steps,
-monitor and eval-fleet events, single-engine events, injected faults and the world's responses
-(a killed process exits, Ray reports a death). A rule is enabled exactly when
-``Job.successors(state)`` offers an action of its family, and it draws one of those actions
-(``st.data()``), so the suite only ever takes steps the spec allows. Each step is checked with
-``check_step``; every state with ``check_state`` and a local ``no_deadlock``. The fault budget is
-the Job's (``max_faults``, default 2), as in the explorer.
+rules are the checker's own step families -- the operations a loop may call (rollout side, trainer
+side, single engines), the shells' results and news, and the faults the world injects. A rule is
+enabled exactly when ``Checker.successors(node)`` offers a step of its family, and it draws one of
+those steps (``st.data()``), so the suite only ever takes steps the core allows. Each step is
+checked with ``check_step``; every state with ``check_state`` and a local ``no_deadlock``. The fault
+budget is the checker's (``max_faults``, default 2), as in the explorer.
 
 Three search aids, all drawn per run (so hypothesis can shrink them away) and none of which
-removes a step the spec allows: ``any_event`` takes any non-fault step, so a run progresses even
+removes a step the core allows: ``any_event`` takes any non-fault step, so a run progresses even
 when swarm testing switched some family rules off; ``fault_at`` delays each fault of the budget
 to a drawn step, so runs reach weight updates and restarts before breaking them; ``seek_new``
-prefers controller steps into states this run has not visited (loops once nothing is new).
+prefers steps into states this run has not visited (loops once nothing is new).
 
 ``machines`` binds the suite to (mutated) specs, ``configs`` restricts the configs drawn at
 ``@initialize`` (default: every valid config of the lattice).
 
-``make_runtime_machine`` extends it: every product step is replayed on real runtime machines
-(``LifecycleMachine``, ``AsyncLifecycleMachine`` for async specs), one per machine instance,
-and each one's state, effects, ledger and event log must equal the model's prediction.
+``make_runtime_machine`` extends it: every move the core makes is replayed on ``transitions``
+machines (``LifecycleMachine``, ``AsyncLifecycleMachine`` for async specs), one per machine instance,
+and each one's state, effects, ledger and event log must equal the core's.
 """
 
 from __future__ import annotations
@@ -33,12 +32,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from lifecycle import AsyncLifecycleMachine, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle.core import OPERATIONS
 from lifecycle.events import TRANSITION, MemorySink
 from lifecycle.explore import lattice
 from lifecycle.invariants import NEVER_IN_REPLAY, check_state, check_step
-from lifecycle.job import PARTS, Action, Job, Product, Transition
 from lifecycle.machines import MACHINES
 from lifecycle.spec import MachineSpec
+from lifecycle.world import Action, Checker, Node, Transition
 
 VALID_CONFIGS: tuple[LifecycleConfig, ...] = tuple(lattice().valid)
 ENGINE_COUNTS = (2, 1, 3)  # shrinks towards the explorer's default of 2
@@ -50,19 +50,9 @@ FAULT_DELAY_MAX = 40
 
 # Faults are split by what they hit, so that hypothesis' swarm testing (each example disables a
 # random subset of rules) yields runs whose small fault budget goes to one kind of fault.
-JOB_FAULTS = {
-    "env.servers_failed": "rollout_fault",
-    "env.update_failed": "rollout_fault",
-    "env.worker_crash": "trainer_fault",
-    "env.eval_unhealthy": "fleet_fault",
-    "env.version_mismatch": "fleet_fault",
-}
-FAULT_FAMILIES = frozenset({"engine_fault", "rollout_fault", "trainer_fault", "fleet_fault", "fault"})
 FAMILIES = (
     "rollout",
     "trainer",
-    "monitor",
-    "eval_fleet",
     "engine",
     "engine_fault",
     "rollout_fault",
@@ -74,14 +64,21 @@ FAMILIES = (
 
 
 def family(action: Action) -> str:
-    """Which rule takes ``action``: its machine's prefix, a fault family, or ``world`` (exit, Ray's report)."""
-    if not action.env:
-        return action.name.split(".", 1)[0]
+    """Which rule takes ``action``: the lane of the operation, a fault family, or ``world`` (results, news)."""
+    kind, _, what = action.name.partition(".")
+    if kind == "op":
+        if action.engine is not None:
+            return "engine_fault" if action.fault else "engine"  # an operator's stop is bounded like a fault
+        return OPERATIONS[what].lane
     if not action.fault:
         return "world"
-    if action.engine is not None:
+    if kind == "fault":
         return "engine_fault"
-    return JOB_FAULTS.get(action.name, "fault")
+    if kind == "results":
+        if "worker_crashed" in what:
+            return "trainer_fault"
+        return "fleet_fault" if "eval-" in what else "rollout_fault"
+    return "fault"
 
 
 def configs_where(**predicates: bool) -> tuple[LifecycleConfig, ...]:
@@ -107,12 +104,13 @@ class JobModelBase(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.job: Job | None = None
-        self.state: Product | None = None
+        self.job: Checker | None = None
+        self.state: Node | None = None
         self.path: list[Transition] = []
-        self.seen: set[Product] = set()
+        self.seen: set[Node] = set()
         self.fault_at: tuple[int, ...] = ()
         self.seek_new = False
+        self.engines = 2
         self._succ: list[Transition] | None = None
         self._pool: list[Transition] | None = None
 
@@ -120,12 +118,12 @@ class JobModelBase(RuleBasedStateMachine):
     def on_start(self) -> None:
         """A run starts (``@initialize`` or a rerun after a terminal state)."""
 
-    def observe(self, t: Transition, before: Product) -> None:
-        """One product step was taken (already checked with ``check_step``)."""
+    def observe(self, t: Transition, before: Node) -> None:
+        """One step was taken (already checked with ``check_step``)."""
 
     # -- the model ------------------------------------------------------------------------------
     def start(self, config: LifecycleConfig, engines: int) -> None:
-        self.job = Job(config, engines=engines, machines=self.specs, max_faults=MAX_FAULTS)
+        self.job = Checker(config, engines=engines, machines=self.specs, max_faults=MAX_FAULTS)
         self.state = self.job.initial()
         self.path = []
         self.seen = {self.state.key()}
@@ -142,7 +140,7 @@ class JobModelBase(RuleBasedStateMachine):
     def fault_due(self) -> bool:
         """The next fault of the budget may be injected now (its drawn step has come)."""
         assert self.state is not None
-        i = self.state.faults
+        i = self.state.world.faults
         return i >= len(self.fault_at) or len(self.path) >= self.fault_at[i]
 
     def allowed(self, t: Transition) -> bool:
@@ -151,12 +149,12 @@ class JobModelBase(RuleBasedStateMachine):
     @property
     def pool(self) -> list[Transition]:
         """The steps the rules choose from: every allowed step, or with ``seek_new`` (a depth-first
-        bias), only the controller steps into states this run has not visited, while any exist.
+        bias), only the steps into states this run has not visited, while any exist.
         Faults are always offered (when due); loops are taken once nothing new is left."""
         if self._pool is None:
             allowed = [t for t in self.successors if not t.action.fault or self.fault_due()]
             if self.seek_new:
-                new = [t for t in allowed if not t.action.fault and t.state.key() not in self.seen]
+                new = [t for t in allowed if not t.action.fault and t.node.key() not in self.seen]
                 if new:
                     allowed = new + [t for t in allowed if t.action.fault]
             self._pool = allowed
@@ -184,8 +182,8 @@ class JobModelBase(RuleBasedStateMachine):
         self.path.append(t)
         problems = check_step(self.job, t, before, with_state=False)
         assert not problems, self.explain(problems)
-        self.state = t.state
-        self.seen.add(t.state.key())
+        self.state = t.node
+        self.seen.add(t.node.key())
         self._succ = self._pool = None
         self.observe(t, before)
 
@@ -207,7 +205,7 @@ def make_machine(
     engines: Sequence[int] = ENGINE_COUNTS,
     base: type[JobModelBase] = JobModelBase,
 ) -> type[JobModelBase]:
-    """A ``RuleBasedStateMachine`` class over the product model, bound to ``machines`` and ``configs``."""
+    """A ``RuleBasedStateMachine`` class over the core in its world, bound to ``machines`` and ``configs``."""
     pool = tuple(configs) if configs is not None else VALID_CONFIGS
     assert pool, "no configs to draw from"
 
@@ -226,6 +224,7 @@ def make_machine(
         def configure(self, config: LifecycleConfig, engines: int, fault_at: list[int], seek_new: bool) -> None:
             self.fault_at = tuple(sorted(fault_at))
             self.seek_new = seek_new
+            self.engines = engines
             self.start(config, engines)
 
         @precondition(enabled("rollout"))
@@ -238,16 +237,6 @@ def make_machine(
         def trainer_event(self, data: st.DataObject) -> None:
             self.take(data, "trainer")
 
-        @precondition(enabled("monitor"))
-        @rule(data=st.data())
-        def monitor_event(self, data: st.DataObject) -> None:
-            self.take(data, "monitor")
-
-        @precondition(enabled("eval_fleet"))
-        @rule(data=st.data())
-        def fleet_event(self, data: st.DataObject) -> None:
-            self.take(data, "eval_fleet")
-
         @precondition(enabled("engine"))
         @rule(data=st.data())
         def engine_event(self, data: st.DataObject) -> None:
@@ -256,7 +245,7 @@ def make_machine(
         @precondition(lambda self: self.enabled(None))
         @rule(data=st.data())
         def any_event(self, data: st.DataObject) -> None:
-            """Any controller event or world response: the run progresses even when swarm testing
+            """Any operation, result or news: the run progresses even when swarm testing
             switched some families' rules off for this example."""
             self.take(data, None)
 
@@ -297,7 +286,7 @@ def make_machine(
             """The run ended (failed fast): start a fresh run of the same job."""
             assert self.job is not None and self.state is not None
             assert not self.successors, "a terminal state has successors"
-            self.start(self.job.config, self.job.engines)
+            self.start(self.job.config, self.engines)
 
         @invariant()
         def state_invariants(self) -> None:
@@ -310,13 +299,13 @@ def make_machine(
             assert self.job is not None and self.state is not None
             if not self.job.terminal(self.state):
                 assert any(not t.action.fault for t in self.successors), self.explain(
-                    [("no_deadlock", f"no controller event is enabled in {self.state}")]
+                    [("no_deadlock", f"no operation, result or news is enabled in {self.state}")]
                 )
 
         @invariant()
         def every_step_has_a_rule(self) -> None:
             assert self.job is not None and self.state is not None
-            assert self.state.faults <= self.job.max_faults
+            assert self.state.world.faults <= self.job.max_faults
             assert {family(t.action) for t in self.successors} <= set(FAMILIES)
 
     return JobModel
@@ -324,7 +313,7 @@ def make_machine(
 
 # -- the runtime layer against the model ------------------------------------------------------------
 class RuntimeVsModelBase(JobModelBase):
-    """Replays each product step on runtime machines and compares them with the model."""
+    """Replays each step's moves on ``transitions`` machines and compares them with the core's."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -340,24 +329,25 @@ class RuntimeVsModelBase(JobModelBase):
         self.ledger.clear()
         self.events.clear()
         self.runtime = {}
-        for part, name in PARTS.items():
-            count = self.job.engines if part == "engine" else 1
-            for i in range(count):
-                instance = f"engine-{i}" if part == "engine" else name
-                cls = AsyncLifecycleMachine if specs[name].is_async else LifecycleMachine
-                self.runtime[instance] = cls(specs[name], self.job.config, instance, ledger=self.ledger, log=self.log)
+        core = self.job.core
+        instances = [(name, name) for name in ("rollout", "trainer", "monitor", "eval_fleet")]
+        instances += [("engine", f"engine-{i}") for i in range(core.engines)]
+        instances += [("engine", f"eval-{i}") for i in range(core.evals)]
+        for name, instance in instances:
+            cls = AsyncLifecycleMachine if specs[name].is_async else LifecycleMachine
+            self.runtime[instance] = cls(specs[name], self.job.config, instance, ledger=self.ledger, log=self.log)
 
     def fire(self, machine: Any, trigger: str) -> Any:
         if isinstance(machine, AsyncLifecycleMachine):
             return self.loop.run_until_complete(machine.fire(trigger))
         return machine.fire(trigger)
 
-    def observe(self, t: Transition, before: Product) -> None:
+    def observe(self, t: Transition, before: Node) -> None:
         ledger_before = len(self.ledger)
         self.events.clear()
         for m in t.moves:
             machine = self.runtime[m.instance]
-            assert machine.state == m.src, f"{m.instance}: runtime in {machine.state}, model moved it from {m.src}"
+            assert machine.state == m.src, f"{m.instance}: runtime in {machine.state}, the core moved it from {m.src}"
             result = self.fire(machine, m.trigger)
             assert result.ok, f"{m.instance}.{m.trigger} blocked at runtime by {result.blocked_by}"
             assert (result.src, result.dst, result.effects) == (m.src, m.dst, m.effects), (m, result)
@@ -381,16 +371,17 @@ def make_runtime_machine(
     configs: Sequence[LifecycleConfig] | None = None,
     engines: Sequence[int] = ENGINE_COUNTS,
 ) -> type[JobModelBase]:
-    """The product-model machine whose every step also drives (and is compared with) the runtime."""
+    """The checker's machine whose every move also drives (and is compared with) the transitions machines."""
     cls = make_machine(machines, configs, engines, base=RuntimeVsModelBase)
 
     class RuntimeVsModel(cls):  # type: ignore[valid-type,misc]
         @invariant()
         def runtime_matches_model(self) -> None:
-            s = self.state
-            assert s is not None
+            assert self.state is not None
+            s = self.state.job
             predicted = {"rollout": s.rollout, "trainer": s.trainer, "monitor": s.monitor, "eval_fleet": s.fleet}
             predicted |= {f"engine-{i}": e.state for i, e in enumerate(s.engines)}
+            predicted |= {f"eval-{i}": e.state for i, e in enumerate(s.evals)}
             actual = {name: m.state for name, m in self.runtime.items()}
             assert actual == predicted
 
@@ -406,7 +397,7 @@ def train_only_ft_machine(machines=None) -> type[JobModelBase]:
     """``--use-fault-tolerance --ft-components train``: nothing rollout-side recovers or monitors."""
 
     class TrainOnlyFT(make_machine(machines, TRAIN_ONLY_FT)):
-        def observe(self, t: Transition, before: Product) -> None:
+        def observe(self, t: Transition, before: Node) -> None:
             for m in t.moves:
                 # probe_engine is the monitor's probe; the eval fleet probing itself is expected here
                 forbidden = ROLLOUT_RECOVERY - ({"probe_engine"} if m.machine == "eval_fleet" else set())
@@ -415,8 +406,8 @@ def train_only_ft_machine(machines=None) -> type[JobModelBase]:
 
         @invariant()
         def no_rollout_recovery_state(self) -> None:
-            s = self.state
-            assert s is not None
+            assert self.state is not None
+            s = self.state.job
             assert not any(e.state == "Recovering" for e in s.engines), f"an engine is Recovering: {s.engines}"
             assert s.monitor in ("Init", "Stopped"), f"a rollout monitor is {s.monitor} under train-only FT"
 
@@ -427,15 +418,15 @@ def replay_machine(machines=None) -> type[JobModelBase]:
     """``--load-debug-rollout-data``: the job never constructs, starts servers, monitors or a fleet."""
 
     class Replay(make_machine(machines, REPLAY)):
-        def observe(self, t: Transition, before: Product) -> None:
+        def observe(self, t: Transition, before: Node) -> None:
             for m in t.moves:
                 bad = NEVER_IN_REPLAY & set(m.effects)
                 assert not bad, f"{m.instance}.{m.trigger} performed {sorted(bad)} while replaying\n{self.where()}"
 
         @invariant()
         def nothing_built(self) -> None:
-            s = self.state
-            assert s is not None
+            assert self.state is not None
+            s = self.state.job
             assert s.rollout in ("Init", "Replay"), s.rollout
             assert s.monitor == "Init" and s.fleet == "Init"
             assert all(e.state == "Init" for e in s.engines)

@@ -1,6 +1,6 @@
-"""Stateful property tests of the job's product model (and of the runtime machines against it).
+"""Stateful property tests of the lifecycle core in its world (and of the transitions machines against it).
 
-The rules are the product model's own events (see :mod:`jobmodel`); every step is checked with
+The rules are the checker's own step families (see :mod:`jobmodel`); every step is checked with
 ``check_step``, every state with ``check_state``. The hypothesis profile (``dev``/``ci``) sets the
 number of runs; ``stateful_step_count`` is hypothesis' default (50 steps per run).
 """

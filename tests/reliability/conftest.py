@@ -1,6 +1,6 @@
 """Reliability tests: the fault matrix collector.
 
-Every matrix cell records its result in the session-scoped :func:`matrix_results`; when all 28
+Every matrix cell records its result in the session-scoped :func:`matrix_results`; when all its
 cells ran and passed, the session writes ``docs/reliability.md`` (``reliability_report.render``). A partial
 run (``-k``, ``-x``, a failure) leaves the committed file alone.
 """
@@ -24,9 +24,9 @@ from reliability_report import DOC, CellResult, contract_rows, render  # noqa: E
 @pytest.fixture(scope="session")
 def matrix_results() -> Iterator[dict[tuple[str, str], CellResult]]:
     """A cell records itself only once all its assertions passed."""
-    results: dict[tuple[str, str], CellResult] = {}
+    results: dict[tuple[str, str, str], CellResult] = {}
     t0 = time.monotonic()
     yield results
-    want = {(f, ft) for f, ft, _ in contract_rows()}
+    want = {(f, mode, ft) for f, mode, ft, _ in contract_rows()}
     if want <= set(results):
         DOC.write_text(render(results, time.monotonic() - t0))

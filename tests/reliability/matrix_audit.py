@@ -3,7 +3,8 @@
 It runs *inside* every fault run (in-process cells and ``lifecycle run`` subprocess cells alike,
 via ``--rollout-function matrix_audit:factory``). Before each rollout it asks every routable
 (``Serving``) engine for ``/model_info`` -- a real HTTP call -- and requires the trainer's weight
-version (``str(rollout_id)``: the loop pushes version ``k+1`` at the end of step ``k``). After the
+version (``str(rollout_id)``: the loop pushes version ``k+1`` at the end of step ``k``; ``0`` throughout a
+``--debug-rollout-only`` run, which has no trainer). After the
 rollout it requires exactly one sample per request index (none lost, none duplicated by a retry),
 each generated under that version. A violation raises, so the run fails where it happened; every
 rollout also appends one JSON line to ``$LIFECYCLE_MATRIX_AUDIT`` for the test to read.
@@ -29,8 +30,9 @@ class AuditedRollout:
         self.inner = EngineRolloutFn(task)
 
     async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
-        trainer_version = str(rollout_id)
-        committed = controller.weights[1] if controller.weights else None
+        # the loop pushes version k+1 at the end of step k; without a trainer the seed's version 0 stays
+        trainer_version = "0" if controller.config.debug_rollout_only else str(rollout_id)
+        committed = controller.committed[1] if controller.committed else None
         versions: dict[str, str | None] = {}
         nodes: dict[str, str] = {}
         for engine in controller.routable():

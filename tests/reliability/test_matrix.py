@@ -1,4 +1,5 @@
-"""The reliability matrix: 7 real faults x 4 FT configurations = 28 cells, each a real short run.
+"""The reliability matrix: 7 real faults x 4 FT configurations = 28 cells, plus the 2 engine faults a
+run without a trainer must survive (``--debug-rollout-only``) x 4 = 8 more; each cell a real short run.
 
 Every cell runs the real loop (Ray trainer worker, 2 CPU engine processes speaking SGLang's
 HTTP API) for 3 steps with the fault injected at the start of step 1, and asserts the outcome
@@ -27,12 +28,13 @@ from typing import Any
 
 import pytest
 from matrix_audit import AUDIT_ENV, find_problems
-from reliability_report import DOC, CellResult, contract_rows, parse
+from reliability_report import CELLS, DOC, CellResult, contract_rows, parse
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.events import read_jsonl
-from trainer.faults import FAULTS, FT_CONFIGS, UPDATE_STATES, Fault, check_faults, expected, ft_config, parse_fault
+from lifecycle.machines import ENGINE as ENGINE_SPEC
+from trainer.faults import FAULTS, FT_CONFIGS, MODES, Fault, check_faults, expected, ft_config, parse_fault
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -60,13 +62,15 @@ REASON = {  # what the transition's reason must say, per fault
     "kill-http": "exit code -9",
     "lose-node": "actor died",
 }
-CELLS = [(fault, ft) for fault in FAULTS for ft in FT_CONFIGS]
+# the engine states a weight update runs in (the spec's live and transient ones), and the offloaded one
+UPDATE_STATES = ENGINE_SPEC.tagged("live") & ENGINE_SPEC.tagged("transient")
 
 
 @dataclass
 class Run:
     fault: Fault
     ft: str
+    mode: str
     error: BaseException | str | None
     seconds: float
     events: list[dict[str, Any]]
@@ -83,8 +87,8 @@ class Run:
         return found[0]
 
 
-def cell_config(fault: str, ft: str) -> dict[str, Any]:
-    values = {**CELL, **FT_CONFIGS[ft]}
+def cell_config(fault: str, ft: str, mode: str = "normal") -> dict[str, Any]:
+    values = {**CELL, **FT_CONFIGS[ft], **MODES[mode]}
     if fault == "crash-during-offload":
         values["offload_rollout"] = True
     return values
@@ -98,13 +102,13 @@ def _read(run_dir: Path, audit: Path) -> tuple[list[dict[str, Any]], list[dict[s
     return events, rows, done
 
 
-def run_in_process(fault: Fault, ft: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+def run_in_process(fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
     from engines.engine import Timeouts
     from trainer.loop import RunOptions, run_loop
 
     audit = tmp / "audit.jsonl"
     monkeypatch.setenv(AUDIT_ENV, str(audit))
-    config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft))
+    config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft, mode))
     opts = RunOptions(
         steps=steps_for(fault.kind),
         seed=0,
@@ -120,7 +124,7 @@ def run_in_process(fault: Fault, ft: str, tmp: Path, monkeypatch: pytest.MonkeyP
         asyncio.run(run_loop(config, opts, io.StringIO()))
     except Exception as exc:  # the outcome under test: which error, and what it says
         error = exc
-    run = Run(fault, ft, error, time.monotonic() - t0, *_read(tmp / "run", audit))
+    run = Run(fault, ft, mode, error, time.monotonic() - t0, *_read(tmp / "run", audit))
     return run
 
 
@@ -154,7 +158,7 @@ def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
     seconds = time.monotonic() - t0
     error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"
-    return Run(fault, ft, error, seconds, *_read(tmp / "run", audit))
+    return Run(fault, ft, "normal", error, seconds, *_read(tmp / "run", audit))
 
 
 def _ts(event: dict[str, Any]) -> float:
@@ -222,7 +226,8 @@ def check_recovered(run: Run) -> str:
     want = ["Unhealthy", "Recovering", "Starting", "PendingWeights", "LoadingWeights", "Quiesced"]
     assert tail[: len(want)] == want, tail
     last = run.audit[-1]
-    assert last["serving_versions"].get(target) == str(steps - 1), last  # the recovered engine serves again
+    served = "0" if run.mode == "rollout-only" else str(steps - 1)  # no trainer: the seed's weights throughout
+    assert last["serving_versions"].get(target) == served, last  # the recovered engine serves again
     where = ""
     if run.fault.kind == "lose-node":
         lost = run.first("fault.injected")["node"]
@@ -230,7 +235,7 @@ def check_recovered(run: Run) -> str:
         where = f" on a surviving node ({last['nodes'][target][:8]}, lost {lost[:8]})"
     return (
         f"recovers: {steps}/{steps} steps; {target} {' -> '.join(want)}{where}; "
-        f"served v{steps - 1} in the last step; reason: {mark.get('reason')}"
+        f"served v{served} in the last step; reason: {mark.get('reason')}"
     )
 
 
@@ -259,14 +264,17 @@ def check_stopped(run: Run) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "ft"), CELLS, ids=[f"{k}-{ft}" for k, ft in CELLS])
+@pytest.mark.parametrize(
+    ("kind", "mode", "ft"), CELLS, ids=[f"{k}-{ft}" + ("" if m == "normal" else f"-{m}") for k, m, ft in CELLS]
+)
 def test_cell(
     kind: str,
+    mode: str,
     ft: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
-    matrix_results: dict[tuple[str, str], CellResult],
+    matrix_results: dict[tuple[str, str, str], CellResult],
 ) -> None:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
@@ -276,14 +284,16 @@ def test_cell(
         run = run_subprocess(fault, ft, tmp_path)
     else:
         request.getfixturevalue("ray_cluster")
-        run = run_in_process(fault, ft, tmp_path, monkeypatch)
-    outcome = expected(kind, ft).outcome
+        run = run_in_process(fault, ft, mode, tmp_path, monkeypatch)
+    outcome = expected(kind, ft, mode).outcome
     check_weights_before_routing(run)
     if run.audit or outcome == "recovers":
         check_nothing_lost(run)
     observed = check_recovered(run) if outcome == "recovers" else check_stopped(run)
     assert observed.startswith(outcome)
-    matrix_results[(kind, ft)] = CellResult(kind, ft, observed, run.seconds)
+    if mode == "rollout-only":  # no trainer: nothing of it may appear, whatever the fault did
+        assert not [e for e in run.events if e.get("machine") == "trainer" and e.get("event") == "lifecycle.transition"]
+    matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, observed, run.seconds)
 
 
 # -- fast checks -------------------------------------------------------------------------------------------
@@ -292,10 +302,11 @@ def test_committed_doc_is_current() -> None:
     assert DOC.exists(), "docs/reliability.md is missing: run pytest tests/reliability/test_matrix.py"
     rows = parse(DOC.read_text())
     want = contract_rows()
-    assert [(f, ft) for f, ft, _, _ in rows] == [(f, ft) for f, ft, _ in want], "cells differ"
-    for (fault, ft, exp, observed), (_, _, contract) in zip(rows, want, strict=True):
-        assert exp == contract, f"{fault}/{ft}: doc says {exp!r}, the contract says {contract!r}: re-run the matrix"
-        assert observed.split(":", 1)[0] == contract.split(":", 1)[0], f"{fault}/{ft}: observed {observed!r}"
+    assert [r[:3] for r in rows] == [w[:3] for w in want], "cells differ"
+    for (fault, mode, ft, exp, observed), (*_, contract) in zip(rows, want, strict=True):
+        where = f"{fault}/{mode}/{ft}"
+        assert exp == contract, f"{where}: doc says {exp!r}, the contract says {contract!r}: re-run the matrix"
+        assert observed.split(":", 1)[0] == contract.split(":", 1)[0], f"{where}: observed {observed!r}"
 
 
 def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,20 +317,23 @@ def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -
 
     real = faults.expected
 
-    def changed(kind: str, ft: str) -> faults.Expected:
-        return faults.Expected("recovers", "changed") if (kind, ft) == ("kill-engine", "none") else real(kind, ft)
+    def changed(kind: str, ft: str, mode: str = "normal") -> faults.Expected:
+        if (kind, ft) == ("kill-engine", "none"):
+            return faults.Expected("recovers", "changed")
+        return real(kind, ft, mode)
 
     monkeypatch.setattr(reliability_report, "expected", changed)
-    with pytest.raises(AssertionError, match="kill-engine/none"):
+    with pytest.raises(AssertionError, match="kill-engine/normal/none"):
         test_committed_doc_is_current()
 
 
 def test_expected_follows_the_predicates() -> None:
-    """Rollout faults recover exactly under rollout FT, trainer crashes exactly under train FT."""
-    for kind, ft in CELLS:
+    """Rollout faults recover exactly under rollout FT (with or without a trainer), trainer crashes exactly under
+    train FT."""
+    for kind, mode, ft in CELLS:
         comps = set(FT_CONFIGS[ft].get("ft_components", []))
         heals = ("train" in comps) if kind == "crash-trainer" else ("rollout" in comps)
-        assert expected(kind, ft).outcome == ("recovers" if heals else "stops"), (kind, ft)
+        assert expected(kind, ft, mode).outcome == ("recovers" if heals else "stops"), (kind, mode, ft)
 
 
 def test_fault_specs_and_refusals() -> None:
@@ -361,7 +375,7 @@ def test_routing_check_catches_serving_before_weights() -> None:
 
     fine = [t("ready", "Starting", "PendingWeights"), t("begin_update", "PendingWeights", "LoadingWeights")]
     fine += [t("finish_update", "LoadingWeights", "Quiesced"), t("resume", "Quiesced", "Serving")]
-    run = Run(Fault("kill-engine", 1, 1), "rollout", None, 0.0, fine, [], STEPS)
+    run = Run(Fault("kill-engine", 1, 1), "rollout", "normal", None, 0.0, fine, [], STEPS)
     check_weights_before_routing(run)
     run.events = [*fine, t("ready", "Starting", "PendingWeights"), t("resume", "Quiesced", "Serving")]
     with pytest.raises(AssertionError, match="routed before it loaded the weights"):

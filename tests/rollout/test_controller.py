@@ -1,9 +1,10 @@
-"""The InferenceController against real CPU engine processes (HTTP on 127.0.0.1).
+"""The rollout side against real CPU engine processes (HTTP on 127.0.0.1), driven by the job's core.
 
-catch_up, the bounded snapshot wait, the engine lock on every exit of a weight update, when
-monitors run, and the construction gate (nothing built unless its predicate allows it). Every
-check reads the machines' states and the event log the run wrote, and, where it matters, what
-the engines themselves report (``/model_info``, ``/server_info``).
+Catch-up before serving, recovery before a weight update, the engine lock on every exit of an update
+(a refused file, a cancelled call), when the monitor runs, the construction gate, an operator's
+stop/start. Every check reads what the runner's machines did (the event log) and, where it matters,
+what the engines themselves report (``/model_info``). The trainer side is a stand-in that writes real
+weights files: these tests are about the rollout side.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ import pytest
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import TRANSITION, EventLog, MemorySink
+from lifecycle.runner import RunFailed, Runner
 
 pytest.importorskip("torch")
 
+from engines.engine import EngineFailed
 from engines.launcher import launcher_factory
 from models import TinyCausalLM
-from rollout.controller import ControllerError, InferenceController
+from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
 from rollout.task import PatternTask
+
+from .conftest import bind_trainer_stand_in
 
 ROLLOUT_FT = {
     "use_fault_tolerance": True,
@@ -40,20 +45,19 @@ TASK = PatternTask(prompts_per_step=2, group_size=2, response_len=4)
 
 
 class Spy:
-    """An event-log sink that also records what the controller held when each move fired."""
+    """An event-log sink that also records what the job held when each move fired."""
 
     def __init__(self) -> None:
         self.events = MemorySink()
-        self.controller: InferenceController | None = None
+        self.runner: Runner | None = None
         self.at: list[tuple[str, str, str, bool, str]] = []  # (instance, trigger, dst, lock held, monitor state)
 
     def __call__(self, event: dict[str, Any]) -> None:
         self.events(event)
-        if event.get("event") != TRANSITION or self.controller is None:
+        if event.get("event") != TRANSITION or self.runner is None:
             return
-        c = self.controller
-        monitor = c.monitor.state if c.monitor is not None else "Init"
-        self.at.append((event["instance"], event["trigger"], event["dst"], c.lock.locked(), monitor))
+        s = self.runner.state
+        self.at.append((event["instance"], event["trigger"], event["dst"], s.lock, s.monitor))
 
     def moves(self, instance: str | None = None) -> list[tuple[str, str]]:
         return [
@@ -64,18 +68,21 @@ class Spy:
 
 
 class Rig:
-    """One RolloutManager on real engine processes and its own event loop, shared by a module's tests."""
+    """One RolloutManager on real engine processes, a trainer stand-in, and its own event loop."""
 
     def __init__(self, flags: dict[str, Any], tmp: Path) -> None:
         self.config = LifecycleConfig.from_mapping(flags)
         self.loop = asyncio.new_event_loop()
         self.spy = Spy()
-        self.manager = RolloutManager(
-            self.config, TASK, launcher_factory=launcher_factory("local"), log=EventLog([self.spy])
-        )
-        self.spy.controller = self.manager.controller
+        self.runner = Runner(self.config, log=EventLog([self.spy]))
+        self.spy.runner = self.runner
+        self.manager = RolloutManager(self.config, TASK, runner=self.runner, launcher_factory=launcher_factory("local"))
         self.tmp = tmp
         self.versions = 0
+        self.next: tuple[str, str] | None = None
+
+        bind_trainer_stand_in(self.runner, lambda: self.next or self.weights())
+        self.run(self.runner.operate("trainer.start"))
 
     @property
     def c(self) -> InferenceController:
@@ -93,6 +100,23 @@ class Rig:
         if not path.exists():
             TinyCausalLM("tiny", seed=100 + version).save_weights(path)
         return str(path), str(version)
+
+    def update(self, weights: tuple[str, str] | None = None) -> tuple[str, str]:
+        """The trainer's update_weights: the core recovers (rollout FT), takes the snapshot, loads, commits."""
+        self.next = weights or self.weights()
+        self.run(self.runner.operate("update_weights"))
+        return self.next
+
+    def state(self, i: int = 0) -> str:
+        return self.runner.state.engines[i].state
+
+    async def released(self, index: int = 0) -> set[str]:
+        """The memory the engine itself says it has released (``/server_info``)."""
+        client = self.c.engines[index].client
+        assert client is not None
+        mem = (await client.server_info()).engine_memory()
+        assert mem is not None
+        return {tag for tag, on in (("weights", mem.weights_resident), ("kv_cache", mem.kv_cache_resident)) if not on}
 
     async def served_version(self, index: int) -> str | None:
         client = self.c.engines[index].client
@@ -112,25 +136,24 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     r.close()
 
 
-def _kill_and_restart(rig: Rig) -> None:
-    """SIGKILL engine-0 and let rollout FT restart it: it comes back in PendingWeights, without weights."""
+def _kill(rig: Rig) -> None:
+    """SIGKILL engine-0's server: the launcher's watcher reports the death, the core marks it Unhealthy."""
     rig.run(rig.c.kill_engine(0))
-    assert rig.c.engines[0].state == "Unhealthy"
-    assert rig.run(rig.c.recover_unhealthy()) == ["engine-0"]
-    assert rig.c.engines[0].state == "PendingWeights"
+    assert rig.state() == "Unhealthy"
 
 
 @pytest.mark.monitor
+@pytest.mark.weight_update
 def test_monitor_paused_at_creation_resumed_only_at_generate(rig: Rig) -> None:
-    c = rig.c
-    assert c.monitor is not None and c.monitor.state == "Paused"
+    assert rig.runner.state.monitor == "Paused"
     seen: list[str] = []
+    running: list[bool] = []
     inner = rig.manager.executor.rollout_fn
     assert inner is not None
 
-    async def spied(rollout_id: int, controller: InferenceController) -> list[dict[str, Any]]:
-        assert controller.monitor is not None
-        seen.append(controller.monitor.state)
+    async def spied(rollout_id: int, controller: InferenceController) -> list[Any]:
+        seen.append(controller.runner.state.monitor)
+        running.append(controller.monitor.running)
         return await inner(rollout_id, controller)
 
     rig.manager.executor.rollout_fn = spied
@@ -138,108 +161,96 @@ def test_monitor_paused_at_creation_resumed_only_at_generate(rig: Rig) -> None:
         samples = rig.run(rig.manager.generate(0))
     finally:
         rig.manager.executor.rollout_fn = inner
-    assert len(samples) == 4 and seen == ["Running"]
-    assert c.monitor.state == "Paused"
+    assert len(samples) == 4 and seen == ["Running"] and running == [True]
+    assert rig.runner.state.monitor == "Paused" and not rig.c.monitor.running  # the real monitor stopped probing
     rig.run(rig.manager.offload())
-    assert rig.manager.state == "Offloaded" and c.monitor.state == "Paused"
+    assert rig.manager.state == "Offloaded" and rig.runner.state.monitor == "Paused"
+    assert rig.run(rig.released()) == {"weights", "kv_cache"}  # what the engine itself reports
     rig.run(rig.manager.onload_weights())
-    path, version = rig.weights()
-    assert rig.run(c.update_weights(path, version)) == ["engine-0"]
+    assert rig.run(rig.released()) == {"kv_cache"}
+    _, version = rig.update()
     rig.run(rig.manager.onload_kv())
-    assert rig.manager.state == "Ready" and c.engines[0].state == "Quiesced"
+    assert rig.manager.state == "Ready" and rig.state() == "Quiesced"
+    assert rig.run(rig.released()) == set()  # onload restored both tags
     # every monitor resume comes right after the rollout manager's generate (or eval) move, never elsewhere
     moves = rig.spy.moves()
-    resumes = [i for i, m in enumerate(moves) if m == ("monitor-rollout", "resume")]
+    resumes = [i for i, m in enumerate(moves) if m == ("monitor", "resume")]
     assert resumes and all(moves[i - 1] in (("rollout", "generate"), ("rollout", "eval")) for i in resumes), moves
     # the weight update ran with the monitor paused and the lock held
     update = [a for a in rig.spy.at if a[0] == "engine-0" and a[1] == "begin_update"][-1]
     assert update[3] is True and update[4] == "Paused"
-    assert rig.run(rig.served_version(0)) == version
+    assert rig.run(rig.served_version(0)) == version == rig.c.committed[1]  # type: ignore[index]
 
 
 @pytest.mark.weight_update
 @pytest.mark.routing
-def test_catch_up_loads_committed_weights_under_the_lock_before_serving(rig: Rig) -> None:
-    c = rig.c
-    committed = c.weights
-    assert committed is not None
-    _kill_and_restart(rig)
-    engine = c.engines[0]
-    assert not engine.routable and c.routable() == []
-    assert rig.run(rig.served_version(0)) != committed[1]  # a fresh process: the seed's weights
+@pytest.mark.recovery
+def test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serves(rig: Rig) -> None:
+    """The restarted engine serves the trainer's latest version (not the initial one, not the one before)."""
+    _, latest = rig.update()
+    _kill(rig)
+    assert rig.c.routable() == []
     mark = len(rig.spy.at)
-    assert rig.run(c.catch_up()) == ["engine-0"]
+    rig.run(rig.manager.generate(1))  # recover, catch up, then route
     window = rig.spy.at[mark:]
     loads = [a for a in window if a[0] == "engine-0" and a[1] == "begin_update"]
-    assert loads and all(held for _, _, _, held, _ in loads)  # under the engine lock
-    assert [a[2] for a in window if a[0] == "rollout"] == ["CatchingUp", "Ready"]
-    assert engine.state == "Quiesced" and not c.lock.locked()
-    assert rig.run(rig.served_version(0)) == committed[1]
-    # never routable before: between the restart and the catch-up no move of engine-0 entered Serving
-    restart = max(i for i, a in enumerate(rig.spy.at) if a[0] == "engine-0" and a[1] == "restart")
-    assert all(a[2] != "Serving" for a in rig.spy.at[restart:] if a[0] == "engine-0")
+    assert loads and all(held for _, _, _, held, _ in loads)  # the catch-up ran under the engine lock
+    engine_moves = [a[1] for a in window if a[0] == "engine-0"]
+    assert engine_moves[:6] == ["recover", "restart", "ready", "begin_update", "finish_update", "resume"]
+    assert rig.run(rig.served_version(0)) == latest
 
 
 @pytest.mark.recovery
-@pytest.mark.weight_update
 @pytest.mark.routing
-def test_without_catch_up_a_restarted_engine_is_never_routed(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The other half (and the check can fail): skip catch_up and the engine stays out of routing."""
-    c = rig.c
+def test_without_the_catch_up_a_restarted_engine_is_never_routed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other half, and proof the check can fail: drop the core's catch-up phase, and the engine that
+    was restarted (PendingWeights: it holds no committed weights) stays out of routing -- the run stops."""
+    from lifecycle.core import core as core_module
 
-    async def no_catch_up(self: InferenceController) -> list[str]:
-        return []
-
-    _kill_and_restart(rig)
-    monkeypatch.setattr(InferenceController, "catch_up", no_catch_up)
-    with pytest.raises(ControllerError, match="no routable engine"):
-        rig.run(rig.manager.generate(1))  # the only engine waits for weights: nothing may serve
-    assert c.engines[0].state == "PendingWeights"
-    assert rig.manager.state == "Ready"
-    monkeypatch.undo()
-    samples = rig.run(rig.manager.generate(1))  # catch_up runs first, then the engine serves
-    assert c.weights is not None and {s["weight_version"] for s in samples} == {c.weights[1]}
-
-
-@pytest.mark.weight_update
-def test_snapshot_wait_is_bounded_and_releases_everything(rig: Rig) -> None:
-    c = rig.c
-    rig.run(c.kill_engine(0))  # Unhealthy: not updatable, not gone -> the snapshot rule waits
-    c.snapshot_timeout = 0.5
-    path, version = rig.weights()
+    rig = Rig(ROLLOUT_FT, tmp_path)
     try:
-        with pytest.raises(ControllerError, match=r"not updatable after 0.5s.*engine-0.*Unhealthy"):
-            rig.run(c.update_weights(path, version))
+        rig.run(rig.manager.init(rig.weights(0)))
+        _kill(rig)
+        monkeypatch.setattr(core_module._Tx, "ph_catch_up", lambda self: None)
+        with pytest.raises(RunFailed, match="no routable engine"):
+            rig.run(rig.manager.generate(2))
+        assert rig.state() == "PendingWeights" and rig.c.routable() == []
     finally:
-        c.snapshot_timeout = 60.0
-    assert not c.lock.locked() and rig.manager.state == "Ready"  # nothing taken, a legal state
-    assert rig.run(c.recover_unhealthy()) == ["engine-0"]
-    assert rig.run(c.update_weights(path, version)) == ["engine-0"]  # PendingWeights joins the snapshot
-    assert rig.run(rig.served_version(0)) == version
+        rig.close()
 
 
 @pytest.mark.weight_update
-def test_lock_released_when_an_engine_update_fails(rig: Rig) -> None:
-    c = rig.c
-    missing = str(rig.tmp / "no-such-weights.safetensors")
-    assert rig.run(c.update_weights(missing, "bad")) == []
-    assert not c.lock.locked() and rig.manager.state == "Ready"
-    assert c.engines[0].state == "Unhealthy" and "no-such-weights" in c.engines[0].reason
-    rig.run(c.recover_unhealthy())
-    path, version = rig.weights()
-    assert rig.run(c.update_weights(path, version)) == ["engine-0"]
-    assert c.engines[0].state == "Quiesced"
+@pytest.mark.recovery
+def test_an_update_recovers_a_dead_engine_first_and_it_joins_the_snapshot(rig: Rig) -> None:
+    _kill(rig)
+    _, version = rig.update()  # the trainer's recover_engine (rollout FT), then one snapshot
+    assert rig.state() == "Quiesced" and rig.run(rig.served_version(0)) == version
+    moves = [m for _, m in rig.spy.moves("engine-0")]
+    tail = moves[len(moves) - 1 - moves[::-1].index("recover") :]
+    assert tail[:5] == ["recover", "restart", "ready", "begin_update", "finish_update"]  # the update's own load
+
+
+@pytest.mark.weight_update
+def test_lock_released_when_an_engine_refuses_the_weights(rig: Rig) -> None:
+    missing = (str(rig.tmp / "no-such-weights.safetensors"), "bad")
+    rig.update(missing)
+    assert not rig.runner.state.lock and rig.manager.state == "Ready"
+    assert rig.state() == "Unhealthy" and "no-such-weights" in rig.runner.reasons["engine-0"]
+    assert rig.c.committed == missing  # committed: the trainer's version is the truth, catch-up retries it
+    _, version = rig.update()
+    assert rig.state() == "Quiesced" and rig.run(rig.served_version(0)) == version
 
 
 @pytest.mark.weight_update
 def test_lock_released_when_the_update_is_cancelled(rig: Rig) -> None:
     """A cancellation in the middle of the engine's load: update_failed, engines aborted, lock free."""
-    c = rig.c
-    path, version = rig.weights()
+    rig.next = rig.weights()
 
     async def cancel_mid_update() -> None:
-        task = asyncio.ensure_future(c.update_weights(path, version))
-        while c.engines[0].state != "UpdatingWeights":
+        task = asyncio.ensure_future(rig.runner.operate("update_weights"))
+        while rig.state() != "UpdatingWeights":
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -247,30 +258,65 @@ def test_lock_released_when_the_update_is_cancelled(rig: Rig) -> None:
 
     mark = len(rig.spy.at)
     rig.run(cancel_mid_update())
-    assert not c.lock.locked() and rig.manager.state == "Ready"
+    assert not rig.runner.state.lock and rig.manager.state == "Ready"
     assert [a[1] for a in rig.spy.at[mark:] if a[0] == "rollout"] == ["begin_update", "update_failed"]
-    assert c.engines[0].state == "Quiesced"
-    assert rig.run(c.update_weights(path, version)) == ["engine-0"]  # the next update goes through
+    assert rig.state() == "Quiesced" and rig.runner.state.dirty
+    _, version = rig.update()  # the next update goes through
+    assert not rig.runner.state.dirty and rig.run(rig.served_version(0)) == version
 
 
-# -- the construction gate -----------------------------------------------------------------------------------
+@pytest.mark.weight_update
+def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(rig: Rig) -> None:
+    """An operator's stop/start of one engine: Stopped only once dead, never recovered; back via catch-up."""
+    engine = rig.c.engines[0]
+    rig.run(rig.manager.generate(5))
+    committed = rig.c.committed
+    assert committed is not None
+    rig.run(rig.manager.stop_engine(0))
+    assert rig.state() == "Stopped" and not engine.launcher.alive()  # the process is really gone
+    assert ("rollout", 0) not in rig.c.monitor.members
+    rig.run(asyncio.sleep(0.3))
+    assert rig.state() == "Stopped"  # the death we caused is not a fault: no Unhealthy, no recovery
+    rig.run(rig.manager.start_engine(0))
+    assert rig.state() == "PendingWeights" and rig.c.routable() == []
+    samples = rig.run(rig.manager.generate(6))  # the catch-up hands it the committed weights first
+    assert {s.get("weight_version") for s in samples} == {committed[1]}
+    moves = [t for _, t in rig.spy.moves("engine-0")]
+    last_stop = len(moves) - 1 - moves[::-1].index("stop")
+    assert "recover" not in moves[last_stop:] and "confirm_dead" in moves[last_stop:]
+
+
+# -- the construction gate, and rollout FT as the one gate ------------------------------------------------------
 @pytest.mark.construction_gate
 def test_replay_constructs_nothing_and_starts_nothing(tmp_path: Path) -> None:
-    config = LifecycleConfig.from_mapping({"load_debug_rollout_data": str(tmp_path / "{rollout_id}.json")})
+    """Replay's generate reads the saved rollout; no rollout function exists to call (miles' TypeError on None)."""
+    from rollout.replay import save_rollout
+    from rollout.sample import sample
+
+    template = str(tmp_path / "{rollout_id}.json")
+    saved = [
+        sample(index=0, group=0, prompt="ab:", prompt_ids=[1, 2], output_ids=[3], response="a", reward=1.0,
+               weight_version="0", engine="engine-0", logprobs=[-0.5]),
+    ]  # fmt: skip
+    save_rollout(template, 0, saved, task="ab")
+    config = LifecycleConfig.from_mapping({"load_debug_rollout_data": template})
     spy = Spy()
     manager = RolloutManager(config, TASK, launcher_factory=None, log=EventLog([spy]))
+    bind_trainer_stand_in(manager.runner)
 
-    async def go() -> None:
+    async def go() -> list[Any]:
         await manager.init(("unused", "0"))
         await manager.offload()
+        return await manager.generate(0)
 
-    asyncio.run(go())
+    assert asyncio.run(go()) == saved
     assert manager.state == "Replay"
-    assert manager.controller.engines == [] and manager.controller.monitor is None
+    assert manager.controller.engines == [] and manager.runner.state.monitor == "Init"
     assert manager.executor.rollout_fn is None and manager.executor.constructed == []
     effects = {e for ev in spy.events for e in ev.get("effects") or ()}
     assert not effects & {"construct_rollout_fn", "construct_eval_fn", "start_servers", "start_monitor"}
-    assert spy.moves() == [("rollout", "init")]
+    assert spy.moves() == [("rollout", "init"), ("rollout", "generate")]
+    assert manager.runner.ledger.ever("load_replay_data") and not manager.runner.ledger.ever("construct_rollout_fn")
 
 
 @pytest.mark.parametrize(
@@ -278,38 +324,23 @@ def test_replay_constructs_nothing_and_starts_nothing(tmp_path: Path) -> None:
 )
 @pytest.mark.monitor
 @pytest.mark.lifecycle_gate
-def test_no_rollout_ft_starts_no_monitor(flags: dict[str, Any], tmp_path: Path) -> None:
+def test_no_rollout_ft_starts_no_monitor_and_a_dead_engine_fails_naming_the_flag(
+    flags: dict[str, Any], tmp_path: Path
+) -> None:
     rig = Rig({"rollout_num_gpus": 1, **flags}, tmp_path)
     try:
         rig.run(rig.manager.init(rig.weights(0)))
         rig.run(rig.manager.generate(0))
-        assert rig.c.monitor is None
-        assert not [m for m in rig.spy.moves() if m[0].startswith("monitor")]
-        assert rig.c.engines[0].state == "Quiesced" and rig.manager.executor.constructed == ["rollout_fn", "eval_fn"]
+        assert rig.runner.state.monitor == "Init" and rig.c.monitor.members == ()
+        assert not [m for m in rig.spy.moves() if m[0] == "monitor"]
+        assert rig.state() == "Quiesced" and rig.manager.executor.constructed == ["rollout_fn", "eval_fn"]
+        rig.run(rig.c.kill_engine(0))
+        assert rig.state() == "Failed"
+        with pytest.raises(EngineFailed) as info:
+            rig.run(rig.manager.generate(1))
+        message = str(info.value)
+        assert "engine engine-0 failed in state Unhealthy" in message and "(while Quiesced)" in message
+        assert "rollout fault tolerance is off" in message and "--ft-components rollout" in message
+        assert not rig.runner.ledger.ever("recover_engine")
     finally:
         rig.close()
-
-
-@pytest.mark.weight_update
-def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(rig: Rig) -> None:
-    """An operator's stop/start of one engine: Stopped only once dead, never recovered; back via catch_up."""
-    c = rig.c
-    engine = c.engines[0]
-    rig.run(rig.manager.generate(5))  # Serving -> Quiesced at generate_done, weights committed
-    committed = c.weights
-    assert committed is not None
-    rig.run(c.stop_engine("engine-0"))
-    assert engine.state == "Stopped" and not engine.launcher.alive()  # the process is really gone
-    assert c.monitor is not None and "engine-0" not in c.monitor._engines
-    rig.run(asyncio.sleep(0.3))
-    assert engine.state == "Stopped"  # the death we caused is not a fault: no Unhealthy, no recovery
-    with pytest.raises(ControllerError, match="no routable engine"):
-        rig.run(rig.manager.executor.generate(6))  # bypasses catch_up: nothing may serve
-    rig.run(c.start_engine("engine-0"))
-    assert engine.state == "PendingWeights" and not engine.routable
-    samples = rig.run(rig.manager.generate(6))  # catch_up hands it the committed weights first
-    assert {s["weight_version"] for s in samples} == {committed[1]}
-    assert rig.run(rig.served_version(0)) == committed[1]
-    moves = [t for i, t in rig.spy.moves("engine-0")]
-    last_stop = len(moves) - 1 - moves[::-1].index("stop")
-    assert "recover" not in moves[last_stop:] and "confirm_dead" in moves[last_stop:]

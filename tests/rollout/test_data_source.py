@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.machines import ROLLOUT
-from lifecycle.runtime import LifecycleMachine
-from rollout.controller import InferenceController
-from rollout.executor import RolloutExecutor
+from lifecycle.runner import Runner
+from rollout.executor import RolloutManager
 from rollout.replay import load_rollout
 from rollout.task import DataSourceError, PatternTask
+
+from .conftest import bind_trainer_stand_in
 
 SOURCE = """
 BUILT = []
@@ -51,17 +51,20 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "my_prompts"
 
 
-def _executor(flags: dict[str, object], path: str) -> RolloutExecutor:
+def _manager(flags: dict[str, object], path: str) -> RolloutManager:
+    """A rollout manager after its ``init`` move (no engine: train-only or replay), its trainer a stand-in."""
     config = LifecycleConfig.from_mapping(flags, check_paths=False)
-    machine = LifecycleMachine(ROLLOUT, config, "rollout")
-    controller = InferenceController(config, machine)
-    task = PatternTask(prompts_per_step=3, group_size=2)
-    return RolloutExecutor(config, machine, controller, task, data_source_path=path)
+    runner = Runner(config)
+    bind_trainer_stand_in(runner)
+    manager = RolloutManager(
+        config, PatternTask(prompts_per_step=3, group_size=2), runner=runner, data_source_path=path
+    )
+    asyncio.run(manager.init(("w0", "v0")))
+    return manager
 
 
 def test_the_source_feeds_the_rollout_fn(user_module: str) -> None:
-    executor = _executor({"rollout_num_gpus": 2}, f"{user_module}:make")
-    executor.init()
+    executor = _manager({"debug_train_only": True}, f"{user_module}:make").executor
     assert "data_source" in executor.constructed and executor.rollout_fn is not None
     task = executor.rollout_fn.task  # type: ignore[attr-defined]
     assert task.prompts(4) == ["q4-0:", "q4-1:", "q4-2:"]
@@ -69,15 +72,15 @@ def test_the_source_feeds_the_rollout_fn(user_module: str) -> None:
 
 @pytest.mark.construction_gate
 def test_replay_never_builds_the_source(user_module: str) -> None:
-    executor = _executor({"load_debug_rollout_data": "r/{rollout_id}.json"}, f"{user_module}:make")
-    executor.init()
+    manager = _manager({"load_debug_rollout_data": "r/{rollout_id}.json"}, f"{user_module}:make")
+    executor = manager.executor
+    assert manager.state == "Replay"
     assert executor.data_source is None and "data_source" not in executor.constructed
     assert user_module not in sys.modules  # the user's module was never even imported
 
 
 def test_bad_prompts_name_the_flag(user_module: str) -> None:
-    executor = _executor({"rollout_num_gpus": 2}, f"{user_module}:broken")
-    executor.init()
+    executor = _manager({"debug_train_only": True}, f"{user_module}:broken").executor
     for rollout_id, match in ((0, "got 'not a list', not a list of prompts"), (1, "bad prompt ''")):
         with pytest.raises(DataSourceError, match=f"--data-source: rollout {rollout_id}: {match}"):
             executor.task.prompts(rollout_id)

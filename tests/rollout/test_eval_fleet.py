@@ -1,9 +1,10 @@
-"""The eval fleet with real CPU engine processes (local launcher), and eval wired into the rollout manager.
+"""The eval fleet with real CPU engine processes (local launcher), pinned by the core's ``pin`` operation.
 
-What is shown: pin -> Pinned with every eval engine at the version; a killed eval engine is restarted by
-pin; a hung one is found by the fleet's own probe only when it self-probes (rollout FT off), and under
-rollout FT the bounded wait runs out -> SkippedUnhealthy; a version disagreement -> SkippedPinViolation,
-and with the fleet's version check removed the same test fails; no fleet is ever created when
+What is shown: an eval pins every eval engine to the committed version; a killed eval engine is stopped
+and started again by the next pin; a hung one is found by the fleet's own probe only when it
+self-probes (rollout FT off) -- under rollout FT the fleet sends no probe of its own and the rollout
+monitor's verdict is its source; a version disagreement is a pin violation, and with the core's
+all-or-nothing check removed the same test fails; no eval engine is ever launched when
 ``eval_fleet_enabled`` is false; eval runs on the fleet when there is one, else on the rollout engines.
 """
 
@@ -24,12 +25,15 @@ pytest.importorskip("torch")
 from engines.engine import Engine, Timeouts
 from engines.launcher import LocalLauncher
 from engines.process import torch_engine_command
-from lifecycle import EffectLedger, LifecycleConfig
-from lifecycle.predicates import eval_fleet_enabled, eval_fleet_self_probes
+from lifecycle import EffectLedger, EventLog, LifecycleConfig
+from lifecycle.core import Outcome
+from lifecycle.events import TRANSITION, MemorySink
+from lifecycle.predicates import eval_fleet_enabled
 from models import TinyCausalLM
-from rollout.eval_fleet import EvalFleet
-from rollout.executor import RolloutManager
+from rollout.executor import EvalResult, RolloutManager
 from rollout.task import PatternTask
+
+from .conftest import bind_trainer_stand_in
 
 FAST = {
     "rollout_num_gpus": 1,
@@ -40,17 +44,17 @@ FAST = {
 }
 SELF_PROBING = FAST  # rollout FT off: nobody else probes the eval engines
 MONITORED = {**FAST, "use_fault_tolerance": True, "ft_components": ["rollout"]}  # the rollout monitor does
-TIMEOUTS = Timeouts(startup=60.0, request=5.0, death=10.0)
+TIMEOUTS = Timeouts(startup=60.0, request=3.0, death=10.0)
 
 
 def _config(values: dict[str, Any]) -> LifecycleConfig:
     return LifecycleConfig.from_mapping(values, check_paths=False)
 
 
-def _weights(tmp: Path, seed: int, version: str) -> str:
+def _weights(tmp: Path, seed: int, version: str) -> tuple[str, str]:
     path = tmp / f"weights-{version}.safetensors"
     TinyCausalLM("tiny", seed=seed).save_weights(path)
-    return str(path)
+    return str(path), version
 
 
 def _factory(engine_id: str) -> LocalLauncher:
@@ -63,180 +67,208 @@ def _pid(engine: Engine) -> int:
     return launcher.process.pid
 
 
-def _with_fleet(config: LifecycleConfig, body: Callable[[EvalFleet, EffectLedger], Awaitable[None]], **kw: Any) -> None:
-    """Create a fleet of real engine processes, run ``body``, always dispose (processes killed)."""
+class Fleet:
+    """A rollout manager with an eval fleet on real processes; what the tests read of it."""
+
+    def __init__(self, manager: RolloutManager, sink: MemorySink, tmp: Path) -> None:
+        self.manager, self.sink, self.tmp = manager, sink, tmp
+        self.next: tuple[str, str] | None = None
+
+    @property
+    def evals(self) -> list[Engine]:
+        return self.manager.controller.evals
+
+    def states(self) -> dict[str, str]:
+        return self.manager.controller.states("eval")
+
+    @property
+    def ledger(self) -> EffectLedger:
+        return self.manager.runner.ledger
+
+    async def versions(self) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for e in self.evals:
+            assert e.client is not None
+            out[e.id] = (await e.client.model_info()).weight_version
+        return out
+
+    async def update(self, seed: int, version: str) -> None:
+        self.next = _weights(self.tmp, seed, version)
+        await self.manager.runner.operate("update_weights")
+
+    def fleet_moves(self) -> list[str]:
+        return [e["dst"] for e in self.sink if e.get("event") == TRANSITION and e["machine"] == "eval_fleet"]
+
+
+def _with_fleet(values: dict[str, Any], tmp: Path, body: Callable[[Fleet], Awaitable[None]]) -> None:
+    """A manager with its eval fleet of real engine processes; ``body``; always disposed (processes killed)."""
 
     async def run() -> None:
-        ledger = EffectLedger()
-        fleet = EvalFleet(config, _factory, ledger=ledger, timeouts=TIMEOUTS, **kw)
+        sink = MemorySink()
+        manager = RolloutManager(
+            _config(values), PatternTask(), launcher_factory=_factory, log=EventLog([sink]), timeouts=TIMEOUTS
+        )
+        fleet = Fleet(manager, sink, tmp)
+        bind_trainer_stand_in(manager.runner, lambda: fleet.next or _weights(tmp, 9, "x"))
         try:
-            assert await fleet.create()
-            assert fleet.state == "Idle" and fleet.states() == {"eval-0": "PendingWeights", "eval-1": "PendingWeights"}
-            await body(fleet, ledger)
+            await manager.runner.operate("trainer.start")
+            await manager.init(_weights(tmp, 1, "v1"))
+            assert manager.runner.state.fleet == "Idle" and set(fleet.states().values()) == {"PendingWeights"}
+            await body(fleet)
         finally:
-            await fleet.dispose()
-        assert fleet.state == "Disposed"
-        assert all(not e.launcher.alive() for e in fleet.engines)
+            await manager.dispose()
+        assert manager.runner.state.fleet == "Disposed"
+        assert all(not e.launcher.alive() for e in fleet.evals)
 
     asyncio.run(run())
 
 
-async def _versions(fleet: EvalFleet) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for e in fleet.engines:
-        assert e.client is not None
-        out[e.id] = (await e.client.model_info()).weight_version
-    return out
-
-
-@pytest.mark.recovery
-def test_pin_pins_every_engine_and_restarts_a_killed_one(tmp_path: Path) -> None:
-    config = _config(SELF_PROBING)
-    assert eval_fleet_self_probes(config)
-    v1, v2 = _weights(tmp_path, 1, "v1"), _weights(tmp_path, 2, "v2")
-
-    async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        pin = await fleet.pin(v1, "v1")
-        assert pin.ok and pin.state == "Pinned" and pin.reason is None, pin
-        assert pin.versions == {"eval-0": "v1", "eval-1": "v1"} == await _versions(fleet)
-        assert [e.id for e in fleet.routable()] == ["eval-0", "eval-1"]  # Serving only while pinned
-        assert ledger.ever("probe_engine", "eval_fleet") and ledger.ever("load_snapshot", "eval_fleet")
-        await fleet.release()
-        assert fleet.state == "Idle" and fleet.routable() == []
-        assert set(fleet.states().values()) == {"Quiesced"}
-
-        # a SIGKILLed eval engine: the fleet's own restart (stop -> start), not rollout FT's recover
-        old_pid = _pid(fleet.engines[1])
-        await fleet.engines[1].launcher.kill()
-        await fleet.engines[1].launcher.wait_dead(5.0)
-        pin = await fleet.pin(v2, "v2")
-        assert pin.ok, pin
-        assert pin.restarted == ("eval-1",)
-        assert _pid(fleet.engines[1]) != old_pid
-        assert await _versions(fleet) == {"eval-0": "v2", "eval-1": "v2"}
-        assert not ledger.ever("recover_engine")
-        await fleet.release()
-
-    _with_fleet(config, body)
-
-
 def _hang(engine: Engine) -> int:
     pid = _pid(engine)
-    os.kill(pid, signal.SIGSTOP)  # alive to the OS, silent on HTTP: only a probe can tell
+    os.kill(pid, signal.SIGSTOP)  # alive to the OS, silent on HTTP: only a probe or a request can tell
     return pid
 
 
-async def _pin_with_hung_engine(fleet: EvalFleet, path: str) -> tuple[str, str | None]:
-    await fleet.pin(path, "v1")
-    await fleet.release()
-    _hang(fleet.engines[1])
-    pin = await fleet.pin(path, "v2")
-    await fleet.release()
-    return pin.state, pin.reason
-
-
-@pytest.mark.monitor
-def test_self_probing_fleet_finds_a_hung_engine_and_misses_it_without_its_probe(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = _config(SELF_PROBING)
-    path = _weights(tmp_path, 1, "v")
-
-    async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        state, reason = await _pin_with_hung_engine(fleet, path)
-        assert (state, reason) == ("Pinned", None), fleet.last
-        assert fleet.last is not None and fleet.last.restarted == ("eval-1",)
-
-        # the bug miles fixed, re-introduced on the same fleet: no self-probe with rollout FT off
-        async def no_probe(self: EvalFleet) -> None:
-            return None
-
-        monkeypatch.setattr(EvalFleet, "_probe", no_probe)
-        state, reason = await _pin_with_hung_engine(fleet, path)
-        assert (state, reason) == ("SkippedUnhealthy", "unhealthy")
-        assert fleet.last is not None and "not alive within 2s" in fleet.last.detail  # the bounded wait ended it
-
-    _with_fleet(config, body, alive_timeout=2.0)
-
-
 @pytest.mark.recovery
+def test_an_eval_pins_every_engine_and_a_killed_one_is_started_again(tmp_path: Path) -> None:
+    async def body(f: Fleet) -> None:
+        first = await f.manager.eval(0)
+        assert (first.on, first.skipped, first.weight_version) == ("eval_fleet", None, "v1"), first
+        assert await f.versions() == {"eval-0": "v1", "eval-1": "v1"}
+        assert f.states() == {"eval-0": "Quiesced", "eval-1": "Quiesced"}  # out of routing between evals
+        old = _pid(f.evals[1])
+        await f.evals[1].launcher.kill()  # the watcher reports the death; the next pin restarts it
+        deadline = time.monotonic() + 10
+        while f.states()["eval-1"] != "Unhealthy":
+            assert time.monotonic() < deadline, f.states()
+            await asyncio.sleep(0.05)
+        second = await f.manager.eval(1)
+        assert second.skipped is None and second.weight_version == "v1", second
+        assert _pid(f.evals[1]) != old and await f.versions() == {"eval-0": "v1", "eval-1": "v1"}
+        assert f.fleet_moves().count("Pinned") == 2
+
+    _with_fleet(SELF_PROBING, tmp_path, body)
+
+
 @pytest.mark.monitor
-def test_monitored_fleet_does_not_probe_and_a_bounded_wait_becomes_unhealthy(tmp_path: Path) -> None:
-    config = _config(MONITORED)
-    assert eval_fleet_enabled(config) and not eval_fleet_self_probes(config)
-    path = _weights(tmp_path, 1, "v")
-
-    async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        state, reason = await _pin_with_hung_engine(fleet, path)
-        assert (state, reason) == ("SkippedUnhealthy", "unhealthy"), fleet.last
-        assert fleet.last is not None and "eval-1" in fleet.last.detail
-        assert "not alive within 2s" in fleet.last.detail  # the bounded wait, not a failed probe, ended it
-        assert not ledger.ever("probe_engine", "eval_fleet")  # the rollout monitor covers them here
-        assert fleet.state == "Idle" and fleet.states()["eval-1"] == "Unhealthy"
-        pin = await fleet.pin(path, "v3")  # the next pin restarts the engine the wait gave up on
-        assert pin.ok and pin.restarted == ("eval-1",), pin
-        await fleet.release()
-
-    _with_fleet(config, body, alive_timeout=2.0)
-
-
-async def _disagreement(fleet: EvalFleet, v1: str, other: str) -> None:
-    """eval-1 loads a different file (another version) than the one pinned: all or nothing."""
-    engine = fleet.engines[1]
-    real = engine.load_weights
-
-    async def load_other(path: str, version: str) -> None:
-        await real(other, "v-other")
-
-    engine.load_weights = load_other  # type: ignore[method-assign]
-    try:
-        pin = await fleet.pin(v1, "v1")
-    finally:
-        del engine.load_weights  # back to the class method
-    assert pin.state == "SkippedPinViolation" and pin.reason == "pin_violation", pin
-    assert pin.versions == {"eval-0": "v1", "eval-1": "v-other"}
-    assert "eval-1" in pin.detail and fleet.routable() == []
-    await fleet.release()
-    assert fleet.state == "Idle"
-
-
-def test_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
+@pytest.mark.lifecycle_gate
+def test_a_self_probing_fleet_finds_a_hung_engine_and_misses_it_without_its_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = _config(SELF_PROBING)
-    v1, other = _weights(tmp_path, 1, "v1"), _weights(tmp_path, 2, "other")
+    async def body(f: Fleet) -> None:
+        await f.manager.eval(0)
+        _hang(f.evals[1])
+        found = await f.manager.eval(1)  # the fleet's own probe finds it, the pin restarts it
+        assert found.skipped is None, found
+        assert f.ledger.ever("probe_engine", "engine")
+        # the bug miles fixed, re-introduced: the fleet's probe answers "ok" whatever the engine does
+        _hang(f.evals[0])
 
-    async def body(fleet: EvalFleet, ledger: EffectLedger) -> None:
-        await _disagreement(fleet, v1, other)
-        # the bug re-introduced: load on every engine but skip the all-or-nothing version check
+        async def no_probe(cmd: Any) -> Outcome:
+            return Outcome("probe_ok")
+
+        monkeypatch.setitem(f.manager.runner.handlers, "engine.probe_engine", no_probe)
+        missed = await f.manager.eval(2)  # undetected: the load to it runs out of its bound instead
+        assert missed.skipped == "pin_violation" and "eval-0" in missed.detail, missed
+
+    _with_fleet(SELF_PROBING, tmp_path, body)
+
+
+@pytest.mark.monitor
+@pytest.mark.lifecycle_gate
+def test_under_rollout_ft_the_fleet_sends_no_probe_of_its_own(tmp_path: Path) -> None:
+    async def body(f: Fleet) -> None:
+        await f.manager.eval(0)
+        _hang(f.evals[1])
+        result = await f.manager.eval(1)
+        # no probe of the fleet's: the monitor (running during the eval) or the bounded load tells
+        assert not f.ledger.ever("probe_engine", "engine") and not f.ledger.failed("probe_engine", "engine")
+        assert result.skipped in (None, "pin_violation"), result
+        again = await f.manager.eval(2)  # whichever it was, the next pin starts it again
+        assert again.skipped is None and await f.versions() == {"eval-0": "v1", "eval-1": "v1"}
+
+    _with_fleet(MONITORED, tmp_path, body)
+
+
+@pytest.mark.parametrize(
+    ("values", "fleet_probes"), [(MONITORED, False), (SELF_PROBING, True)], ids=["rollout-ft", "no-ft"]
+)
+@pytest.mark.monitor
+def test_the_fleets_own_health_generate_on_the_wire(
+    values: dict[str, Any], fleet_probes: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted where it leaves: every ``/health_generate`` an eval engine's client sends outside its start-up
+    wait. The rollout monitor is told never to probe here, so under rollout FT the count must be 0; with
+    rollout FT off the fleet probes every pin itself, as miles' ``EvalFleet.pin`` does (so the count can fail)."""
+    from engines.client import EngineClient
+
+    sent: list[str] = []
+    starting: set[str] = set()
+    real_health, real_wait = EngineClient.health_generate, Engine._wait_healthy
+
+    async def counted(self: EngineClient, **kwargs: Any) -> Any:
+        if self.engine_id.startswith("eval-") and self.engine_id not in starting:
+            sent.append(self.engine_id)
+        return await real_health(self, **kwargs)
+
+    async def wait(self: Engine) -> None:
+        starting.add(self.id)
+        try:
+            await real_wait(self)
+        finally:
+            starting.discard(self.id)
+
+    monkeypatch.setattr(EngineClient, "health_generate", counted)
+    monkeypatch.setattr(Engine, "_wait_healthy", wait)
+
+    async def body(f: Fleet) -> None:
+        for rid in range(2):
+            assert (await f.manager.eval(rid)).skipped is None
+
+    _with_fleet({**values, "rollout_health_check_first_wait": 3600.0}, tmp_path, body)
+    assert bool(sent) is fleet_probes, sent
+
+
+def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lifecycle.core import core as core_module
+
+    async def disagree(f: Fleet) -> EvalResult:
+        """eval-1's server loads other weights than it is asked for: its /model_info disagrees."""
+        engine = f.evals[1]
+        assert engine.client is not None
+        other_path, _ = _weights(f.tmp, 2, "v-other")
+        real = type(engine.client).update_weights_from_disk
+
+        async def load_other(self: Any, path: str, **kw: Any) -> Any:
+            if self is engine.client:
+                return await real(self, other_path, weight_version="v-other")
+            return await real(self, path, **kw)
+
         with monkeypatch.context() as m:
+            m.setattr(type(engine.client), "update_weights_from_disk", load_other)
+            return await f.manager.eval(0)
 
-            async def load_unchecked(self: EvalFleet, path: str, version: str) -> tuple[dict[str, Any], list[str]]:
-                await asyncio.gather(*(e.load_weights(path, version) for e in self.engines))
-                return {e.id: version for e in self.engines}, []
-
-            m.setattr(EvalFleet, "_load", load_unchecked)
+    async def body(f: Fleet) -> None:
+        result = await disagree(f)
+        assert result.skipped == "pin_violation" and "eval-1" in result.detail, result
+        # the bug re-introduced: the core's all-or-nothing check is gone, the fleet pins whatever loaded
+        with monkeypatch.context() as m:
+            m.setattr(core_module._Tx, "ph_fleet_loaded", _pin_anyway)
             with pytest.raises(AssertionError):
-                await _disagreement(fleet, v1, other)
-            await fleet.release()
-        pin = await fleet.pin(v1, "v1")  # and without the disagreement the same fleet pins
-        assert pin.ok and await _versions(fleet) == {"eval-0": "v1", "eval-1": "v1"}
-        await fleet.release()
+                result = await disagree(f)
+                assert result.skipped == "pin_violation", result
+        again = await f.manager.eval(1)  # and without the disagreement the same fleet pins
+        assert again.skipped is None and await f.versions() == {"eval-0": "v1", "eval-1": "v1"}
 
-    _with_fleet(config, body)
+    _with_fleet({**SELF_PROBING, "engine_max_restarts": 10}, tmp_path, body)
 
 
-class _NoLaunch:
-    """A launcher factory that fails the test if anything is ever launched."""
-
-    calls: list[str]
-
-    def __init__(self) -> None:
-        self.calls = []
-
-    def __call__(self, engine_id: str) -> LocalLauncher:
-        self.calls.append(engine_id)
-        raise AssertionError(f"{engine_id} launched")
+def _pin_anyway(self: Any) -> None:
+    if self.s.fleet == "LoadingSnapshot":
+        self.fire("fleet", "loaded")
+        self.engines_do("eval", "resume", frozenset({"Quiesced"}))
 
 
 @pytest.mark.parametrize(
@@ -248,82 +280,63 @@ class _NoLaunch:
     ],
     ids=["replay", "train-only", "eval-num-gpus-0"],
 )
-def test_no_fleet_when_eval_fleet_is_disabled(values: dict[str, Any]) -> None:
+@pytest.mark.construction_gate
+def test_no_eval_engine_when_the_fleet_is_disabled(values: dict[str, Any], tmp_path: Path) -> None:
     config = _config(values)
     assert not eval_fleet_enabled(config)
-    factory = _NoLaunch()
-    fleet = EvalFleet(config, factory)
-    assert asyncio.run(fleet.create()) is False
-    assert fleet.state == "Init" and fleet.engines == [] and factory.calls == []
+    launched: list[str] = []
+
+    def factory(engine_id: str) -> LocalLauncher:
+        launched.append(engine_id)
+        return _factory(engine_id)
+
+    async def run() -> tuple[EvalResult, str]:
+        manager = RolloutManager(config, PatternTask(), launcher_factory=factory, timeouts=TIMEOUTS)
+        bind_trainer_stand_in(manager.runner)
+        try:
+            await manager.init(_weights(tmp_path, 1, "0"))
+            return await manager.eval(0), manager.runner.state.fleet
+        finally:
+            await manager.dispose()
+
+    result, fleet = asyncio.run(run())
+    assert not any(e.startswith("eval-") for e in launched) and fleet in ("Init", "Disposed")
+    if "debug_train_only" in values or "load_debug_rollout_data" in values:
+        assert result.reward is None and result.skipped in ("no_eval_fn", "no_engines")
+    else:
+        assert result.on == "rollout" and result.reward is not None
 
 
-def test_manager_without_fleet_evals_on_the_rollout_engines(tmp_path: Path) -> None:
+def test_without_a_fleet_eval_runs_on_the_rollout_engines(tmp_path: Path) -> None:
     config = _config({"rollout_num_gpus": 1, "eval_num_gpus": 0, "eval_interval": 1})
-    ledger = EffectLedger()
 
     async def run() -> None:
-        manager = RolloutManager(config, PatternTask(), launcher_factory=_factory, ledger=ledger, timeouts=TIMEOUTS)
+        manager = RolloutManager(config, PatternTask(), launcher_factory=_factory, timeouts=TIMEOUTS)
+        bind_trainer_stand_in(manager.runner)
         try:
-            await manager.init((_weights(tmp_path, 1, "0"), "0"))
-            assert manager.controller.eval_fleet is None and not ledger.ever("start_eval_fleet")
+            await manager.init(_weights(tmp_path, 1, "0"))
             result = await manager.eval(0)
             assert result.on == "rollout" and result.skipped is None, result
             assert result.reward is not None and 0.0 <= result.reward <= 1.0
             assert result.weight_version == "0" and result.samples == 16
             again = await manager.eval(1)  # greedy on the same weights and prompts: the same reward
-            assert again.reward == result.reward
-            assert manager.state == "Ready"
-            assert ledger.count("run_eval") == 2
+            assert again.reward == result.reward and manager.state == "Ready"
+            assert manager.runner.ledger.count("run_eval") == 2
         finally:
             await manager.dispose()
 
     asyncio.run(run())
 
 
-@pytest.mark.construction_gate
-def test_replay_and_train_only_skip_eval_and_build_no_fleet(tmp_path: Path) -> None:
-    async def run(values: dict[str, Any]) -> str | None:
-        factory = _NoLaunch()
-        manager = RolloutManager(_config(values), PatternTask(), launcher_factory=factory)
-        await manager.init(("unused", "0"))
-        result = await manager.eval(0)
-        assert manager.controller.eval_fleet is None and factory.calls == []
-        assert result.reward is None
-        await manager.dispose()
-        return result.skipped
+@pytest.mark.weight_update
+def test_the_fleet_pins_what_the_rollout_engines_hold_after_an_update(tmp_path: Path) -> None:
+    async def body(f: Fleet) -> None:
+        await f.update(2, "v2")
+        result = await f.manager.eval(0)
+        assert result.weight_version == "v2" and result.skipped is None, result
+        assert await f.versions() == {"eval-0": "v2", "eval-1": "v2"}
 
-    replay = {"load_debug_rollout_data": str(tmp_path / "{rollout_id}.json"), "eval_num_gpus": 2}
-    assert asyncio.run(run(replay)) == "no_eval_fn"
-    assert asyncio.run(run({"debug_train_only": True, "eval_num_gpus": 2})) == "no_engines"
-
-
-def test_manager_evals_on_the_pinned_fleet_and_disposes_it(tmp_path: Path) -> None:
-    config = _config({**SELF_PROBING, "eval_num_gpus": 1})
-    ledger = EffectLedger()
-
-    async def run() -> None:
-        manager = RolloutManager(config, PatternTask(), launcher_factory=_factory, ledger=ledger, timeouts=TIMEOUTS)
-        try:
-            await manager.init((_weights(tmp_path, 1, "0"), "0"))
-            fleet = manager.controller.eval_fleet
-            assert fleet is not None and fleet.state == "Idle" and list(fleet.states()) == ["eval-0"]
-            assert [e.id for e in manager.controller.engines] == ["engine-0"]  # never routed rollout traffic
-            result = await manager.eval(0)
-            assert (result.on, result.skipped, result.weight_version) == ("eval_fleet", None, "0"), result
-            assert result.reward is not None and result.samples == 16
-            assert fleet.state == "Idle" and manager.state == "Ready"
-            assert fleet.states() == {"eval-0": "Quiesced"}
-            # the eval fleet pins what the rollout engines hold after a weight update
-            path = _weights(tmp_path, 2, "1")
-            await manager.controller.update_weights(path, "1")
-            result = await manager.eval(1)
-            assert result.weight_version == "1" and result.skipped is None, result
-        finally:
-            await manager.dispose()
-        assert fleet.state == "Disposed" and fleet.states() == {"eval-0": "Disposed"}
-        assert not fleet.engines[0].launcher.alive()
-
-    asyncio.run(run())
+    _with_fleet({**SELF_PROBING, "eval_num_gpus": 2}, tmp_path, body)
 
 
 @pytest.mark.slow
@@ -357,32 +370,22 @@ def test_loop_writes_eval_rewards_into_metrics(tmp_path: Path) -> None:
 def test_under_rollout_ft_the_rollout_monitor_covers_the_eval_engines(tmp_path: Path) -> None:
     """The delegation: the fleet does not probe, the rollout monitor (running during generate/eval) does,
     and the engine it marks is restarted by the fleet's next pin."""
-    config = _config({**MONITORED, "eval_num_gpus": 1, "rollout_health_check_failure_threshold": 1})
-    ledger = EffectLedger()
 
-    async def run() -> None:
-        manager = RolloutManager(config, PatternTask(), launcher_factory=_factory, ledger=ledger, timeouts=TIMEOUTS)
-        try:
-            await manager.init((_weights(tmp_path, 1, "0"), "0"))
-            controller, fleet = manager.controller, manager.controller.eval_fleet
-            assert fleet is not None and controller.monitor is not None
-            controller.monitor.health("eval-0")  # registered with the rollout monitor
-            pid = _hang(fleet.engines[0])
-            await controller.begin_generate()  # monitor resumed: it probes rollout and eval engines
-            deadline = time.monotonic() + 15.0
-            while fleet.engines[0].state != "Unhealthy":
-                assert time.monotonic() < deadline, fleet.states()
-                await asyncio.sleep(0.1)
-            await controller.end_generate()
-            assert "failed probes" in fleet.engines[0].reason
-            assert controller.states() == {"engine-0": "Quiesced"}  # the rollout engine is untouched
-            result = await manager.eval(0)
-            assert result.skipped is None and result.weight_version == "0", result
-            assert fleet.last is not None and fleet.last.restarted == ("eval-0",)
-            assert _pid(fleet.engines[0]) != pid
-            assert not ledger.ever("probe_engine", "eval_fleet")  # the fleet never probed: the monitor did
-            assert ledger.ever("probe_engine", "monitor")
-        finally:
-            await manager.dispose()
+    async def body(f: Fleet) -> None:
+        controller = f.manager.controller
+        assert ("eval", 0) in controller.monitor.members  # registered with the rollout monitor
+        pid = _hang(f.evals[0])
+        await f.manager.runner.operate("generate")  # the monitor runs: it probes rollout and eval engines
+        deadline = time.monotonic() + 20.0
+        while f.states()["eval-0"] != "Unhealthy":
+            assert time.monotonic() < deadline, f.states()
+            await asyncio.sleep(0.1)
+        await f.manager.runner.operate("generate_done")
+        assert "failed probes" in f.manager.runner.reasons["eval-0"]
+        assert controller.states() == {"engine-0": "Quiesced"}  # the rollout engine is untouched
+        result = await f.manager.eval(0)
+        assert result.skipped is None and result.weight_version == "v1", result
+        assert _pid(f.evals[0]) != pid
+        assert not f.ledger.ever("probe_engine", "engine")  # the fleet never probed: the monitor did
 
-    asyncio.run(run())
+    _with_fleet({**MONITORED, "eval_num_gpus": 1, "rollout_health_check_failure_threshold": 1}, tmp_path, body)

@@ -13,14 +13,14 @@ import pytest
 from aiohttp import web
 
 from engines.client import EngineClient
-from engines.engine import Engine
-from engines.health import HealthMonitor
 from engines.launcher import LocalLauncher
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from lifecycle.machines import ROLLOUT
-from lifecycle.runtime import LifecycleMachine
-from rollout.controller import InferenceController
+from lifecycle.runner import Runner
+from rollout.executor import RolloutManager
+from rollout.task import PatternTask
+
+from .conftest import bind_trainer_stand_in
 
 
 def _config(**kw: object) -> LifecycleConfig:
@@ -47,16 +47,20 @@ async def _recording_server(seen: list[str]) -> AsyncIterator[str]:
 
 
 async def _probe_paths(config: LifecycleConfig) -> list[str]:
+    """One probe round of the controller's monitor against an engine slot made as the config says."""
     seen: list[str] = []
     gen = _recording_server(seen)
     url = await gen.__anext__()
-    controller = InferenceController(config, LifecycleMachine(ROLLOUT, config, "rollout"))
-    engine = Engine("engine-0", config, LocalLauncher("engine-0", lambda: ["true"]))
+    runner = Runner(config)
+    bind_trainer_stand_in(runner)
+    manager = RolloutManager(
+        config, PatternTask(), runner=runner, launcher_factory=lambda i: LocalLauncher(i, lambda: ["true"])
+    )
+    controller = manager.controller
+    engine = controller.new_engine("engine-0")
     engine.client = EngineClient(url, engine_id="engine-0", timeout=2.0)
-    controller.engines = [engine]
-    controller.monitor = HealthMonitor(config, "rollout", lambda e, r: asyncio.sleep(0))
     controller._monitor_add(engine)
-    await controller.monitor.health("engine-0").probe(2.0)
+    await controller.monitor.probe_round()
     await engine.client.close()
     await gen.aclose()
     return seen

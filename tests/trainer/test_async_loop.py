@@ -27,7 +27,7 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 import trainer.loop as loop_mod
-from rollout.controller import ControllerError
+from lifecycle.runner import OperationRefused
 from rollout.executor import EngineRolloutFn
 from trainer.loop import RunOptions, RunResult, check_options, run_loop
 
@@ -108,7 +108,7 @@ def test_update_without_waiting_for_generate_is_caught(tmp_path: Path, monkeypat
     """Re-introduce the bug (update weights without waiting for generate(k+1)): the loop refuses loudly.
 
     Generation is slowed down so that it is still running when training ends; without the loop's
-    check the controller would silently skip the update (the rollout manager is not Ready).
+    check the core refuses the update (the rollout manager is not Ready), and the refusal is raised.
     """
     original = EngineRolloutFn.__call__
 
@@ -122,7 +122,7 @@ def test_update_without_waiting_for_generate_is_caught(tmp_path: Path, monkeypat
         del pending
 
     monkeypatch.setattr(loop_mod, "_await_generation", no_wait)
-    with pytest.raises(ControllerError, match="while the rollout manager is Generating"):
+    with pytest.raises(OperationRefused, match="update_weights: the rollout manager is Generating"):
         _run(tmp_path / "bug", 2)
 
 

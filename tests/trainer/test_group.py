@@ -12,16 +12,17 @@ import pytest
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import TRANSITION, EventLog, MemorySink
-from lifecycle.machines import ROLLOUT
-from lifecycle.runtime import LifecycleMachine
+from lifecycle.runner import Runner
 
 pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from rollout.controller import InferenceController  # noqa: E402
+from engines.engine import EngineFailed  # noqa: E402
 from rollout.task import PatternTask  # noqa: E402
 from trainer.group import TrainerFailed, TrainerGroup  # noqa: E402
 from trainer.workers import WorkerCrashed  # noqa: E402
+
+from .conftest import bind_rollout_stand_in, generated  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -63,10 +64,20 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     lp.close()
 
 
-def _group(tmp_path: Path, flags: dict[str, Any], workers: int) -> tuple[TrainerGroup, MemorySink]:
+def _group(tmp_path: Path, flags: dict[str, Any], workers: int, **kwargs: Any) -> tuple[TrainerGroup, MemorySink]:
+    """A trainer group on real Ray actors; its rollout side is the stand-in (these tests are about the trainer)."""
     sink = MemorySink()
-    group = TrainerGroup(LifecycleConfig.from_mapping(flags), tmp_path, workers=workers, log=EventLog([sink]))
+    config = LifecycleConfig.from_mapping(flags)
+    runner = Runner(config, log=EventLog([sink]))
+    bind_rollout_stand_in(runner)
+    group = TrainerGroup(config, tmp_path, workers=workers, runner=runner, **kwargs)
     return group, sink
+
+
+async def _start(group: TrainerGroup) -> None:
+    """The trainer started and the (stand-in) rollout side through one generate: where a loop trains."""
+    await group.start()
+    await generated(group.runner)
 
 
 def _trainer_moves(sink: MemorySink) -> list[str]:
@@ -95,7 +106,7 @@ def test_train_ft_two_workers_replaces_the_crashed_worker_from_its_peer(
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.train(_samples())
             old_actor = group.workers[1].actor
             await group.crash_worker(1)
@@ -124,19 +135,19 @@ def test_train_ft_one_worker_heals_from_the_saved_state(tmp_path: Path, loop: as
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             saved = await group.workers[0].call("get_state")
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             restored: dict[str, Any] = {}
-            real_step = group._step
+            real_step = group.runner.handlers["trainer.train_step"]
 
-            async def spy_step(samples: Any) -> dict[str, float]:
+            async def spy_step(cmd: Any) -> Any:
                 if group.heals and not restored:  # the retried step: see what the replacement holds first
                     restored.update(await group.workers[0].call("get_state"))
-                return await real_step(samples)
+                return await real_step(cmd)
 
-            group._step = spy_step  # type: ignore[method-assign]
+            group.runner.handlers["trainer.train_step"] = spy_step  # the handler the core's command runs
             await group.train(_samples())
             assert group.state == "Ready" and group.heals == 1
             assert _same_params(saved["model"], restored["model"])
@@ -155,7 +166,7 @@ def test_train_ft_one_worker_without_a_saved_state_cannot_heal(tmp_path: Path, l
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             group._last_state = None
             await group.crash_worker(0)
             await _wait_dead(group, 0)
@@ -173,7 +184,7 @@ def test_no_train_ft_fails_naming_worker_and_flag(tmp_path: Path, loop: asyncio.
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             with pytest.raises(TrainerFailed) as info:
@@ -189,20 +200,6 @@ def test_no_train_ft_fails_naming_worker_and_flag(tmp_path: Path, loop: asyncio.
     assert _trainer_moves(sink)[-3:] == ["train", "worker_crashed", "fail"]
 
 
-class RecordingController(InferenceController):
-    """The real controller (no engines), recording whether the trainer asked it to recover engines."""
-
-    calls: list[str]
-
-    async def recover_unhealthy(self) -> list[str]:
-        self.calls.append("recover_unhealthy")
-        return await super().recover_unhealthy()
-
-    async def update_weights(self, path: str, version: str) -> list[str]:
-        self.calls.append(f"update_weights {Path(path).name} v{version}")
-        return await super().update_weights(path, version)
-
-
 @pytest.mark.parametrize(
     ("flags", "recovers"), [(ROLLOUT_FT, True), (TRAIN_FT, False), (NO_FT, False)], ids=["rollout", "train", "none"]
 )
@@ -211,24 +208,45 @@ class RecordingController(InferenceController):
 def test_update_weights_recovers_rollout_engines_only_when_the_move_says_so(
     tmp_path: Path, loop: asyncio.AbstractEventLoop, flags: dict[str, Any], recovers: bool
 ) -> None:
-    config = LifecycleConfig.from_mapping(flags)
-    group, sink = _group(tmp_path, flags, workers=1)
-    controller = RecordingController(config, LifecycleMachine(ROLLOUT, config, "rollout"))
-    controller.calls = []
+    """With the real rollout manager (one CPU engine process): under rollout FT a dead engine is recovered
+    by the trainer's update and then holds the new version (``/model_info``); without it the move carries no
+    ``recover_engine`` and the engine's death stops the run, naming the flag."""
+    from engines.launcher import launcher_factory
+    from rollout.executor import RolloutManager
 
-    async def scenario() -> Any:
+    sink = MemorySink()
+    config = LifecycleConfig.from_mapping({**flags, "engine_restart_backoff": 0.05})
+    runner = Runner(config, log=EventLog([sink]))
+    group = TrainerGroup(config, tmp_path, workers=1, runner=runner)
+    manager = RolloutManager(config, PatternTask(), runner=runner, launcher_factory=launcher_factory("local"))
+
+    async def scenario() -> tuple[bool, str | None, str]:
         try:
-            await group.start()
-            return await group.update_weights(controller, 1)
+            weights = await group.start()
+            assert weights is not None
+            await manager.init(weights)
+            await manager.controller.kill_engine(0)
+            try:
+                pushed = await group.update_weights(1)
+            except EngineFailed as exc:
+                return False, None, str(exc)
+            client = manager.controller.engines[0].client
+            assert client is not None
+            return pushed, (await client.model_info()).weight_version, ""
         finally:
+            await manager.dispose()
             await group.dispose()
 
-    result = loop.run_until_complete(scenario())
-    assert result.ok and ("recover_engine" in result.effects) is recovers
-    assert controller.calls == (["recover_unhealthy"] if recovers else []) + ["update_weights step-1.safetensors v1"]
-    assert (tmp_path / "weights" / "step-1.safetensors").is_file()
-    moves = _trainer_moves(sink)
-    assert moves[-3:] == ["update_weights", "update_done", "dispose"]
+    pushed, version, error = loop.run_until_complete(scenario())
+    assert runner.ledger.ever("recover_engine", "trainer") is recovers
+    if recovers:
+        assert pushed and version == "1"
+        engine = [e["trigger"] for e in sink if e.get("event") == TRANSITION and e["instance"] == "engine-0"]
+        i = engine.index("recover")
+        assert engine[i : i + 5] == ["recover", "restart", "ready", "begin_update", "finish_update"], engine
+    else:
+        assert "--use-fault-tolerance --ft-components rollout" in error, error
+    assert (tmp_path / "weights" / "step-1.safetensors").is_file() is recovers
 
 
 @pytest.mark.recovery
@@ -243,16 +261,16 @@ def test_a_crash_found_by_update_weights_heals_or_fails(
 
     async def scenario() -> None:
         try:
-            await group.start()
+            await _start(group)
             await group.crash_worker(0)
             await _wait_dead(group, 0)
             if heals:
-                result = await group.update_weights(None, 1)
-                assert result.ok and group.state == "Ready" and group.heals == 1
+                assert await group.update_weights(1)
+                assert group.state == "Ready" and group.heals == 1
                 assert (tmp_path / "weights" / "step-1.safetensors").is_file()
             else:
                 with pytest.raises(TrainerFailed, match="--ft-components train"):
-                    await group.update_weights(None, 1)
+                    await group.update_weights(1)
                 assert group.state == "Failed"
         finally:
             await group.dispose()
@@ -270,13 +288,11 @@ def test_a_hung_worker_is_a_bounded_wait_then_a_crash(
     flags: dict[str, Any], tmp_path: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
     """No wait without a bound: a worker that stops answering is a worker crash after ``call_timeout``."""
-    sink = MemorySink()
-    config = LifecycleConfig.from_mapping(flags)
-    group = TrainerGroup(config, tmp_path, workers=1, log=EventLog([sink]), call_timeout=4.0)
+    group, sink = _group(tmp_path, flags, workers=1, call_timeout=4.0)
 
     async def scenario() -> tuple[float, BaseException | None]:
         try:
-            await group.start()
+            await _start(group)
             await group.train(_samples())
             hung = group.workers[0]
             hung.hang(600.0)

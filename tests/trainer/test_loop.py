@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.events import read_jsonl
+from lifecycle.events import TRANSITION, read_jsonl
 from lifecycle.trace import diff, load
 
 pytest.importorskip("ray")
@@ -70,7 +70,9 @@ def test_seed_scenario_1_save_then_replay(tmp_path: Path) -> None:
     rollout = [e for e in events if e.get("machine") == "rollout" and e.get("event") == "lifecycle.transition"]
     assert rollout[0]["dst"] == "Replay"
     assert not _effects(events) & {"construct_rollout_fn", "construct_eval_fn", "start_servers", "start_monitor"}
-    assert not [e for e in events if e.get("machine") in ("engine", "monitor")]
+    assert not [e for e in events if e.get("machine") == "engine"]
+    # never created, so the monitor's only move is the dispose of a part that never existed
+    assert [(e["src"], e["trigger"]) for e in events if e.get("machine") == "monitor"] == [("Init", "dispose")]
     trains = [e for e in events if e.get("machine") == "trainer" and e.get("trigger") == "train_done"]
     assert len(trains) == 3
 
@@ -119,7 +121,13 @@ def test_plain_train_only_trains_without_engines(tmp_path: Path) -> None:
     assert sum(result.rewards[-2:]) > sum(result.rewards[:2]), result.rewards  # on-policy: the reward moves up
     assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # producer and trainer agree on the policy
     events = read_jsonl(tmp_path / "to" / "events.jsonl")
-    assert not [e for e in events if e.get("machine") in ("engine", "monitor", "eval_fleet")]
+    assert not [e for e in events if e.get("machine") == "engine"]
+    # the monitor and the eval fleet were never created: their only move is the dispose of a never-made part
+    others = [e for e in events if e.get("machine") in ("monitor", "eval_fleet")]
+    assert [(e["machine"], e["src"], e["trigger"]) for e in others] == [
+        ("eval_fleet", "Init", "dispose"),
+        ("monitor", "Init", "dispose"),
+    ]
     effects = _effects(events)
     assert "construct_rollout_fn" in effects
     assert not effects & {"start_servers", "start_monitor", "probe_engine", "transfer_weights", "stop_servers"}
@@ -133,10 +141,52 @@ def test_train_only_with_the_engine_rollout_fn_fails(tmp_path: Path, monkeypatch
     """Re-introduce the bug (train-only constructs the engine rollout fn): the run stops, no routable engine."""
     import rollout.executor
 
-    monkeypatch.setattr(rollout.executor, "starts_servers", lambda config: True)
+    monkeypatch.setattr(rollout.executor, "PolicyRolloutFn", rollout.executor.EngineRolloutFn)
     config = LifecycleConfig.from_mapping({**CPU, "debug_train_only": True})
     with pytest.raises(ControllerError, match="no routable engine"):
         _run(config, tmp_path / "bug", 2)
+
+
+@pytest.mark.lifecycle_gate
+def test_rollout_only_generates_and_never_trains(tmp_path: Path) -> None:
+    """--debug-rollout-only: no trainer worker, no trainer event, no loss; the engines serve the seed's weights."""
+    config = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2})
+    result = _run(config, tmp_path / "ro", 3, launcher="local", quiet=True)
+    assert len(result.rewards) == 3
+    events = read_jsonl(tmp_path / "ro" / "events.jsonl")
+    trainer = [e for e in events if e.get("machine") == "trainer"]
+    assert not [e for e in trainer if e["event"] == TRANSITION]  # no trainer move at all
+    # the one trainer event is the guard saying why it never started
+    assert [(e["event"], e["trigger"], e["blocked_by"]) for e in trainer] == [
+        ("lifecycle.blocked", "allocate", ["trains"])
+    ]
+    assert not [m for m in result.metrics if "loss" in m]
+    updates = [e for e in events if e.get("machine") == "engine" and e.get("trigger") == "begin_update"]
+    assert len(updates) == 2  # the initial weights on each engine, and no update after them
+
+
+@pytest.mark.recovery
+@pytest.mark.lifecycle_gate
+def test_rollout_only_under_rollout_ft_recovers_a_killed_engine_without_a_trainer(tmp_path: Path) -> None:
+    """No trainer means no update_weights: the next generate recovers the engine and loads the committed weights
+    before it is routed again."""
+    config = LifecycleConfig.from_mapping({**CPU, "debug_rollout_only": True})
+    faults = (parse_fault("kill-engine:1@2"),)
+    result = _run(config, tmp_path / "ro-ft", 5, launcher="local", quiet=True, faults=faults)
+    assert len(result.rewards) == 5
+    events = read_jsonl(tmp_path / "ro-ft" / "events.jsonl")
+    moves = [e["trigger"] for e in events if e.get("instance") == "engine-1" and e.get("event") == TRANSITION]
+    i = moves.index("mark_unhealthy")
+    assert moves[i : i + 7] == [
+        "mark_unhealthy",
+        "recover",
+        "restart",
+        "ready",
+        "begin_update",
+        "finish_update",
+        "resume",
+    ]
+    assert all(state == "Quiesced" for state in result.metrics[-1]["engines"].values()), result.metrics[-1]
 
 
 class _Tty(io.StringIO):

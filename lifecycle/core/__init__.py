@@ -1,0 +1,53 @@
+"""The lifecycle core: one pure step function that the checker explores and the runtime executes.
+
+``Core(config).step(state, event)`` takes the job's state and an operation a loop calls (``Op``), a
+report from a shell (``Outcome``) or the results of commands it handed out (``Completed``), and
+returns the next state, the machine moves it made and the commands the shells must carry out --
+or a refusal naming the predicate or state that blocks it.
+"""
+
+from lifecycle.core.core import COUPLED, LEDGER_ONLY, Core, next_delay
+from lifecycle.core.model import (
+    EVAL,
+    ROLLOUT,
+    BlockedMove,
+    Command,
+    Completed,
+    EngineState,
+    Event,
+    JobState,
+    Move,
+    Op,
+    Outcome,
+    Refusal,
+    Result,
+    instance_name,
+)
+from lifecycle.core.plan import ENGINE_PLAN, NEWS, OPERATIONS, RESULTS, SNAPSHOT, Operation
+
+__all__ = [
+    "COUPLED",
+    "ENGINE_PLAN",
+    "EVAL",
+    "LEDGER_ONLY",
+    "NEWS",
+    "OPERATIONS",
+    "RESULTS",
+    "ROLLOUT",
+    "SNAPSHOT",
+    "BlockedMove",
+    "Command",
+    "Completed",
+    "Core",
+    "EngineState",
+    "Event",
+    "JobState",
+    "Move",
+    "Op",
+    "Operation",
+    "Outcome",
+    "Refusal",
+    "Result",
+    "instance_name",
+    "next_delay",
+]

@@ -1,0 +1,122 @@
+"""The operations a training loop may call, and how machines move together: data, read by :mod:`.core`.
+
+An operation is a *program*: a list of phases run in order, each as soon as the commands of the
+previous ones have come back. A phase is a machine event (``rollout.generate``: the rollout
+manager's move with the engine moves ``ENGINE_PLAN`` attaches to it) or a named step of the core
+(``recover``, ``catch_up``, ...). An event a phase names that is not allowed in the state the job
+is in by then is skipped, so one program serves every mode: ``init`` under replay goes to
+``Replay`` and its server phases find nothing to do.
+
+Operations run on a *lane*: the rollout side's and the trainer's operations may overlap (the async
+loop generates while it trains), two operations of one lane may not. ``update_weights`` holds both.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# -- engine moves attached to rollout-manager moves --------------------------------------------------------
+# trigger of the rollout manager -> (before|after its own move, engine trigger, engine states it applies to)
+ENGINE_PLAN: dict[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
+    "generate": (("after", "resume", frozenset({"Quiesced"})),),
+    "eval": (("after", "resume", frozenset({"Quiesced"})),),
+    "generate_done": (("before", "drain", frozenset({"Serving"})),),
+    "eval_done": (("before", "drain", frozenset({"Serving"})),),
+    "offload": (("after", "offload", frozenset({"Quiesced"})),),
+    "onload_weights": (("after", "onload_weights", frozenset({"Offloaded"})),),
+    "onload_kv": (("before", "onload_kv", frozenset({"WeightsOnly"})),),
+    # the weight update's snapshot: every engine still in play (recovered ones in PendingWeights get weights so)
+    "begin_update": (("after", "begin_update", frozenset({"Quiesced", "PendingWeights", "WeightsOnly"})),),
+    "catch_up": (("after", "begin_update", frozenset({"PendingWeights"})),),
+}
+# The snapshot rule: a weight update may begin when every engine still in play is in one of these
+# states for the rollout manager's state (the rest are `gone`); recovered engines are in the snapshot.
+SNAPSHOT: dict[str, frozenset[str]] = {
+    "Ready": frozenset({"Quiesced", "PendingWeights"}),
+    "WeightsOnly": frozenset({"WeightsOnly", "PendingWeights", "Quiesced"}),
+}
+
+
+class Operation(NamedTuple):
+    lane: str  # "rollout" | "trainer"
+    program: tuple[str, ...]
+    holds: tuple[str, ...] = ()  # other lanes it keeps busy
+    optional: bool = False  # a no-op, not an error, when its machine event does not apply in this state
+    when: str | None = None  # a predicate the whole operation needs (else it is refused as blocked)
+    doc: str = ""
+
+
+OPERATIONS: dict[str, Operation] = {
+    # -- the rollout manager ---------------------------------------------------------------------------------
+    "init": Operation(
+        "rollout",
+        ("rollout.init", "rollout.start_servers", "rollout.skip_servers", "load_initial", "rollout.servers_ready"),
+        doc="construction gate, servers, the initial weights on every engine, monitor and eval fleet",
+    ),
+    "generate": Operation(
+        "rollout",
+        ("recover", "catch_up", "rollout.generate", "ci_inject", "require_routable"),
+        doc="rollout FT recovers dead engines and restarted ones catch up before any engine is routed",
+    ),
+    "generate_done": Operation("rollout", ("rollout.generate_done",)),
+    "eval": Operation("rollout", ("recover", "catch_up", "rollout.eval")),
+    "eval_done": Operation("rollout", ("rollout.eval_done",)),
+    "pin": Operation(
+        "rollout",
+        ("fleet.pin", "fleet.probed", "fleet_restart", "fleet_alive", "fleet_loaded"),
+        doc="the eval fleet on one snapshot of the committed weights, or a typed skip",
+    ),
+    "release": Operation("rollout", ("fleet_drain", "fleet.release"), optional=True),
+    "offload": Operation("rollout", ("rollout.offload",), optional=True),
+    "onload_weights": Operation("rollout", ("rollout.onload_weights",), optional=True),
+    "onload_kv": Operation("rollout", ("rollout.onload_kv",), optional=True),
+    "catch_up": Operation("rollout", ("catch_up",), optional=True),
+    "stop_engine": Operation("rollout", ("engine.stop",)),
+    "start_engine": Operation("rollout", ("engine.start",)),
+    "dispose": Operation(
+        "rollout", ("rollout.dispose", "dispose_engines", "fleet_dispose", "monitor.dispose"), optional=True
+    ),
+    # -- the trainer group ---------------------------------------------------------------------------------------
+    "trainer.start": Operation("trainer", ("trainer.allocate", "trainer.initialize", "trainer.ready")),
+    # --debug-rollout-only: no trainer exists, so its operations are refused as blocked by `trains`
+    "train": Operation("trainer", ("trainer.train",), when="trains"),
+    "save": Operation("trainer", ("trainer.save",), when="trains"),
+    "offload_train": Operation("trainer", ("trainer.offload",), optional=True, when="trains"),
+    "onload_train": Operation("trainer", ("trainer.onload",), optional=True, when="trains"),
+    # the trainer's update_weights: recover (rollout FT) and push to one snapshot, through its effects
+    "update_weights": Operation(
+        "trainer", ("trainer.update_weights", "trainer.update_done"), holds=("rollout",), when="trains"
+    ),
+    "trainer.dispose": Operation("trainer", ("trainer.dispose",), optional=True, when="trains"),
+}
+
+# Phases an effect adds in front of the rest of its operation (the couplings that span operations).
+EFFECT_PHASES: dict[str, tuple[str, ...]] = {
+    "recover_engine": ("recover",),  # the trainer's recover_engine (rollout FT): dead engines first
+    "transfer_weights": ("begin_update",),  # the trainer's push: one snapshot under the engine lock
+}
+
+# -- outcomes ------------------------------------------------------------------------------------------------------
+# What a command's result may be (``Completed``), by effect; ``done`` is every command's plain success.
+RESULTS: dict[str, frozenset[str]] = {
+    "launch_engine": frozenset({"ready", "start_failed"}),
+    "kill_engine": frozenset({"dead", "alive"}),
+    "transfer_weights": frozenset({"loaded", "refused", "request_failed", "done", "worker_crashed"}),
+    "continue_generation": frozenset({"done", "request_failed"}),
+    "pause_generation": frozenset({"done", "request_failed"}),
+    "release_weights": frozenset({"done", "request_failed"}),
+    "release_kv_cache": frozenset({"done", "request_failed"}),
+    "resume_weights": frozenset({"done", "request_failed"}),
+    "resume_kv_cache": frozenset({"done", "request_failed"}),
+    "probe_engine": frozenset({"probe_ok", "probe_failed"}),
+    "train_step": frozenset({"trained", "worker_crashed"}),
+    "save_checkpoint": frozenset({"saved", "worker_crashed"}),
+    "replace_worker": frozenset({"healed", "heal_failed"}),
+    "allocate_workers": frozenset({"done", "worker_crashed"}),
+    "init_model": frozenset({"done", "worker_crashed"}),
+    "offload_train": frozenset({"done", "worker_crashed"}),
+    "onload_train": frozenset({"done", "worker_crashed"}),
+}
+# News the shells report at any time (not the result of a command): deaths, probe verdicts, failed requests.
+NEWS = frozenset({"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result"})
+ERROR = "error"  # a handler raised: the operation is aborted (the lock released), the exception goes on

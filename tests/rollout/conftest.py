@@ -1,0 +1,36 @@
+"""The rollout tests' trainer stand-in: these tests are about the rollout side, so the trainer's part of the
+job (its handlers) writes real weights files without Ray actors. The real trainer group is in tests/trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from lifecycle.core import Command, Outcome
+from lifecycle.runner import Runner
+
+Weights = tuple[str, str]
+
+
+def bind_trainer_stand_in(runner: Runner, next_weights: Callable[[], Weights] | None = None) -> None:
+    """Every trainer effect the config can issue, bound: a step trains nothing, an update hands over
+    ``next_weights()`` (a real file the test wrote) as the trainer's new weights."""
+
+    async def write(cmd: Command) -> Outcome | None:
+        if next_weights is not None:
+            runner.pending = next_weights()
+        return None
+
+    async def done(cmd: Command) -> Outcome:
+        return Outcome(
+            {"train_step": "trained", "save_checkpoint": "saved", "replace_worker": "healed"}.get(cmd.effect, "done")
+        )
+
+    handlers = {f"trainer.{e}": done for m, e in runner.core.commands() if m == "trainer"}
+    runner.provide({**handlers, "trainer.transfer_weights": write})
+
+
+@pytest.fixture
+def stand_in() -> Callable[..., None]:
+    return bind_trainer_stand_in

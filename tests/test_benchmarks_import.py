@@ -1,0 +1,23 @@
+"""Every benchmark still imports: they run by hand (``make bench``), so a renamed module must fail here."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("bench_*.py"))
+
+
+def test_there_are_benchmarks() -> None:
+    assert len(BENCHMARKS) >= 4, BENCHMARKS
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=[p.stem for p in BENCHMARKS])
+def test_benchmark_imports(path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(f"bench_import_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its main() runs only under __main__
+    assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
