@@ -149,7 +149,7 @@ class TorchEngine:
                 return refuse(f"Failed to update weights: {exc}")
             if not memory.model.weights_resident:
                 return refuse("the model weights were released while the file was being read")
-            memory.assign(loaded)
+            memory.assign(loaded, body.model_path)
             if body.weight_version is not None:
                 memory.weight_version = body.weight_version
             if body.flush_cache and memory.kv.resident and not memory.kv.slots_in_use:

@@ -90,6 +90,21 @@ def register(sub: Any) -> None:
         action="store_true",
         help="overlap the next step's generation with training (one step off-policy, miles' train_async; no offload)",
     )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="K",
+        help="weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "
+        "is never removed)",
+    )
+    p.add_argument(
+        "--hf-checkpoint",
+        default=None,
+        metavar="DIR",
+        help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors) written "
+        "for the run's model; default: the seed's weights, written as RUN_DIR/weights/step-0",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
     add_config_arguments(p)
@@ -154,11 +169,33 @@ def _check_factory(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
+def _check_checkpoint(path: str) -> None:
+    """Read ``config.json`` now: a wrong directory is a flag error, not an engine that fails to load it."""
+    from models.checkpoint import CheckpointError, checkpoint_config
+    from models.tiny import MODEL_TYPE
+
+    fix = "pass a directory written by this project's trainer (RUN_DIR/weights/step-N) or a model's save_pretrained"
+    try:
+        config = checkpoint_config(path)
+    except CheckpointError as exc:
+        raise ConfigError("--hf-checkpoint", path, exc.problem, fix) from None
+    if config.get("model_type") != MODEL_TYPE:
+        raise ConfigError(
+            "--hf-checkpoint",
+            path,
+            f"config.json's model_type is {config.get('model_type')!r}, not {MODEL_TYPE!r}",
+            fix,
+        )
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
+    _positive("--keep-checkpoints", ns.keep_checkpoints)
+    if ns.hf_checkpoint is not None:
+        _check_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
@@ -206,6 +243,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         data_source=ns.data_source,
         quiet=ns.quiet,
         async_mode=ns.async_mode,
+        keep_checkpoints=ns.keep_checkpoints,
+        hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
