@@ -1,7 +1,7 @@
 """The command line of ``python -m cpu_engine`` (``lifecycle-torch-engine``).
 
 The port is bound *before* torch is imported, so a taken port fails in well under a second with
-one line naming it (exit 2); so does a missing ``--weights`` file. Once the model is loaded and
+one line naming it (exit 2); so does a missing ``--weights`` directory. Once the model is loaded and
 the server listens it prints one line ``READY http://HOST:PORT`` (``--port 0`` picks a free port).
 """
 

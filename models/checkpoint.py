@@ -24,6 +24,7 @@ from models.weights import WeightsFile, WeightsFileError, read_weights_file
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+LEFTOVER = re.compile(r"^\.step-\d+\.(tmp|old)-\d+$")  # an interrupted write_checkpoint
 SHAPE = "a Hugging Face checkpoint directory (config.json + model.safetensors, as SGLang's --model-path takes)"
 
 
@@ -43,24 +44,49 @@ def write_checkpoint(
 ) -> Path:
     """Write ``directory`` atomically: tensors, ``config.json`` and the extra (tokenizer) files.
 
-    An existing directory of that name is replaced as a whole; a crash leaves at most a hidden
-    ``.<name>.tmp-<pid>`` sibling, which the next write of that name removes.
+    Written and fsynced under a hidden ``.<name>.tmp-<pid>`` sibling, then renamed into place; a failed
+    write removes its sibling and leaves an existing directory of that name as it was. Hidden leftovers
+    of a process killed mid-write are removed by :func:`prune_checkpoints`.
     """
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text)
     old = final.parent / f".{final.name}.old-{os.getpid()}"
-    if final.exists():
-        os.rename(final, old)  # a reader that opened the old one keeps its files; the name moves at once
-    os.rename(tmp, final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replaced = final.exists()
+    if replaced:  # a step written again (a heal retried the update): move the old one aside first
+        os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        if replaced:
+            os.rename(old, final)  # the old directory comes back under its name
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def checkpoint_config(directory: str | Path) -> dict[str, Any]:
@@ -106,15 +132,32 @@ def checkpoint_steps(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def prune_checkpoints(root: str | Path, keep: int, protect: Iterable[str | Path] = ()) -> list[Path]:
-    """Remove all but the newest ``keep`` step directories, never one in ``protect`` (what is served)."""
+def prune_checkpoints(
+    root: str | Path, keep: int, protect: Iterable[str | Path] = (), among: Iterable[str | Path] | None = None
+) -> list[Path]:
+    """Remove all but the newest ``keep`` step directories, never one in ``protect`` (what is served), and
+    the hidden leftovers of interrupted writes. ``among``: consider only these (what this run wrote, so a
+    reused run folder's older steps are never ranked against this run's)."""
     if keep < 1:
         raise ValueError(f"--keep-checkpoints must be at least 1, got {keep}")
     kept = {Path(p).resolve() for p in protect}
     steps = checkpoint_steps(root)
+    if among is not None:
+        mine = {Path(p).resolve() for p in among}
+        steps = [(n, p) for n, p in steps if p.resolve() in mine]
     removed = []
     for _, path in steps[: max(0, len(steps) - keep)]:
         if path.resolve() not in kept:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
+    r = Path(root)
+    for leftover in r.glob(".step-*.*-*") if r.is_dir() else ():
+        if LEFTOVER.match(leftover.name) and not _own(leftover):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(leftover)
     return removed
+
+
+def _own(path: Path) -> bool:
+    """A write of this process may be in flight under that name: leave it."""
+    return path.name.rsplit("-", 1)[-1] == str(os.getpid())

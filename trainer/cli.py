@@ -20,7 +20,7 @@ from typing import Any
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from trainer.checks import check_async, check_steps
+from trainer.checks import check_async, check_hf_checkpoint, check_steps
 from trainer.faults import FAULTS, check_faults, parse_fault
 
 
@@ -169,25 +169,6 @@ def _check_factory(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
-def _check_checkpoint(path: str) -> None:
-    """Read ``config.json`` now: a wrong directory is a flag error, not an engine that fails to load it."""
-    from models.checkpoint import CheckpointError, checkpoint_config
-    from models.tiny import MODEL_TYPE
-
-    fix = "pass a directory written by this project's trainer (RUN_DIR/weights/step-N) or a model's save_pretrained"
-    try:
-        config = checkpoint_config(path)
-    except CheckpointError as exc:
-        raise ConfigError("--hf-checkpoint", path, exc.problem, fix) from None
-    if config.get("model_type") != MODEL_TYPE:
-        raise ConfigError(
-            "--hf-checkpoint",
-            path,
-            f"config.json's model_type is {config.get('model_type')!r}, not {MODEL_TYPE!r}",
-            fix,
-        )
-
-
 def cmd_run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
@@ -195,7 +176,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--trainer-workers", ns.trainer_workers)
     _positive("--keep-checkpoints", ns.keep_checkpoints)
     if ns.hf_checkpoint is not None:
-        _check_checkpoint(ns.hf_checkpoint)
+        check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)

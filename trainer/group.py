@@ -63,6 +63,7 @@ class TrainerGroup:
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.keep_checkpoints = keep_checkpoints
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
+        self._written: list[Path] = []  # the checkpoint directories this group wrote (pruned among themselves)
         self.workers: list[WorkerHandle] = []
         self._last_state: Any = None
         self._samples: Sequence[Mapping[str, Any]] = ()
@@ -215,8 +216,10 @@ class TrainerGroup:
         root = self.run_dir / "weights"
         path = root / f"step-{step}"
         await self.workers[0].call("save_checkpoint", str(path))
+        self._written = [*(p for p in self._written if p != path), path]
         served = [p for p in (self.runner.committed, self.runner.pending) if p is not None]
-        prune_checkpoints(root, self.keep_checkpoints, protect=[path, *(p for p, _ in served)])
+        prune_checkpoints(root, self.keep_checkpoints, protect=[path, *(p for p, _ in served)], among=self._written)
+        self._written = [p for p in self._written if p.exists()]
         return str(path.resolve()), str(step)
 
     async def _write_update(self, cmd: Command) -> Outcome | None:

@@ -33,7 +33,7 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import PatternTask
-from trainer.checks import check_async
+from trainer.checks import check_async, check_hf_checkpoint
 from trainer.faults import Fault, FaultInjector
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
@@ -286,6 +286,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
+    if opts.hf_checkpoint is not None:
+        check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
 
 
 def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:

@@ -119,6 +119,9 @@ class WorkerHandle:
         try:
             return await ref
         except (RayActorError, RayTaskError) as exc:
+            cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None
+            if isinstance(cause, Exception):  # the task raised: its own message, not Ray's header line
+                raise WorkerCrashed(f"{type(exc).__name__}: {type(cause).__name__}: {cause}") from None
             raise WorkerCrashed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
     async def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:

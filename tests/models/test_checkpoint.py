@@ -35,7 +35,7 @@ def test_a_checkpoint_directory_round_trips_and_says_what_it_holds(tmp_path: Pat
 def test_a_write_that_fails_leaves_the_previous_directory_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Atomic: a reader never sees half a checkpoint, and a failed rewrite keeps the old one."""
+    """Atomic: a reader never sees half a checkpoint, and a failed rewrite keeps the old one and no leftover."""
     old = TinyCausalLM("tiny", seed=1)
     path = old.save_pretrained(tmp_path / "step-1")
 
@@ -49,9 +49,26 @@ def test_a_write_that_fails_leaves_the_previous_directory_whole(
     fresh = TinyCausalLM("tiny", seed=3)
     fresh.load_pretrained(path)
     assert _same(fresh, old)
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["step-1"]
-    TinyCausalLM("tiny", seed=2).save_pretrained(path)  # the next write of that name clears the leftover
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]  # the failed write removed its sibling
+
+
+def test_a_rename_that_fails_puts_the_old_directory_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = TinyCausalLM("tiny", seed=1)
+    path = old.save_pretrained(tmp_path / "step-1")
+    real = checkpoint.os.rename
+
+    def rename(src: object, dst: object) -> None:
+        if ".tmp-" in str(src):
+            raise OSError("rename failed")
+        real(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint.os, "rename", rename)
+    with pytest.raises(OSError, match="rename failed"):
+        TinyCausalLM("tiny", seed=2).save_pretrained(path)
+    monkeypatch.undo()
+    fresh = TinyCausalLM("tiny", seed=3)
+    fresh.load_pretrained(path)
+    assert _same(fresh, old) and sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
 
 
 def test_prune_keeps_the_newest_k_and_never_a_protected_one(tmp_path: Path) -> None:
@@ -59,12 +76,23 @@ def test_prune_keeps_the_newest_k_and_never_a_protected_one(tmp_path: Path) -> N
     for step in (0, 1, 2, 10, 11):
         model.save_pretrained(tmp_path / f"step-{step}")
     (tmp_path / "notes").mkdir()  # not a step directory: never touched
+    (tmp_path / ".step-3.tmp-999999").mkdir()  # a writer killed mid-write (another process)
     removed = prune_checkpoints(tmp_path, 2, protect=[tmp_path / "step-1"])
-    assert sorted(p.name for p in removed) == ["step-0", "step-2"]
+    assert sorted(p.name for p in removed) == [".step-3.tmp-999999", "step-0", "step-2"]
     assert [n for n, _ in checkpoint_steps(tmp_path)] == [1, 10, 11]  # numeric order, not text order
     assert (tmp_path / "notes").is_dir()
     with pytest.raises(ValueError, match="--keep-checkpoints"):
         prune_checkpoints(tmp_path, 0)
+
+
+def test_prune_among_ranks_only_this_runs_checkpoints(tmp_path: Path) -> None:
+    """A reused run folder: an earlier, longer run's step-10/11 must not push this run's out."""
+    model = TinyCausalLM("tiny", seed=0)
+    earlier = [model.save_pretrained(tmp_path / f"step-{n}") for n in (10, 11)]
+    mine = [model.save_pretrained(tmp_path / f"step-{n}") for n in (1, 2, 3)]
+    removed = prune_checkpoints(tmp_path, 2, among=mine)
+    assert removed == [mine[0]]
+    assert all(p.is_dir() for p in (*earlier, *mine[1:]))
 
 
 def test_every_path_that_is_not_a_checkpoint_is_one_error_naming_it(tmp_path: Path) -> None:
@@ -90,3 +118,18 @@ def test_every_path_that_is_not_a_checkpoint_is_one_error_naming_it(tmp_path: Pa
     (llama / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
     with pytest.raises(CheckpointError, match="model_type 'llama'"):
         TinyCausalLM("tiny", seed=0).load_pretrained(llama)
+
+
+def test_the_errors_cross_process_boundaries_whole() -> None:
+    """A Ray worker's load error reaches the driver with its message and fields (pickled)."""
+    import pickle
+
+    from models.weights import WeightsFileError
+
+    for exc in (
+        WeightsFileError("/w/model.safetensors", "bad shape", tensor="tok_emb.weight"),
+        CheckpointError("/w", "x"),
+    ):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert (back.path, back.problem, back.tensor) == (exc.path, exc.problem, exc.tensor)

@@ -88,6 +88,12 @@ def _edit_json(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None
     return damage
 
 
+def _small_checkpoint(path: Path) -> None:
+    from models import TinyCausalLM
+
+    TinyCausalLM("small", seed=0).save_pretrained(path)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,6 +253,12 @@ CASES: list[Case] = [
         ("run", "--hf-checkpoint", "{tmp}/ckpt", "--run-dir", "{tmp}/run"),
         ("--hf-checkpoint", "has no config.json"),
         setup=(_write("ckpt/model.safetensors", b"\x00" * 16),),
+    ),
+    Case(
+        "run-hf-checkpoint-another-size",
+        ("run", "--hf-checkpoint", "{tmp}/small", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "{tmp}/small/model.safetensors", "unexpected tensors", "'tiny'"),
+        setup=(lambda tmp: _small_checkpoint(tmp / "small"),),
     ),
     Case(
         "run-hf-checkpoint-another-model",

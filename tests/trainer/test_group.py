@@ -347,3 +347,24 @@ def test_the_trainer_starts_from_the_hf_checkpoint_and_keeps_the_last_k(
     latest = TinyCausalLM("tiny", seed=0)
     latest.load_pretrained(tmp_path / "run" / "weights" / "step-3")
     assert all(torch.equal(latest.state_dict()[k], v) for k, v in state["model"].items())
+
+
+def test_a_checkpoint_the_workers_cannot_load_fails_naming_the_file(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Past the CLI's check (an API caller): the worker's own error travels, not Ray's header line."""
+    from models import TinyCausalLM
+
+    small = TinyCausalLM("small", seed=0).save_pretrained(tmp_path / "small")
+    group, _ = _group(tmp_path / "run", NO_FT, workers=1, initial_checkpoint=small)
+
+    async def scenario() -> str:
+        try:
+            with pytest.raises(TrainerFailed) as info:
+                await group.start()
+            return str(info.value)
+        finally:
+            await group.dispose()
+
+    message = loop.run_until_complete(scenario())
+    assert str(small / "model.safetensors") in message and "unexpected tensors" in message, message
