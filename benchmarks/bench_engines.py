@@ -36,8 +36,7 @@ from rollout.task import PatternTask
 
 
 def _weights() -> tuple[str, str]:
-    path = Path(tempfile.mkdtemp()) / "w.safetensors"
-    TinyCausalLM("tiny", seed=3).save_weights(path)
+    path = TinyCausalLM("tiny", seed=3).save_pretrained(Path(tempfile.mkdtemp()) / "step-3")
     return str(path), "v1"
 
 

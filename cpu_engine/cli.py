@@ -1,7 +1,7 @@
 """The command line of ``python -m cpu_engine`` (``lifecycle-torch-engine``).
 
 The port is bound *before* torch is imported, so a taken port fails in well under a second with
-one line naming it (exit 2); so does a missing ``--weights`` file. Once the model is loaded and
+one line naming it (exit 2); so does a missing ``--weights`` directory. Once the model is loaded and
 the server listens it prints one line ``READY http://HOST:PORT`` (``--port 0`` picks a free port).
 """
 
@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=_port, default=30000, help="port; 0 picks a free one")
     parser.add_argument("--seed", type=int, default=0, help="initial weights and sampling RNG seed")
     parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health*)")
-    parser.add_argument("--weights", default=None, help="weights file (safetensors or torch.save) to load at start")
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="Hugging Face checkpoint directory (config.json + model.safetensors) to load at start",
+    )
     parser.add_argument("--weight-version", default="default", help="initial weight version (SGLang's default)")
     parser.add_argument("--model-size", choices=("tiny", "small"), default="tiny")
     parser.add_argument("--max-running-requests", type=int, default=16, help="KV cache slots (concurrent requests)")

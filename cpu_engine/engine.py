@@ -131,7 +131,7 @@ class TorchEngine:
 
     async def update_weights_from_disk(self, body: UpdateWeightFromDiskReqInput) -> tuple[int, dict[str, Any]]:
         """Like SGLang's writer lock: no new request starts, running ones finish (or stay paused), then
-        the file is read, checked and swapped in between two tokens. A bad file changes nothing."""
+        the checkpoint directory is read, checked and swapped in between two tokens. A bad one changes nothing."""
 
         def refuse(message: str) -> tuple[int, dict[str, Any]]:
             return 400, {"success": False, "message": message, "num_paused_requests": 0}
@@ -149,7 +149,7 @@ class TorchEngine:
                 return refuse(f"Failed to update weights: {exc}")
             if not memory.model.weights_resident:
                 return refuse("the model weights were released while the file was being read")
-            memory.assign(loaded)
+            memory.assign(loaded, body.model_path)
             if body.weight_version is not None:
                 memory.weight_version = body.weight_version
             if body.flush_cache and memory.kv.resident and not memory.kv.slots_in_use:

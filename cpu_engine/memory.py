@@ -2,8 +2,9 @@
 
 Memory is real: releasing swaps every parameter for an empty tensor and drops the KV pool tensors
 (``internal_states[0]`` of /server_info reports the bytes held). Resuming weights **re-reads the
-last weights file** (its SHA-256 must match what was loaded) or, if none was ever loaded,
-re-creates the seed's initial weights -- so no hidden CPU copy keeps the memory alive.
+last checkpoint directory** (its weights' SHA-256 must match what was loaded) or, if none was ever
+loaded, re-creates the seed's initial weights -- so no hidden CPU copy keeps the memory alive.
+Weights come only from Hugging Face checkpoint directories, as SGLang's: a loose file is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from pathlib import Path
 
 from cpu_engine.validation import EngineRequestError
 from engines.protocol import MEMORY_TAGS, TAG_KV_CACHE, TAG_WEIGHTS
-from models import KVCache, TinyCausalLM, WeightsFile, WeightsFileError, read_weights_file
+from models import KVCache, TinyCausalLM, WeightsFile, WeightsFileError
+from models.checkpoint import read_checkpoint
+from models.tiny import MODEL_TYPE
 
 
 def rss_bytes() -> int:
@@ -69,22 +72,26 @@ class ModelMemory:
         """Build the model from the seed, load ``weights`` if given, allocate the KV pool (blocking)."""
         model = TinyCausalLM(self.model_size, seed=self.seed)
         if self.initial_weights is not None:
-            self._record(model.load_weights(self.initial_weights))
+            self._record(model.load_pretrained(self.initial_weights), self.initial_weights)
         self._model = model
         self._kv = KVCache(model.config, self.kv_slots)
 
     # -- weights files ----------------------------------------------------------------------------
-    async def read_weights(self, path: str | Path, load_format: str | None) -> WeightsFile:
-        """Read and check a weights file off the event loop (requests keep decoding meanwhile)."""
-        return await asyncio.to_thread(read_weights_file, path, self.model.expected_tensors(), load_format=load_format)
+    async def read_weights(self, path: str | Path, load_format: str | None = None) -> WeightsFile:
+        """Read and check a checkpoint directory off the event loop (requests keep decoding meanwhile).
 
-    def assign(self, loaded: WeightsFile) -> None:
-        """Swap in checked weights and remember their file, so that a later resume re-reads that file."""
+        ``load_format`` is SGLang's field; a checkpoint directory's weights are always safetensors."""
+        if load_format not in (None, "auto", "safetensors"):
+            raise WeightsFileError(path, f"load_format {load_format!r} is not supported (use safetensors or auto)")
+        return await asyncio.to_thread(read_checkpoint, path, self.model.expected_tensors(), model_type=MODEL_TYPE)
+
+    def assign(self, loaded: WeightsFile, source: str | Path) -> None:
+        """Swap in checked weights and remember their directory, so that a later resume re-reads it."""
         self.model.assign_weights(loaded.state)
-        self._record(loaded)
+        self._record(loaded, source)
 
-    def _record(self, loaded: WeightsFile) -> None:
-        self.weights_file, self.weights_sha256, self.load_format = loaded.path, loaded.sha256, loaded.load_format
+    def _record(self, loaded: WeightsFile, source: str | Path) -> None:
+        self.weights_file, self.weights_sha256, self.load_format = Path(source), loaded.sha256, loaded.load_format
 
     # -- release / resume ---------------------------------------------------------------------------
     def resident(self) -> dict[str, bool]:
@@ -134,7 +141,7 @@ class ModelMemory:
                 self.model.init_weights(self.seed)
             else:
                 try:
-                    loaded = await self.read_weights(self.weights_file, self.load_format)
+                    loaded = await self.read_weights(self.weights_file)
                 except WeightsFileError as exc:
                     raise EngineRequestError(400, f"cannot restore the released weights: {exc}") from None
                 if loaded.sha256 != self.weights_sha256:

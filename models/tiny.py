@@ -11,16 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from models.checkpoint import read_checkpoint, write_checkpoint
 from models.config import ModelConfig, model_config
 from models.kv import KVCache
-from models.tokenizer import CharTokenizer
+from models.tokenizer import BOS_ID, EOS_ID, PAD_ID, CharTokenizer, tokenizer_config
 from models.weights import LoadFormat, WeightsFile, read_weights_file
+
+MODEL_TYPE = "rl-lifecycle-char"  # config.json's model_type: the checkpoints this class reads
 
 
 class Block(nn.Module):
@@ -190,6 +194,37 @@ class TinyCausalLM(nn.Module):
     def load_weights(self, path: str | Path, *, load_format: str | None = None) -> WeightsFile:
         """Read, check and assign a weights file. Nothing changes on error."""
         weights = read_weights_file(path, self.expected_tensors(), load_format=load_format)
+        self.assign_weights(weights.state)
+        return weights
+
+    # -- Hugging Face checkpoint directories ------------------------------------------------------
+    def hf_config(self) -> dict[str, Any]:
+        """``config.json``: the architecture, so a directory says which model it was written for."""
+        c = self.config
+        return {
+            "architectures": ["TinyCausalLM"],
+            "model_type": MODEL_TYPE,
+            "model_size": c.name,
+            "hidden_size": c.d_model,
+            "num_hidden_layers": c.n_layers,
+            "num_attention_heads": c.n_heads,
+            "max_position_embeddings": c.max_seq_len,
+            "vocab_size": c.vocab_size,
+            "intermediate_size": c.mlp_ratio * c.d_model,
+            "torch_dtype": "float32",
+            "bos_token_id": BOS_ID,
+            "eos_token_id": EOS_ID,
+            "pad_token_id": PAD_ID,
+        }
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write a checkpoint directory (atomically: see :func:`models.checkpoint.write_checkpoint`)."""
+        state = {name: p.detach().contiguous().clone() for name, p in self.named_parameters()}
+        return write_checkpoint(directory, state, self.hf_config(), {"tokenizer_config.json": tokenizer_config()})
+
+    def load_pretrained(self, directory: str | Path) -> WeightsFile:
+        """Read, check and assign a checkpoint directory written for this model. Nothing changes on error."""
+        weights = read_checkpoint(directory, self.expected_tensors(), model_type=MODEL_TYPE)
         self.assign_weights(weights.state)
         return weights
 

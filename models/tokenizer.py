@@ -46,3 +46,24 @@ class CharTokenizer:
             else:
                 out.append(self.token_text(token_id))
         return "".join(out)
+
+
+def tokenizer_config() -> str:
+    """``tokenizer_config.json`` of a checkpoint directory: the fixed alphabet, so the directory is complete."""
+    import json
+
+    return (
+        json.dumps(
+            {
+                "tokenizer_class": "CharTokenizer",
+                "alphabet": ALPHABET,
+                "special_tokens": list(SPECIAL_TOKENS),
+                "bos_token": SPECIAL_TOKENS[BOS_ID],
+                "eos_token": SPECIAL_TOKENS[EOS_ID],
+                "pad_token": SPECIAL_TOKENS[PAD_ID],
+                "unk_token": SPECIAL_TOKENS[UNK_ID],
+            },
+            indent=2,
+        )
+        + "\n"
+    )

@@ -33,6 +33,17 @@ class WeightsFileError(LifecycleError, ValueError):
         what = f" tensor {tensor!r}:" if tensor else ""
         super().__init__(f"weights file {self.path}:{what} {problem}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # picklable as it is (message and fields): it crosses process boundaries, e.g. from a Ray trainer worker
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[WeightsFileError], args: tuple[object, ...], state: dict[str, object]) -> WeightsFileError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
 
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

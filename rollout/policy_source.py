@@ -35,10 +35,10 @@ class PolicyRolloutFn:
         self.version: str | None = None
 
     def load(self, path: str, version: str) -> None:
-        """Adopt the trainer's weights file (a checked load: a wrong file names itself)."""
+        """Adopt the trainer's checkpoint directory (a checked load: a wrong directory names itself)."""
         if self.model is None or self.model.config.name != self.model_size:
             self.model = TinyCausalLM(self.model_size)
-        self.model.load_weights(path)
+        self.model.load_pretrained(path)
         self.version = version
 
     async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:

@@ -7,6 +7,7 @@ a bad combination fails at once instead of after seconds of imports and a Ray st
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
@@ -36,3 +37,22 @@ def check_steps(faults: Sequence[Fault], steps: int) -> None:
                 f"step {fault.step} is past the run (--steps {steps} runs steps 0 to {steps - 1})",
                 f"inject at a step below {steps}, or raise --steps above {fault.step}",
             )
+
+
+def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
+    """``--hf-checkpoint``: read the directory whole now (config, every tensor's name and shape), so a wrong
+    one is a flag error before Ray starts, not a worker that fails to load it. Imports torch, lazily."""
+    from models.checkpoint import read_checkpoint
+    from models.tiny import MODEL_TYPE, TinyCausalLM
+    from models.weights import WeightsFileError
+
+    try:
+        read_checkpoint(path, TinyCausalLM(model_size).expected_tensors(), model_type=MODEL_TYPE)
+    except WeightsFileError as exc:
+        raise ConfigError(
+            "--hf-checkpoint",
+            str(path),
+            str(exc),
+            f"pass a checkpoint directory written for the {model_size!r} model (RUN_DIR/weights/step-N of an "
+            "earlier run, or TinyCausalLM.save_pretrained)",
+        ) from None

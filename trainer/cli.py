@@ -20,7 +20,7 @@ from typing import Any
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from trainer.checks import check_async, check_steps
+from trainer.checks import check_async, check_hf_checkpoint, check_steps
 from trainer.faults import FAULTS, check_faults, parse_fault
 
 
@@ -89,6 +89,21 @@ def register(sub: Any) -> None:
         dest="async_mode",
         action="store_true",
         help="overlap the next step's generation with training (one step off-policy, miles' train_async; no offload)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="K",
+        help="weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "
+        "is never removed)",
+    )
+    p.add_argument(
+        "--hf-checkpoint",
+        default=None,
+        metavar="DIR",
+        help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors) written "
+        "for the run's model; default: the seed's weights, written as RUN_DIR/weights/step-0",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
@@ -159,6 +174,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
+    _positive("--keep-checkpoints", ns.keep_checkpoints)
+    if ns.hf_checkpoint is not None:
+        check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
@@ -206,6 +224,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         data_source=ns.data_source,
         quiet=ns.quiet,
         async_mode=ns.async_mode,
+        keep_checkpoints=ns.keep_checkpoints,
+        hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")

@@ -23,6 +23,7 @@ from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import TrainerStateName
 from lifecycle.runner import Runner
+from models.checkpoint import prune_checkpoints
 from trainer.workers import WorkerCrashed, WorkerHandle
 
 _NOT_NOW = frozenset({"blocked", "not_applicable"})
@@ -47,15 +48,22 @@ class TrainerGroup:
         log: EventLog | None = None,
         ledger: EffectLedger | None = None,
         call_timeout: float = 300.0,
+        keep_checkpoints: int = 3,
+        initial_checkpoint: str | Path | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
+        if keep_checkpoints < 1:
+            raise ValueError(f"--keep-checkpoints must be at least 1, got {keep_checkpoints}")
         self.config = config
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.run_dir = Path(run_dir)
         self.size = workers
         self.model_args = (model_size, seed, lr, temperature)
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
+        self.keep_checkpoints = keep_checkpoints
+        self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
+        self._written: list[Path] = []  # the checkpoint directories this group wrote (pruned among themselves)
         self.workers: list[WorkerHandle] = []
         self._last_state: Any = None
         self._samples: Sequence[Mapping[str, Any]] = ()
@@ -167,6 +175,8 @@ class TrainerGroup:
         try:
             for w in self.workers:
                 await w.call("pid")  # the actor has built its policy and optimizer
+                if self.initial_checkpoint is not None:
+                    await w.call("load_checkpoint", str(self.initial_checkpoint))
         except WorkerCrashed as exc:
             return self._crashed(exc)
         return None
@@ -202,9 +212,14 @@ class TrainerGroup:
         return Outcome("trained")
 
     async def _write_weights(self, step: int) -> tuple[str, str]:
-        path = self.run_dir / "weights" / f"step-{step}.safetensors"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        await self.workers[0].call("save_weights", str(path))
+        """Step ``step``'s checkpoint directory; the oldest beyond ``keep_checkpoints`` go, never a served one."""
+        root = self.run_dir / "weights"
+        path = root / f"step-{step}"
+        await self.workers[0].call("save_checkpoint", str(path))
+        self._written = [*(p for p in self._written if p != path), path]
+        served = [p for p in (self.runner.committed, self.runner.pending) if p is not None]
+        prune_checkpoints(root, self.keep_checkpoints, protect=[path, *(p for p, _ in served)], among=self._written)
+        self._written = [p for p in self._written if p.exists()]
         return str(path.resolve()), str(step)
 
     async def _write_update(self, cmd: Command) -> Outcome | None:

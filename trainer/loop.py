@@ -33,7 +33,7 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import PatternTask
-from trainer.checks import check_async
+from trainer.checks import check_async, check_hf_checkpoint
 from trainer.faults import Fault, FaultInjector
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
@@ -71,6 +71,8 @@ class RunOptions:
     task: PatternTask | None = None
     quiet: bool = False
     async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
+    keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
+    hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
 
 
 @dataclass
@@ -195,6 +197,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         seed=opts.seed,
         lr=opts.lr,
         temperature=task.temperature,
+        keep_checkpoints=opts.keep_checkpoints,
+        initial_checkpoint=opts.hf_checkpoint,
     )
     manager = RolloutManager(
         config,
@@ -233,7 +237,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
     try:
         # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
-        weights = await trainer.start() or initial_weights(run_dir, opts.model_size, opts.seed)
+        weights = await trainer.start() or initial_weights(run_dir, opts.model_size, opts.seed, opts.hf_checkpoint)
         await manager.init(weights)
         _feed_policy_source(manager, weights, model_size=opts.model_size)
         say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
@@ -282,6 +286,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
+    if opts.hf_checkpoint is not None:
+        check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
 
 
 def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:
@@ -301,13 +307,14 @@ async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: Traine
             _feed_policy_source(manager, (path, str(version)))
 
 
-def initial_weights(run_dir: Path, model_size: str, seed: int) -> tuple[str, str]:
-    """The weights a trainer of this seed starts from (version ``0``), written without a trainer."""
+def initial_weights(run_dir: Path, model_size: str, seed: int, hf_checkpoint: Path | None = None) -> tuple[str, str]:
+    """The weights a trainer starts from (version ``0``) without a trainer: ``--hf-checkpoint``, else the
+    seed's, written as ``run_dir/weights/step-0``."""
+    if hf_checkpoint is not None:
+        return str(Path(hf_checkpoint).resolve()), "0"
     from models import TinyCausalLM
 
-    path = run_dir / "weights" / "step-0.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    TinyCausalLM(model_size, seed=seed).save_weights(path)
+    path = TinyCausalLM(model_size, seed=seed).save_pretrained(run_dir / "weights" / "step-0")
     return str(path.resolve()), "0"
 
 

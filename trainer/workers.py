@@ -57,8 +57,13 @@ class TrainerWorker:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optim.step()
 
-    def save_weights(self, path: str) -> str:
-        return str(self.model.save_weights(path))
+    def save_checkpoint(self, directory: str) -> str:
+        """A Hugging Face checkpoint directory of the current weights (written atomically)."""
+        return str(self.model.save_pretrained(directory))
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Start from a checkpoint directory (``--hf-checkpoint``) instead of the seed's weights."""
+        self.model.load_pretrained(directory)
 
     def get_state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
@@ -114,6 +119,9 @@ class WorkerHandle:
         try:
             return await ref
         except (RayActorError, RayTaskError) as exc:
+            cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None
+            if isinstance(cause, Exception):  # the task raised: its own message, not Ray's header line
+                raise WorkerCrashed(f"{type(exc).__name__}: {type(cause).__name__}: {cause}") from None
             raise WorkerCrashed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
     async def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:

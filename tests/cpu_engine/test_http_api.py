@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,8 +261,8 @@ def test_refusals_use_sglangs_status_codes_and_bodies(support, engine, contracts
 @pytest.mark.weight_update
 def test_update_weights_from_disk_sets_the_version_and_changes_outputs(support, engine, ref, tmp_path):
     new = TinyCausalLM("tiny", seed=123)
-    new_file = new.save_weights(tmp_path / "step1.safetensors")
-    back_file = ref.save_weights(tmp_path / "step2.pt")  # torch.save format, the original values
+    new_file = new.save_pretrained(tmp_path / "step-1")  # checkpoint directories, as SGLang takes
+    back_file = ref.save_pretrained(tmp_path / "step-2")  # the original values
 
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -293,20 +292,23 @@ def test_update_weights_from_disk_sets_the_version_and_changes_outputs(support, 
     assert out["after"].meta_info.weight_version == "v1"
     assert out["after"].output_ids == support.reference_greedy(new, "Hello", 24)[0] != out["before"].output_ids
     assert out["update2"].success and out["info2"].weight_version == "v2"  # no weight_version: unchanged
-    assert out["info2"].load_format == "pt"
+    assert out["info2"].load_format == "safetensors" and out["info2"].model_path == str(back_file)
     assert out["restored"].output_ids == out["before"].output_ids
 
 
 def test_wrong_shape_weights_are_refused_by_name_and_change_nothing(engine, tmp_path):
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
-    bad_file = TinyCausalLM(wide, seed=1).save_weights(tmp_path / "wide.safetensors")
+    bad_file = TinyCausalLM(wide, seed=1).save_pretrained(tmp_path / "wide")
+    loose = TinyCausalLM("tiny", seed=1).save_weights(tmp_path / "loose.safetensors")  # a file, not a directory
+    (tmp_path / "no-config").mkdir()
+    TinyCausalLM("tiny", seed=1).save_weights(tmp_path / "no-config" / "model.safetensors")
 
     async def main() -> tuple[Any, ...]:
         async with client_for(engine) as client:
             before = await client.generate("Hello", sampling_params=GREEDY)
             version = (await client.model_info()).weight_version
             errors = []
-            for path in (bad_file, tmp_path / "absent.safetensors"):
+            for path in (bad_file, tmp_path / "absent", loose, tmp_path / "no-config"):
                 try:
                     await client.update_weights_from_disk(str(path), weight_version="never")
                 except EngineHTTPError as exc:
@@ -315,12 +317,15 @@ def test_wrong_shape_weights_are_refused_by_name_and_change_nothing(engine, tmp_
             return before, version, errors, after, (await client.model_info()).weight_version
 
     before, version, errors, after, version_after = run(main())
-    assert [e.status for e in errors] == [400, 400]
-    body = json.loads(errors[0].body)
-    assert body["success"] is False and set(body) == {"success", "message", "num_paused_requests"}
-    assert str(bad_file) in body["message"] and "'tok_emb.weight'" in body["message"]
-    assert "shape (100, 64) does not match the model's (100, 32)" in body["message"]
-    assert "no such file" in json.loads(errors[1].body)["message"]
+    assert [e.status for e in errors] == [400, 400, 400, 400]
+    bodies = [json.loads(e.body) for e in errors]
+    assert all(b["success"] is False and set(b) == {"success", "message", "num_paused_requests"} for b in bodies)
+    assert str(bad_file) in bodies[0]["message"] and "'tok_emb.weight'" in bodies[0]["message"]
+    assert "shape (100, 64) does not match the model's (100, 32)" in bodies[0]["message"]
+    assert "no such directory" in bodies[1]["message"]
+    assert f"{loose}: is a file" in bodies[2]["message"]  # SGLang would try a hub download with a file path
+    assert "Hugging Face checkpoint directory" in bodies[2]["message"]
+    assert "has no config.json" in bodies[3]["message"]
     assert version_after == version and after.output_ids == before.output_ids
 
 
@@ -386,22 +391,22 @@ def test_release_really_frees_and_resume_restores_exactly(support, engine):
 
 
 def test_resume_refuses_a_weights_file_that_changed_since_it_was_loaded(support, engine, ref, tmp_path):
-    path = ref.save_weights(tmp_path / "live.safetensors")
-    original = path.read_bytes()
+    path = ref.save_pretrained(tmp_path / "live")
+    original = (path / "model.safetensors").read_bytes()
 
     async def main() -> tuple[Any, ...]:
         async with client_for(engine) as client:
             before = await client.generate("Hello", sampling_params=GREEDY)
             await client.update_weights_from_disk(str(path))
             await client.release_memory_occupation(["weights"])
-            TinyCausalLM("tiny", seed=8).save_weights(path)  # the trainer overwrote it meanwhile
+            TinyCausalLM("tiny", seed=8).save_pretrained(path)  # the trainer overwrote it meanwhile
             try:
                 await client.resume_memory_occupation(["weights"])
                 refused = None
             except EngineHTTPError as exc:
                 refused = exc
             still_released = (await support.internal_state(client))["weights_resident"] is False
-            Path(path).write_bytes(original)
+            (path / "model.safetensors").write_bytes(original)
             await client.resume_memory_occupation(["weights"])
             after = await client.generate("Hello", sampling_params=GREEDY)
             return before, refused, still_released, after

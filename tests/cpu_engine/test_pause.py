@@ -180,8 +180,8 @@ def test_abort_request_by_rid_and_all(support, engine, expected):
 def test_weights_update_waits_for_running_requests_or_lands_between_tokens_when_paused(
     support, engine, expected, tmp_path
 ):
-    new_file = TinyCausalLM("tiny", seed=99).save_weights(tmp_path / "new.safetensors")
-    old_file = TinyCausalLM("tiny", seed=SEED).save_weights(tmp_path / "old.safetensors")
+    new_file = TinyCausalLM("tiny", seed=99).save_pretrained(tmp_path / "new")
+    old_file = TinyCausalLM("tiny", seed=SEED).save_pretrained(tmp_path / "old")
 
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}

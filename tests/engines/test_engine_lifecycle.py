@@ -22,9 +22,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def _weights(tmp: Path, seed: int, version: str, size: str = "tiny") -> str:
-    path = tmp / f"weights-{version}.safetensors"
-    TinyCausalLM(size, seed=seed).save_weights(path)
-    return str(path)
+    return str(TinyCausalLM(size, seed=seed).save_pretrained(tmp / f"step-{version}"))
 
 
 def _engine(i: int) -> Engine:

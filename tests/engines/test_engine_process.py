@@ -116,7 +116,7 @@ def test_wrong_shape_weights_at_start_are_one_line_and_exit_2(tmp_path, capsys):
     from cpu_engine.cli import bind, build_parser
 
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
-    path = TinyCausalLM(wide, seed=0).save_weights(tmp_path / "wide.safetensors")
+    path = TinyCausalLM(wide, seed=0).save_pretrained(tmp_path / "wide")
     args = build_parser().parse_args(["--port", "0", "--weights", str(path)])
     sock = bind("127.0.0.1", 0)
     try:
@@ -124,7 +124,8 @@ def test_wrong_shape_weights_at_start_are_one_line_and_exit_2(tmp_path, capsys):
     finally:
         sock.close()
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"lifecycle-torch-engine: error: --weights: weights file {path}: tensor 'tok_emb.weight': "
+        f"lifecycle-torch-engine: error: --weights: weights file {path / 'model.safetensors'}: "
+        "tensor 'tok_emb.weight': "
         "shape (100, 64) does not match the model's (100, 32)"
     ]
 

@@ -88,6 +88,12 @@ def _edit_json(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None
     return damage
 
 
+def _small_checkpoint(path: Path) -> None:
+    from models import TinyCausalLM
+
+    TinyCausalLM("small", seed=0).save_pretrained(path)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -226,6 +232,40 @@ CASES: list[Case] = [
     Case("run-workers-zero", ("run", "--trainer-workers", "0", "--run-dir", "{tmp}/run"), ("--trainer-workers",)),
     Case("run-launcher-unknown", ("run", "--launcher", "docker"), ("--launcher", "docker")),
     Case("run-lr-nan", ("run", "--lr", "nan", "--run-dir", "{tmp}/run"), ("--lr",)),
+    Case(
+        "run-keep-checkpoints-zero",
+        ("run", "--keep-checkpoints", "0", "--run-dir", "{tmp}/run"),
+        ("--keep-checkpoints",),
+    ),
+    Case(
+        "run-hf-checkpoint-missing",
+        ("run", "--hf-checkpoint", "{tmp}/nope", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "{tmp}/nope", "no such directory"),
+    ),
+    Case(
+        "run-hf-checkpoint-a-file",
+        ("run", "--hf-checkpoint", "{tmp}/w.safetensors", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "is a file", "config.json + model.safetensors"),
+        setup=(_write("w.safetensors", b"\x00" * 16),),
+    ),
+    Case(
+        "run-hf-checkpoint-no-config",
+        ("run", "--hf-checkpoint", "{tmp}/ckpt", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "has no config.json"),
+        setup=(_write("ckpt/model.safetensors", b"\x00" * 16),),
+    ),
+    Case(
+        "run-hf-checkpoint-another-size",
+        ("run", "--hf-checkpoint", "{tmp}/small", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "{tmp}/small/model.safetensors", "unexpected tensors", "'tiny'"),
+        setup=(lambda tmp: _small_checkpoint(tmp / "small"),),
+    ),
+    Case(
+        "run-hf-checkpoint-another-model",
+        ("run", "--hf-checkpoint", "{tmp}/llama", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "'llama'", "rl-lifecycle-char"),
+        setup=(_write("llama/config.json", '{"model_type": "llama"}'), _write("llama/model.safetensors", b"\x00" * 16)),
+    ),
     Case(
         "run-data-source-missing-module",
         ("run", "--data-source", "no_such_prompts:make", "--run-dir", "{tmp}/run"),
@@ -634,14 +674,14 @@ def _wide_weights(path: Path) -> Path:
     from models import ModelConfig, TinyCausalLM
 
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
-    return TinyCausalLM(wide, seed=1).save_weights(path)
+    return TinyCausalLM(wide, seed=1).save_pretrained(path)
 
 
 def test_engine_weights_of_the_wrong_shape_at_start(tmp_path: Path) -> None:
     """``lifecycle-torch-engine --weights FILE`` of the wrong shape: exit 2, one line naming file and tensor."""
     from engines.process import torch_engine_command
 
-    bad = _wide_weights(tmp_path / "wide.safetensors")
+    bad = _wide_weights(tmp_path / "wide")
     out = subprocess.run(
         torch_engine_command(port=0, weights=bad), capture_output=True, text=True, timeout=120, cwd=REPO
     )
@@ -660,7 +700,7 @@ def test_engine_weights_of_the_wrong_shape_at_runtime(tmp_path: Path) -> None:
     from engines.errors import EngineHTTPError
     from engines.process import ServerProcess, torch_engine_command
 
-    bad = _wide_weights(tmp_path / "wide.safetensors")
+    bad = _wide_weights(tmp_path / "wide")
     with ServerProcess(torch_engine_command(port=0), engine_id="shape") as engine:
 
         async def attempt() -> tuple[EngineHTTPError, str, str]:

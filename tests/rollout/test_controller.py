@@ -92,13 +92,13 @@ class Rig:
         return self.loop.run_until_complete(coro)
 
     def weights(self, version: int | None = None) -> tuple[str, str]:
-        """A real weights file (a differently seeded model) and its version."""
+        """A real checkpoint directory (a differently seeded model) and its version."""
         if version is None:
             self.versions += 1
             version = self.versions
-        path = self.tmp / f"w{version}.safetensors"
+        path = self.tmp / f"step-{version}"
         if not path.exists():
-            TinyCausalLM("tiny", seed=100 + version).save_weights(path)
+            TinyCausalLM("tiny", seed=100 + version).save_pretrained(path)
         return str(path), str(version)
 
     def update(self, weights: tuple[str, str] | None = None) -> tuple[str, str]:
@@ -234,7 +234,7 @@ def test_an_update_recovers_a_dead_engine_first_and_it_joins_the_snapshot(rig: R
 
 @pytest.mark.weight_update
 def test_lock_released_when_an_engine_refuses_the_weights(rig: Rig) -> None:
-    missing = (str(rig.tmp / "no-such-weights.safetensors"), "bad")
+    missing = (str(rig.tmp / "no-such-weights"), "bad")
     rig.update(missing)
     assert not rig.runner.state.lock and rig.manager.state == "Ready"
     assert rig.state() == "Unhealthy" and "no-such-weights" in rig.runner.reasons["engine-0"]

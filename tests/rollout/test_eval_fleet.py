@@ -52,8 +52,7 @@ def _config(values: dict[str, Any]) -> LifecycleConfig:
 
 
 def _weights(tmp: Path, seed: int, version: str) -> tuple[str, str]:
-    path = tmp / f"weights-{version}.safetensors"
-    TinyCausalLM("tiny", seed=seed).save_weights(path)
+    path = TinyCausalLM("tiny", seed=seed).save_pretrained(tmp / f"step-{version}")
     return str(path), version
 
 

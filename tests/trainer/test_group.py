@@ -246,7 +246,7 @@ def test_update_weights_recovers_rollout_engines_only_when_the_move_says_so(
         assert engine[i : i + 5] == ["recover", "restart", "ready", "begin_update", "finish_update"], engine
     else:
         assert "--use-fault-tolerance --ft-components rollout" in error, error
-    assert (tmp_path / "weights" / "step-1.safetensors").is_file() is recovers
+    assert (tmp_path / "weights" / "step-1" / "config.json").is_file() is recovers
 
 
 @pytest.mark.recovery
@@ -267,7 +267,7 @@ def test_a_crash_found_by_update_weights_heals_or_fails(
             if heals:
                 assert await group.update_weights(1)
                 assert group.state == "Ready" and group.heals == 1
-                assert (tmp_path / "weights" / "step-1.safetensors").is_file()
+                assert (tmp_path / "weights" / "step-1" / "config.json").is_file()
             else:
                 with pytest.raises(TrainerFailed, match="--ft-components train"):
                     await group.update_weights(1)
@@ -313,3 +313,58 @@ def test_a_hung_worker_is_a_bounded_wait_then_a_crash(
         assert "--ft-components train" in str(error)
     else:
         assert error is None
+
+
+def test_the_trainer_starts_from_the_hf_checkpoint_and_keeps_the_last_k(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """``initial_checkpoint`` (``--hf-checkpoint``): every worker loads it, so version 0 is that directory's
+    weights; each update writes a checkpoint directory and only the newest ``keep_checkpoints`` stay."""
+    from models import TinyCausalLM
+    from models.checkpoint import checkpoint_steps
+
+    given = TinyCausalLM("tiny", seed=11)
+    path = given.save_pretrained(tmp_path / "given")
+    group, _ = _group(tmp_path / "run", NO_FT, workers=1, keep_checkpoints=2, initial_checkpoint=path)
+
+    async def scenario() -> dict[str, Any]:
+        try:
+            weights = await group.start()
+            assert weights is not None and weights[1] == "0"
+            version0 = TinyCausalLM("tiny", seed=0)
+            version0.load_pretrained(weights[0])  # written at start from the workers' weights
+            assert all(torch.equal(version0.state_dict()[k], v) for k, v in given.state_dict().items())
+            await generated(group.runner)
+            for step in (1, 2, 3):
+                await group.train(_samples())
+                assert await group.update_weights(step)
+            return dict(await group.workers[0].call("get_state"))
+        finally:
+            await group.dispose()
+
+    state = loop.run_until_complete(scenario())
+    assert [n for n, _ in checkpoint_steps(tmp_path / "run" / "weights")] == [2, 3]  # step-0 and step-1 pruned
+    latest = TinyCausalLM("tiny", seed=0)
+    latest.load_pretrained(tmp_path / "run" / "weights" / "step-3")
+    assert all(torch.equal(latest.state_dict()[k], v) for k, v in state["model"].items())
+
+
+def test_a_checkpoint_the_workers_cannot_load_fails_naming_the_file(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Past the CLI's check (an API caller): the worker's own error travels, not Ray's header line."""
+    from models import TinyCausalLM
+
+    small = TinyCausalLM("small", seed=0).save_pretrained(tmp_path / "small")
+    group, _ = _group(tmp_path / "run", NO_FT, workers=1, initial_checkpoint=small)
+
+    async def scenario() -> str:
+        try:
+            with pytest.raises(TrainerFailed) as info:
+                await group.start()
+            return str(info.value)
+        finally:
+            await group.dispose()
+
+    message = loop.run_until_complete(scenario())
+    assert str(small / "model.safetensors") in message and "unexpected tensors" in message, message

@@ -14,6 +14,7 @@ import pytest
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import TRANSITION, read_jsonl
 from lifecycle.trace import diff, load
+from models.checkpoint import checkpoint_config, checkpoint_steps
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -53,6 +54,23 @@ def test_learning_criterion_fixed_seed(tmp_path: Path) -> None:
     assert [m["step"] for m in metrics] == list(range(RunOptions().steps))
     assert all(0.0 <= m["reward"] <= 1.0 for m in metrics)
     assert (tmp_path / "run" / "events.jsonl").stat().st_size > 0
+    # each weight version is a checkpoint directory; the last --keep-checkpoints (3) of them are kept
+    kept = checkpoint_steps(tmp_path / "run" / "weights")
+    assert len(kept) == 3 and kept[-1][0] == RunOptions().steps, kept
+    assert all(checkpoint_config(path)["model_type"] == "rl-lifecycle-char" for _, path in kept)
+
+
+def test_rollout_only_serves_the_hf_checkpoint_it_is_given(tmp_path: Path) -> None:
+    """--hf-checkpoint DIR is version 0: the engines load that directory (not the seed's weights)."""
+    from models import TinyCausalLM
+
+    config = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 1})
+    given = TinyCausalLM("tiny", seed=7).save_pretrained(tmp_path / "given")
+    seed = _run(config, tmp_path / "seed", 1, launcher="local", quiet=True)
+    ours = _run(config, tmp_path / "ours", 1, launcher="local", quiet=True, hf_checkpoint=given)
+    assert (tmp_path / "seed" / "weights" / "step-0" / "config.json").is_file()
+    assert not (tmp_path / "ours" / "weights").exists()  # nothing written: the given directory is served
+    assert seed.rewards != ours.rewards  # same prompts and sampling seeds (64 samples), other weights
 
 
 @pytest.mark.construction_gate
@@ -233,7 +251,7 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
     from trainer.policy import batch_tensors
 
     model = TinyCausalLM("tiny", seed=3)
-    path = str(model.save_weights(tmp_path / "w.safetensors"))
+    path = str(model.save_pretrained(tmp_path / "w"))
     task = PatternTask(seed=0)
     producer = PolicyRolloutFn(task)
     with pytest.raises(ControllerError, match="no policy weights"):
@@ -252,8 +270,8 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
         trainer_lps = model.token_logprobs(ids, temperature=task.temperature)[mask.bool()]
     engine_lps = torch.tensor([lp for s in samples for lp in s["logprobs"]])
     assert torch.allclose(trainer_lps, engine_lps, atol=1e-4)
-    producer.model_size = "small"  # a trainer of another size: its file is checked against that size
-    with pytest.raises(WeightsFileError, match=r"w\.safetensors"):
+    producer.model_size = "small"  # a trainer of another size: its checkpoint is checked against that size
+    with pytest.raises(WeightsFileError, match=r"w/model\.safetensors"):
         producer.load(path, "8")
 
 
