@@ -3,13 +3,18 @@
 A package of its own because three sides use it: the CPU engine decodes with it, the trainer
 trains it, and the rollout side tokenizes (and, train-only, samples) with it. A weights file one
 side writes is exactly what another loads. Imports only torch, safetensors, numpy and
-``lifecycle.errors``.
+``lifecycle.errors``; the Hugging Face family (:mod:`models.hf`, :func:`build_tiny_llama`) imports
+``transformers`` and ``tokenizers`` only when used (``pip install 'rl-lifecycle[hf]'``).
 """
 
+from models.checkpoint import CheckpointError
 from models.config import MODEL_SIZES, ModelConfig, model_config
+from models.family import checkpoint_model_type, is_char_checkpoint, load_causal_lm, load_tokenizer, new_causal_lm
 from models.kv import KVCache
+from models.protocol import CausalLM, Tokenizer
 from models.sampling import sample_token
 from models.tiny import Block, TinyCausalLM
+from models.tiny_llama import build_tiny_llama
 from models.tokenizer import ALPHABET, BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID, VOCAB_SIZE, CharTokenizer
 from models.weights import LoadFormat, WeightsFile, WeightsFileError, read_weights_file, resolve_weights_path
 
@@ -23,14 +28,23 @@ __all__ = [
     "UNK_ID",
     "VOCAB_SIZE",
     "Block",
+    "CausalLM",
     "CharTokenizer",
+    "CheckpointError",
     "KVCache",
     "LoadFormat",
     "ModelConfig",
     "TinyCausalLM",
+    "Tokenizer",
     "WeightsFile",
     "WeightsFileError",
+    "build_tiny_llama",
+    "checkpoint_model_type",
+    "is_char_checkpoint",
+    "load_causal_lm",
+    "load_tokenizer",
     "model_config",
+    "new_causal_lm",
     "read_weights_file",
     "resolve_weights_path",
     "sample_token",

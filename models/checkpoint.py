@@ -40,7 +40,7 @@ def write_checkpoint(
     directory: str | Path,
     state: Mapping[str, Tensor],
     config: Mapping[str, Any],
-    files: Mapping[str, str] | None = None,
+    files: Mapping[str, str | bytes] | None = None,
 ) -> Path:
     """Write ``directory`` atomically: tensors, ``config.json`` and the extra (tokenizer) files.
 
@@ -58,8 +58,11 @@ def write_checkpoint(
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text)
+        for name, content in (files or {}).items():
+            if isinstance(content, bytes):
+                (tmp / name).write_bytes(content)
+            else:
+                (tmp / name).write_text(content)
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
-from models.config import ModelConfig
+
+class KVLayout(Protocol):
+    """What a KV pool's shape comes from (a :class:`~models.config.ModelConfig` is one; so is the HF model's)."""
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...  # key/value heads (fewer than query heads under grouped-query attention)
+    @property
+    def max_seq_len(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 class KVCache:
@@ -15,7 +28,7 @@ class KVCache:
     ones; slots are handed out lowest-first so that a run is reproducible.
     """
 
-    def __init__(self, config: ModelConfig, num_slots: int, *, allocate: bool = True) -> None:
+    def __init__(self, config: KVLayout, num_slots: int, *, allocate: bool = True) -> None:
         if num_slots <= 0:
             raise ValueError(f"a KV cache needs at least one slot, got {num_slots}")
         self.config = config

@@ -44,6 +44,8 @@ class Block(nn.Module):
 class TinyCausalLM(nn.Module):
     """GPT-style decoder: token + learned position embeddings, pre-LN blocks, untied LM head."""
 
+    model_type = MODEL_TYPE
+
     def __init__(self, config: str | ModelConfig = "tiny", *, seed: int = 0) -> None:
         super().__init__()
         self.config = model_config(config)
@@ -70,6 +72,13 @@ class TinyCausalLM(nn.Module):
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, 0.02, generator=generator)
+
+    @property
+    def context_length(self) -> int:
+        return self.config.max_seq_len
+
+    def new_kv_cache(self, num_slots: int, *, allocate: bool = True) -> KVCache:
+        return KVCache(self.config, num_slots, allocate=allocate)
 
     # -- training path --------------------------------------------------------------------------
     def forward(self, input_ids: Tensor) -> Tensor:
@@ -156,6 +165,9 @@ class TinyCausalLM(nn.Module):
         self._released_shapes = self.expected_tensors()
         for param in self.parameters():
             param.data = torch.empty(0)
+
+    def reallocate_weights(self) -> None:
+        self._reallocate()
 
     def _reallocate(self) -> None:
         if self._released_shapes is not None:

@@ -24,6 +24,7 @@ class CharTokenizer:
         self._ids = {ch: i + len(SPECIAL_TOKENS) for i, ch in enumerate(ALPHABET)}
 
     def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
+        """Ids of ``text``, BOS first (as the engine tokenizes ``/generate``'s ``text``)."""
         ids = [self._ids.get(ch, UNK_ID) for ch in text]
         return [BOS_ID, *ids] if add_bos else ids
 
