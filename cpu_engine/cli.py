@@ -43,10 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--weights",
         default=None,
-        help="Hugging Face checkpoint directory (config.json + model.safetensors) to load at start",
+        help="Hugging Face checkpoint directory (config.json + model.safetensors) to load at start; its "
+        "config.json's model_type picks the model: the char model (of --model-size), or any local transformers "
+        "causal LM with its tokenizer (pip install 'rl-lifecycle[hf]')",
     )
     parser.add_argument("--weight-version", default="default", help="initial weight version (SGLang's default)")
-    parser.add_argument("--model-size", choices=("tiny", "small"), default="tiny")
+    parser.add_argument(
+        "--model-size", choices=("tiny", "small"), default="tiny", help="the char model's size (not a HF model's)"
+    )
     parser.add_argument("--max-running-requests", type=int, default=16, help="KV cache slots (concurrent requests)")
     parser.add_argument(
         "--step-delay-s", type=_seconds, default=0.0, help="sleep after each decode step (a slower engine)"

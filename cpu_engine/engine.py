@@ -111,7 +111,7 @@ class TorchEngine:
             return False
         try:
             with torch.no_grad():
-                logits = self.memory.model(torch.tensor([[0]]))[0, -1]
+                logits = self.memory.model.forward(torch.tensor([[0]]))[0, -1]
             sample_token(logits, temperature=0.0)
         except Exception:
             traceback.print_exc()
@@ -186,9 +186,12 @@ class TorchEngine:
         model_path = (
             str(memory.weights_file) if memory.weights_file else f"torch-engine:{memory.model_size}:seed={memory.seed}"
         )
+        char = memory.is_char
+        architectures = memory.model.hf_config().get("architectures") or []
         return {
             "model_path": model_path,
-            "tokenizer_path": None,
+            # the tokenizer is the model family's: the char model's is built in, a HF model's is its first directory's
+            "tokenizer_path": None if char else str(memory.initial_weights),
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": memory.weight_version,
@@ -198,8 +201,8 @@ class TorchEngine:
             "disaggregation_mode": "null",
             "has_image_understanding": False,
             "has_audio_understanding": False,
-            "model_type": "tiny_causal_lm",
-            "architectures": ["TinyCausalLM"],
+            "model_type": "tiny_causal_lm" if char else memory.model.model_type,
+            "architectures": list(architectures),
             "served_model_name": model_path,
         }
 
@@ -213,7 +216,7 @@ class TorchEngine:
             "memory_usage": {
                 "weight": weights_bytes / gib,
                 "kvcache": kv_bytes / gib,
-                "token_capacity": kv.num_slots * model.config.max_seq_len,
+                "token_capacity": kv.num_slots * model.context_length,
                 "graph": 0.0,
             },
             "weights_bytes": weights_bytes,
@@ -236,8 +239,8 @@ class TorchEngine:
             "host": self.host,
             "port": self.port,
             "random_seed": memory.seed,
-            "model_size": memory.model_size,
-            "context_length": model.config.max_seq_len,
+            "model_size": memory.model_size if memory.is_char else None,
+            "context_length": model.context_length,
             "max_running_requests": self.max_running_requests,
             "weight_version": memory.weight_version,
             "weights_file": str(memory.weights_file) if memory.weights_file else None,

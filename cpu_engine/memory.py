@@ -5,6 +5,8 @@ Memory is real: releasing swaps every parameter for an empty tensor and drops th
 last checkpoint directory** (its weights' SHA-256 must match what was loaded) or, if none was ever
 loaded, re-creates the seed's initial weights -- so no hidden CPU copy keeps the memory alive.
 Weights come only from Hugging Face checkpoint directories, as SGLang's: a loose file is refused.
+The model family is the initial directory's (``config.json``'s ``model_type``): the char model of
+``--model-size``, or any local transformers causal LM; without a directory, the char model of the seed.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from pathlib import Path
 
 from cpu_engine.validation import EngineRequestError
 from engines.protocol import MEMORY_TAGS, TAG_KV_CACHE, TAG_WEIGHTS
-from models import KVCache, TinyCausalLM, WeightsFile, WeightsFileError
+from models import CausalLM, KVCache, TinyCausalLM, WeightsFile, WeightsFileError, is_char_checkpoint, new_causal_lm
 from models.checkpoint import read_checkpoint
-from models.tiny import MODEL_TYPE
 
 
 def rss_bytes() -> int:
@@ -50,14 +51,14 @@ class ModelMemory:
         self.initial_weights = Path(weights) if weights is not None else None
         self.weight_version = weight_version
         self.kv_slots = kv_slots
-        self._model: TinyCausalLM | None = None
+        self._model: CausalLM | None = None
         self._kv: KVCache | None = None
         self.weights_file: Path | None = None
         self.weights_sha256: str | None = None
         self.load_format = "seed-init"
 
     @property
-    def model(self) -> TinyCausalLM:
+    def model(self) -> CausalLM:
         if self._model is None:
             raise RuntimeError("the engine has not loaded its model yet (call load())")
         return self._model
@@ -69,12 +70,21 @@ class ModelMemory:
         return self._kv
 
     def load(self) -> None:
-        """Build the model from the seed, load ``weights`` if given, allocate the KV pool (blocking)."""
-        model = TinyCausalLM(self.model_size, seed=self.seed)
+        """Build the model (the family of ``weights``, else the seed's char model), load ``weights`` if given,
+        allocate the KV pool (blocking)."""
+        model: CausalLM
+        if self.initial_weights is None or is_char_checkpoint(self.initial_weights):
+            model = TinyCausalLM(self.model_size, seed=self.seed)
+        else:
+            model = new_causal_lm(self.initial_weights, seed=self.seed)
         if self.initial_weights is not None:
             self._record(model.load_pretrained(self.initial_weights), self.initial_weights)
         self._model = model
-        self._kv = KVCache(model.config, self.kv_slots)
+        self._kv = model.new_kv_cache(self.kv_slots)
+
+    @property
+    def is_char(self) -> bool:
+        return isinstance(self.model, TinyCausalLM)
 
     # -- weights files ----------------------------------------------------------------------------
     async def read_weights(self, path: str | Path, load_format: str | None = None) -> WeightsFile:
@@ -83,7 +93,8 @@ class ModelMemory:
         ``load_format`` is SGLang's field; a checkpoint directory's weights are always safetensors."""
         if load_format not in (None, "auto", "safetensors"):
             raise WeightsFileError(path, f"load_format {load_format!r} is not supported (use safetensors or auto)")
-        return await asyncio.to_thread(read_checkpoint, path, self.model.expected_tensors(), model_type=MODEL_TYPE)
+        model = self.model
+        return await asyncio.to_thread(read_checkpoint, path, model.expected_tensors(), model_type=model.model_type)
 
     def assign(self, loaded: WeightsFile, source: str | Path) -> None:
         """Swap in checked weights and remember their directory, so that a later resume re-reads it."""

@@ -24,7 +24,7 @@ import torch
 from cpu_engine.memory import ModelMemory
 from cpu_engine.validation import EngineRequestError, check_sampling_values, gate_sampling_params
 from engines.protocol import AbortReq, GenerateReqInput, SamplingParams
-from models import EOS_ID, sample_token
+from models import sample_token
 
 Status = Literal["starting", "ready", "shutting_down"]
 
@@ -168,7 +168,7 @@ class Scheduler:
         if len(set(rids)) != n or in_flight.intersection(rids):
             raise EngineRequestError(400, f"duplicate request id(s): {sorted(in_flight.intersection(rids)) or rids}")
         loop = asyncio.get_running_loop()
-        context = model.config.max_seq_len
+        context = model.context_length
         requests = []
         for rid, prompt, p, logprob in zip(rids, prompts, params, logprob_flags, strict=True):
             check_sampling_values(p, tokenizer.vocab_size)
@@ -270,9 +270,10 @@ class Scheduler:
 
     def _emit(self, req: Request, logits: torch.Tensor) -> None:
         p = req.params
+        eos = self.memory.model.tokenizer.eos_id  # the model's tokenizer's (None: the model has no EOS)
         banned: list[int] = []
         if len(req.output_ids) < p.min_new_tokens:
-            banned = [*(p.stop_token_ids or []), *([] if p.ignore_eos else [EOS_ID])]
+            banned = [*(p.stop_token_ids or []), *([] if p.ignore_eos or eos is None else [eos])]
         token, logprob = sample_token(
             logits, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, generator=req.generator, banned=banned
         )
@@ -282,7 +283,7 @@ class Scheduler:
         count = len(req.output_ids)
         finish: dict[str, Any] | None = None
         if count >= p.min_new_tokens:
-            if token in (p.stop_token_ids or ()) or (token == EOS_ID and not p.ignore_eos):
+            if token in (p.stop_token_ids or ()) or (token == eos and not p.ignore_eos):
                 finish = {"type": "stop", "matched": token}
             elif req.stops:
                 text = self.memory.model.tokenizer.decode(req.output_ids)

@@ -29,7 +29,7 @@ from engines.process import ServerProcess, torch_engine_command
 
 if TYPE_CHECKING:
     from engines.client import EngineClient
-    from models import TinyCausalLM
+    from models import CausalLM
 
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None)
@@ -207,12 +207,12 @@ class Support:
     """Helpers for tests against a real CPU engine (the ``support`` fixture)."""
 
     @staticmethod
-    def reference_greedy(model: TinyCausalLM, text: str, max_new_tokens: int) -> tuple[list[int], list[float]]:
+    def reference_greedy(model: CausalLM, text: str, max_new_tokens: int) -> tuple[list[int], list[float]]:
         """What the engine must produce for a greedy request with ignore_eos (same model, same seed)."""
-        from models import KVCache, sample_token
+        from models import sample_token
 
         prompt = model.tokenizer.encode(text)
-        cache = KVCache(model.config, num_slots=1)
+        cache = model.new_kv_cache(1)
         slot = cache.acquire()
         logits = model.prefill(cache, slot, prompt)
         ids: list[int] = []
@@ -226,9 +226,7 @@ class Support:
         return ids, logprobs
 
     @staticmethod
-    def teacher_forced_logprobs(
-        model: TinyCausalLM, text: str, output_ids: list[int], temperature: float
-    ) -> list[float]:
+    def teacher_forced_logprobs(model: CausalLM, text: str, output_ids: list[int], temperature: float) -> list[float]:
         """The trainer's view of the engine's output_token_logprobs (full forward, temperature-scaled)."""
         import torch
 
