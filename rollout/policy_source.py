@@ -18,7 +18,7 @@ import asyncio
 
 import torch
 
-from models import CharTokenizer, TinyCausalLM
+from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
 from rollout.controller import ControllerError, InferenceController
 from rollout.sample import Sample, sample
 from rollout.task import PatternTask
@@ -29,16 +29,20 @@ class PolicyRolloutFn:
 
     def __init__(self, task: PatternTask, *, model_size: str = "tiny") -> None:
         self.task = task
-        self.tokenizer = CharTokenizer()
-        self.model_size = model_size
-        self.model: TinyCausalLM | None = None
+        self.model_size = model_size  # the char model's size (a HF directory brings its own architecture)
+        self.model: CausalLM | None = None
         self.version: str | None = None
 
     def load(self, path: str, version: str) -> None:
-        """Adopt the trainer's checkpoint directory (a checked load: a wrong directory names itself)."""
-        if self.model is None or self.model.config.name != self.model_size:
-            self.model = TinyCausalLM(self.model_size)
-        self.model.load_pretrained(path)
+        """Adopt the trainer's checkpoint directory, either family (a checked load: a wrong directory names itself)."""
+        model = self.model
+        if is_char_checkpoint(path):
+            if not isinstance(model, TinyCausalLM) or model.config.name != self.model_size:
+                model = TinyCausalLM(self.model_size)
+        elif model is None or isinstance(model, TinyCausalLM):
+            model = new_causal_lm(path)  # the architecture and tokenizer once; later versions are weights only
+        model.load_pretrained(path)
+        self.model = model
         self.version = version
 
     async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
@@ -49,30 +53,36 @@ class PolicyRolloutFn:
 
     @torch.no_grad()
     def _sample(self, rollout_id: int) -> list[Sample]:
-        """Batched ancestral sampling at the task's temperature; seeded per rollout (deterministic runs)."""
-        assert self.model is not None
+        """Ancestral sampling at the task's temperature, batched per prompt length (a BPE tokenizer gives prompts
+        of unequal length; batching equal ones needs no padding); seeded per rollout (deterministic runs)."""
+        model = self.model
+        assert model is not None
         task = self.task
+        tokenizer = model.tokenizer
         prompts = [p for p in task.prompts(rollout_id) for _ in range(task.group_size)]
-        prompt_ids = [self.tokenizer.encode(p) for p in prompts]
-        width = len(prompt_ids[0])
-        if any(len(ids) != width for ids in prompt_ids):
-            raise ControllerError(f"rollout {rollout_id}: prompts of unequal length are not supported here")
-        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        prompt_ids = [tokenizer.encode(p) for p in prompts]
         generator = torch.Generator().manual_seed(task.sampling_params(rollout_id, 0)["sampling_seed"])
-        logprobs: list[torch.Tensor] = []
-        for _ in range(task.response_len):
-            logits = self.model(ids)[:, -1].float()
-            if task.temperature > 0:
-                logits = logits / task.temperature
-            lp = torch.log_softmax(logits, dim=-1)
-            token = torch.multinomial(lp.exp(), 1, generator=generator)
-            logprobs.append(lp.gather(-1, token).squeeze(-1))
-            ids = torch.cat([ids, token], dim=1)
-        out = ids[:, width:].tolist()
-        lps = torch.stack(logprobs, dim=1).tolist()
+        out: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        for width in sorted({len(p) for p in prompt_ids}):
+            rows = [i for i, p in enumerate(prompt_ids) if len(p) == width]
+            ids = torch.tensor([prompt_ids[i] for i in rows], dtype=torch.long)
+            logprobs: list[torch.Tensor] = []
+            for _ in range(task.response_len):
+                logits = model.forward(ids)[:, -1].float()
+                if task.temperature > 0:
+                    logits = logits / task.temperature
+                lp = torch.log_softmax(logits, dim=-1)
+                token = torch.multinomial(lp.exp(), 1, generator=generator)
+                logprobs.append(lp.gather(-1, token).squeeze(-1))
+                ids = torch.cat([ids, token], dim=1)
+            for row, oids, slp in zip(
+                rows, ids[:, width:].tolist(), torch.stack(logprobs, dim=1).tolist(), strict=True
+            ):
+                out[row], lps[row] = oids, slp
         samples = []
         for index, (prompt, pids, oids, slp) in enumerate(zip(prompts, prompt_ids, out, lps, strict=True)):
-            response = self.tokenizer.decode(oids)
+            response = tokenizer.decode(oids)
             samples.append(
                 sample(
                     index=index,

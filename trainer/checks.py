@@ -40,19 +40,42 @@ def check_steps(faults: Sequence[Fault], steps: int) -> None:
 
 
 def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
-    """``--hf-checkpoint``: read the directory whole now (config, every tensor's name and shape), so a wrong
-    one is a flag error before Ray starts, not a worker that fails to load it. Imports torch, lazily."""
+    """``--hf-checkpoint``: read the directory whole now (config, tokenizer, every tensor's name and shape), so a
+    wrong one is a flag error before Ray starts, not a worker that fails to load it. Either family: a char
+    checkpoint must be of ``model_size``; any other ``model_type`` is built by transformers. Imports torch, lazily."""
+    from models import is_char_checkpoint, load_causal_lm
     from models.checkpoint import read_checkpoint
     from models.tiny import MODEL_TYPE, TinyCausalLM
     from models.weights import WeightsFileError
 
     try:
-        read_checkpoint(path, TinyCausalLM(model_size).expected_tensors(), model_type=MODEL_TYPE)
+        if is_char_checkpoint(path):
+            read_checkpoint(path, TinyCausalLM(model_size).expected_tensors(), model_type=MODEL_TYPE)
+        else:
+            load_causal_lm(path)
     except WeightsFileError as exc:
         raise ConfigError(
             "--hf-checkpoint",
             str(path),
             str(exc),
-            f"pass a checkpoint directory written for the {model_size!r} model (RUN_DIR/weights/step-N of an "
-            "earlier run, or TinyCausalLM.save_pretrained)",
+            f"pass a checkpoint directory: RUN_DIR/weights/step-N of an earlier run, a char model's of size "
+            f"{model_size!r} (TinyCausalLM.save_pretrained), or a local Hugging Face causal LM (config.json, "
+            "model.safetensors, tokenizer files; e.g. models.build_tiny_llama)",
         ) from None
+
+
+MODELS = ("char", "tiny-llama")
+
+
+def check_model(model: str, hf_checkpoint: str | Path | None) -> None:
+    """``--model``: the built-in char model, or ``tiny-llama`` (built into RUN_DIR/model); ``--hf-checkpoint``
+    already says which model, so the two together are refused rather than one silently winning."""
+    if model not in MODELS:
+        raise ConfigError("--model", model, f"unknown model (known: {', '.join(MODELS)})", "use --model char")
+    if model != "char" and hf_checkpoint is not None:
+        raise ConfigError(
+            "--model",
+            model,
+            "--hf-checkpoint gives the model already (its config.json's model_type)",
+            f"drop --model {model}, or drop --hf-checkpoint",
+        )

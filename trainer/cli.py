@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import socket
@@ -20,7 +21,7 @@ from typing import Any
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from trainer.checks import check_async, check_hf_checkpoint, check_steps
+from trainer.checks import MODELS, check_async, check_hf_checkpoint, check_model, check_steps
 from trainer.faults import FAULTS, check_faults, parse_fault
 
 
@@ -102,8 +103,19 @@ def register(sub: Any) -> None:
         "--hf-checkpoint",
         default=None,
         metavar="DIR",
-        help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors) written "
-        "for the run's model; default: the seed's weights, written as RUN_DIR/weights/step-0",
+        help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors): the char "
+        "model's (RUN_DIR/weights/step-N of an earlier run) or any local transformers causal LM with its "
+        "tokenizer files (its model_type picks the family); default: the seed's weights, written as "
+        "RUN_DIR/weights/step-0",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="char",
+        help="the policy: char (default, the built-in char-level model, fastest) or tiny-llama (a tiny random-init "
+        "Hugging Face LlamaForCausalLM and a BPE tokenizer trained locally, built into RUN_DIR/model and served "
+        "and trained through transformers; needs pip install 'rl-lifecycle[hf]'; slower, see the README). "
+        "--hf-checkpoint gives the model instead",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
@@ -169,12 +181,24 @@ def _check_factory(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
+def _check_hf_installed(model: str) -> None:
+    """A model that transformers builds needs the hf extra: say so before Ray starts."""
+    missing = [name for name in ("transformers", "tokenizers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            "--model", model, f"needs {' and '.join(missing)}, not installed", "pip install 'rl-lifecycle[hf]'"
+        )
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
     _positive("--keep-checkpoints", ns.keep_checkpoints)
+    check_model(ns.model, ns.hf_checkpoint)
+    if ns.model != "char":
+        _check_hf_installed(ns.model)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
@@ -225,6 +249,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         quiet=ns.quiet,
         async_mode=ns.async_mode,
         keep_checkpoints=ns.keep_checkpoints,
+        model=ns.model,
         hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
     )

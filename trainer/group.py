@@ -59,10 +59,12 @@ class TrainerGroup:
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.run_dir = Path(run_dir)
         self.size = workers
-        self.model_args = (model_size, seed, lr, temperature)
+        self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
+        # a worker (a replacement too) is built as the initial checkpoint's architecture, then loads it
+        checkpoint = None if self.initial_checkpoint is None else str(self.initial_checkpoint)
+        self.model_args = (model_size, seed, lr, temperature, checkpoint)
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.keep_checkpoints = keep_checkpoints
-        self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
         self._written: list[Path] = []  # the checkpoint directories this group wrote (pruned among themselves)
         self.workers: list[WorkerHandle] = []
         self._last_state: Any = None

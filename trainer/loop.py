@@ -13,6 +13,7 @@ step) and ``reward.png`` when matplotlib is installed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import sys
@@ -29,11 +30,12 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
 from lifecycle.runner import Runner
+from models.family import is_char_checkpoint
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import PatternTask
-from trainer.checks import check_async, check_hf_checkpoint
+from trainer.checks import check_async, check_hf_checkpoint, check_model
 from trainer.faults import Fault, FaultInjector
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
@@ -73,6 +75,7 @@ class RunOptions:
     async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
     keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
     hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
+    model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
 
 
 @dataclass
@@ -179,6 +182,11 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
+        from models import build_tiny_llama
+
+        built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed)
+        opts = dataclasses.replace(opts, hf_checkpoint=built.resolve())
     task = opts.task or PatternTask(seed=opts.seed)
     sink = JsonlSink(run_dir / "events.jsonl")
     log = EventLog([sink])
@@ -204,7 +212,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         config,
         task,
         runner=runner,
-        launcher_factory=launcher_factory(opts.launcher, functools.partial(torch_engine_command, seed=opts.seed)),
+        launcher_factory=launcher_factory(opts.launcher, engine_command(opts)),
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
         data_source_path=opts.data_source,
@@ -286,8 +294,18 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
+    check_model(opts.model, opts.hf_checkpoint)
     if opts.hf_checkpoint is not None:
         check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
+
+
+def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
+    """The engines' command line: a Hugging Face initial checkpoint is also what they start from (the family
+    is the directory's); the char model starts from the seed and gets version 0 by a weight update."""
+    weights = opts.hf_checkpoint
+    if weights is not None and is_char_checkpoint(weights):
+        weights = None
+    return functools.partial(torch_engine_command, seed=opts.seed, weights=weights)
 
 
 def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:

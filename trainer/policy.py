@@ -3,7 +3,8 @@
 GRPO-style group baseline: each sample's advantage is its reward minus the mean reward of its
 group (the samples drawn from the same prompt), divided by the group's standard deviation. The
 loss is REINFORCE on the tokens the engines sampled, with log-probabilities recomputed by the
-trainer (``TinyCausalLM.token_logprobs``, same temperature as sampling).
+trainer (``CausalLM.token_logprobs``, same temperature as sampling). Either model family: the
+padding id is the model's tokenizer's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from models import PAD_ID, TinyCausalLM
+from models import PAD_ID, CausalLM
 
 
 def advantages(samples: Sequence[Mapping[str, Any]], *, eps: float = 1e-6) -> list[float]:
@@ -31,11 +32,12 @@ def advantages(samples: Sequence[Mapping[str, Any]], *, eps: float = 1e-6) -> li
     return [(float(s["reward"]) - stats[s["group"]][0]) / (stats[s["group"]][1] + eps) for s in samples]
 
 
-def batch_tensors(samples: Sequence[Mapping[str, Any]]) -> tuple[Tensor, Tensor]:
-    """Right-padded ``[batch, seq]`` ids and a ``[batch, seq - 1]`` mask of the response tokens."""
+def batch_tensors(samples: Sequence[Mapping[str, Any]], *, pad_id: int = PAD_ID) -> tuple[Tensor, Tensor]:
+    """Right-padded ``[batch, seq]`` ids and a ``[batch, seq - 1]`` mask of the response tokens (causal: the
+    padding after a sequence changes none of its logprobs)."""
     seqs = [list(s["prompt_ids"]) + list(s["output_ids"]) for s in samples]
     width = max(len(x) for x in seqs)
-    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width - 1))
     for i, (s, seq) in enumerate(zip(samples, seqs, strict=True)):
         ids[i, : len(seq)] = torch.tensor(seq)
@@ -45,10 +47,10 @@ def batch_tensors(samples: Sequence[Mapping[str, Any]]) -> tuple[Tensor, Tensor]
 
 
 def grpo_loss(
-    model: TinyCausalLM, samples: Sequence[Mapping[str, Any]], *, temperature: float = 1.0
+    model: CausalLM, samples: Sequence[Mapping[str, Any]], *, temperature: float = 1.0
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy-gradient loss of one batch and a few diagnostics."""
-    ids, mask = batch_tensors(samples)
+    ids, mask = batch_tensors(samples, pad_id=model.tokenizer.pad_id)
     adv = torch.tensor(advantages(samples))
     logprobs = model.token_logprobs(ids, temperature=temperature)
     per_sample = (logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)

@@ -25,15 +25,21 @@ class WorkerCrashed(Exception):
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class TrainerWorker:
-    def __init__(self, rank: int, model_size: str, seed: int, lr: float, temperature: float) -> None:
+    def __init__(
+        self, rank: int, model_size: str, seed: int, lr: float, temperature: float, checkpoint: str | None = None
+    ) -> None:
+        """The policy is the char model of ``model_size`` from ``seed``, or the architecture of ``checkpoint`` (the
+        run's initial directory) when that is a Hugging Face model (a char one must be of ``model_size``)."""
         import torch
 
         torch.set_num_threads(1)
-        from models import TinyCausalLM
+        from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
 
         self.rank = rank
         self.temperature = temperature
-        self.model = TinyCausalLM(model_size, seed=seed)
+        self.model: CausalLM = TinyCausalLM(model_size, seed=seed)
+        if checkpoint is not None and not is_char_checkpoint(checkpoint):
+            self.model = new_causal_lm(checkpoint, seed=seed)
         self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
         self._offloaded: dict[str, Any] | None = None
 
@@ -78,7 +84,7 @@ class TrainerWorker:
 
     def onload(self) -> None:
         if self._offloaded is not None:
-            self.model.init_weights(self.model.seed)
+            self.model.reallocate_weights()
             self.set_state(self._offloaded)
             self._offloaded = None
 
@@ -100,6 +106,7 @@ class WorkerHandle:
         seed: int,
         lr: float,
         temperature: float,
+        checkpoint: str | None = None,
         *,
         call_timeout: float = 300.0,
         startup_timeout: float = 120.0,
@@ -112,7 +119,7 @@ class WorkerHandle:
         from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
 
         options = driver_node_placement()
-        self.actor = TrainerWorker.options(**options).remote(rank, model_size, seed, lr, temperature)  # type: ignore[attr-defined]
+        self.actor = TrainerWorker.options(**options).remote(rank, model_size, seed, lr, temperature, checkpoint)  # type: ignore[attr-defined]
 
     @staticmethod
     async def _await(ref: Any) -> Any:

@@ -261,11 +261,23 @@ CASES: list[Case] = [
         setup=(lambda tmp: _small_checkpoint(tmp / "small"),),
     ),
     Case(
-        "run-hf-checkpoint-another-model",
+        "run-hf-checkpoint-hf-garbage",  # a HF model_type: refused from the weights header, before its model is built
         ("run", "--hf-checkpoint", "{tmp}/llama", "--run-dir", "{tmp}/run"),
-        ("--hf-checkpoint", "'llama'", "rl-lifecycle-char"),
+        ("--hf-checkpoint", "{tmp}/llama/model.safetensors", "cannot be read as safetensors"),
         setup=(_write("llama/config.json", '{"model_type": "llama"}'), _write("llama/model.safetensors", b"\x00" * 16)),
     ),
+    Case(
+        "run-hf-checkpoint-no-model-type",
+        ("run", "--hf-checkpoint", "{tmp}/typeless", "--run-dir", "{tmp}/run"),
+        ("--hf-checkpoint", "{tmp}/typeless/config.json", "has no model_type"),
+        setup=(_write("typeless/config.json", "{}"), _write("typeless/model.safetensors", b"\x00" * 16)),
+    ),
+    Case(
+        "run-model-and-hf-checkpoint",
+        ("run", "--model", "tiny-llama", "--hf-checkpoint", "{tmp}/x", "--run-dir", "{tmp}/run"),
+        ("--model", "tiny-llama", "--hf-checkpoint gives the model already"),
+    ),
+    Case("run-model-unknown", ("run", "--model", "gpt5"), ("--model", "gpt5"), proc=True),
     Case(
         "run-data-source-missing-module",
         ("run", "--data-source", "no_such_prompts:make", "--run-dir", "{tmp}/run"),

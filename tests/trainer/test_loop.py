@@ -288,3 +288,30 @@ def test_whole_event_log_is_deterministic_without_a_monitor(tmp_path: Path) -> N
     readies = [e["instance"] for e in a if e.get("machine") == "engine" and e.get("trigger") == "ready"]
     assert readies == ["engine-0", "engine-1", "engine-2"]
     assert diff(a, b) is None, diff(a, b)
+
+
+@pytest.mark.slow  # the default run on the tiny Llama: about a minute on 2 cores
+def test_tiny_llama_learns_within_the_default_run(tmp_path: Path) -> None:
+    """``lifecycle run --model tiny-llama``: a Hugging Face Llama built into RUN_DIR/model (no hub), served by the
+    engines and trained by the trainer through transformers, learns: last-5 mean reward >= 2x first-5."""
+    pytest.importorskip("transformers", reason="the hf extra is not installed: pip install 'rl-lifecycle[hf]'")
+    run_dir = tmp_path / "run"
+    result = _run(LifecycleConfig.from_mapping(CPU), run_dir, RunOptions().steps, model="tiny-llama")
+    assert result.last5 >= 2 * result.first5, result.rewards
+    assert checkpoint_config(run_dir / "model")["architectures"] == ["LlamaForCausalLM"]
+    kept = checkpoint_steps(run_dir / "weights")
+    assert kept[-1][0] == RunOptions().steps and all(checkpoint_config(p)["model_type"] == "llama" for _, p in kept)
+    assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # engines and trainer: one model, one tokenizer
+    engines = [e for e in read_jsonl(run_dir / "events.jsonl") if e.get("machine") == "engine"]
+    assert engines and not [e for e in engines if e.get("dst") in ("Failed", "Unhealthy")]
+
+
+def test_a_model_and_an_hf_checkpoint_together_are_refused(tmp_path: Path) -> None:
+    from lifecycle.errors import ConfigError
+    from trainer.loop import check_options
+
+    opts = RunOptions(run_dir=tmp_path, model="tiny-llama", hf_checkpoint=tmp_path / "given")
+    with pytest.raises(ConfigError, match="--hf-checkpoint gives the model already"):
+        check_options(LifecycleConfig.from_mapping(CPU), opts)
+    with pytest.raises(ConfigError, match="unknown model"):
+        check_options(LifecycleConfig.from_mapping(CPU), RunOptions(run_dir=tmp_path, model="gpt"))
