@@ -47,6 +47,7 @@ class TorchEngine:
         self.host = host
         self.port = port
         self.startup_time = time.time()
+        self.generate_requests = 0
         self.memory = ModelMemory(
             seed=seed,
             model_size=model_size,
@@ -89,6 +90,7 @@ class TorchEngine:
 
     # -- generation --------------------------------------------------------------------------------
     async def generate(self, body: GenerateReqInput) -> dict[str, Any] | list[dict[str, Any]]:
+        self.generate_requests += 1  # every /generate that reached this server (the router wire tests read it)
         batch, requests = self.scheduler.build_requests(body)
         reason = self._unavailable_reason()
         if reason is not None:
@@ -231,6 +233,7 @@ class TorchEngine:
             "kv_slots_in_use": kv.slots_in_use,
             "kv_slots_total": kv.num_slots,
             "num_generated_tokens": scheduler.generated_tokens,
+            "num_generate_requests": self.generate_requests,
         }
         info = self.model_info()
         return {

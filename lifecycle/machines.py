@@ -78,6 +78,9 @@ ENGINE = MachineSpec(
         T("onload_kv", "WeightsOnly", "Quiesced", effects=["resume_kv_cache"]),
         # faults: death is detected by Ray/the monitor, start-up failure by the launcher
         T("start_failed", "Starting", "Unhealthy"),
+        # the router lost its membership (it died and was restarted empty): a Serving engine is registered
+        # again, under rollout FT; without it the run stops (the core marks the engine)
+        T("republish", "Serving", "Serving", when="rollout_ft", effects=["route_traffic"]),
         T("mark_unhealthy", "Serving", "Unhealthy", effects=["stop_routing"]),
         T("mark_unhealthy", _LIVE_UNROUTED, "Unhealthy"),
         T("recover", "Unhealthy", "Recovering", when="rollout_ft", effects=["recover_engine", "kill_engine"]),
@@ -89,7 +92,7 @@ ENGINE = MachineSpec(
         T("confirm_dead", "Stopping", "Stopped"),
         T("dispose", ("Init", "Stopped"), "Disposed"),
     ),
-    environment=frozenset({"mark_unhealthy", "start_failed"}),
+    environment=frozenset({"mark_unhealthy", "start_failed", "republish"}),
 )
 
 # -- health monitor -----------------------------------------------------------------------------

@@ -146,6 +146,7 @@ Trigger = Literal[
     "ready",
     "recover",
     "release",
+    "republish",
     "restart",
     "restarted",
     "resume",

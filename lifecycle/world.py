@@ -94,6 +94,7 @@ class Action(NamedTuple):
             "kill": f"{who} process dies (SIGKILL)",
             "hang": f"{who} hangs (probes and requests stall)",
             "http_death": f"{who} HTTP server dies, actor alive",
+            "kill_router": f"the {self.group} router process dies (SIGKILL)",
         }.get(what, f"{what} {who}".strip())
 
 
@@ -303,6 +304,13 @@ class Checker:
         # injects them only inside that window -- a 4x smaller state space for the configs with a fleet.
         groups = (ROLLOUT, EVAL) if n.job.rollout == "Evaluating" else (ROLLOUT,)
         for group in groups:
+            # the group's router dies (SIGKILL): its watcher reports it at once; only Serving engines are in it
+            if any(e.state == "Serving" for e in n.job.group(group)):
+                counted = n.world._replace(faults=n.world.faults + 1)
+                action = Action("fault.kill_router", None, group, fault=True)
+                t = self.step(n, Outcome("router_died", group), action, counted)
+                if t is not None:
+                    yield t
             for i, (e, proc) in enumerate(zip(n.job.group(group), n.world.group(group), strict=True)):
                 if proc != UP or not (e.state in self.core.live or e.state == "Starting"):
                     continue

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 from engines.engine import Engine, EngineFailed, Timeouts
+from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import LauncherFactory
 from lifecycle.core import EVAL, ROLLOUT, Command, Move, Outcome, instance_name
@@ -23,6 +25,7 @@ from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.names import EngineStateName
 from lifecycle.runner import Runner
+from rollout.routing import LocalRouting, RouterRouting, Routing
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)
 
@@ -39,6 +42,8 @@ class InferenceController:
         launcher_factory: LauncherFactory | None = None,
         timeouts: Timeouts | None = None,
         seed: int = 0,
+        router: bool = False,
+        log_dir: str | None = None,
     ) -> None:
         self.runner = runner
         self.config = runner.config
@@ -52,6 +57,19 @@ class InferenceController:
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        # where each group's requests go: a real sglang-router per group, or the same membership in-process
+        self.routings: dict[str, Routing] = {}
+        for group in (ROLLOUT, EVAL):
+            if router:
+                self.routings[group] = RouterRouting(
+                    f"router-{group}",
+                    on_death=self._router_died(group),
+                    log_dir=log_dir,
+                    log=runner.log,
+                    request_timeout=self.timeouts.request,
+                )
+            else:
+                self.routings[group] = LocalRouting(f"local-{group}")
         runner.watch(self._on_move)
         runner.explain(self._explain)
         runner.provide(
@@ -65,6 +83,8 @@ class InferenceController:
                 "engine.release_kv_cache": lambda c: self.slot(c).release("kv_cache"),
                 "engine.resume_weights": lambda c: self.slot(c).resume("weights"),
                 "engine.resume_kv_cache": lambda c: self.slot(c).resume("kv_cache"),
+                "engine.route_traffic": lambda c: self.routings[self._group(c)].publish(self.slot(c)),
+                "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -105,6 +125,34 @@ class InferenceController:
         prefix, _, index = engine_id.rpartition("-")
         return (EVAL if prefix == "eval" else ROLLOUT), int(index)
 
+    @staticmethod
+    def _group(cmd: Command) -> str:
+        assert cmd.group is not None
+        return cmd.group
+
+    def routing(self, group: str = ROLLOUT) -> Routing:
+        """The group's routing: its published engines (the Serving ones) and how requests reach them."""
+        return self.routings[group]
+
+    async def _start_router(self, group: str) -> None:
+        """A group's router starts (bounded) with its first engine; one that cannot start fails that launch,
+        and the exception names the router and the fix."""
+        routing = self.routings[group]
+        if isinstance(routing, RouterRouting) and routing.router.process is None:
+            try:
+                await routing.start()
+            except EngineError as exc:
+                raise ControllerError(
+                    f"{routing.name}: sglang-router did not start: {exc}. Fix: pip install "
+                    "'rl-lifecycle[router]', or run without the router (--no-router)"
+                ) from None
+
+    def _router_died(self, group: str) -> Callable[[str], Awaitable[None]]:
+        async def report(reason: str) -> None:
+            await self.runner.report(Outcome("router_died", group, reason=reason))
+
+        return report
+
     def slot(self, cmd: Command) -> Engine:
         assert cmd.group is not None and cmd.engine is not None
         slots = self._slots(cmd.group)
@@ -133,6 +181,11 @@ class InferenceController:
     def _explain(self) -> None:
         """An engine stopped the run: name it, where it was and the fix."""
         instance = self.runner.state.failed.split(" ", 1)[0]
+        if instance.startswith("router-"):
+            raise ControllerError(
+                f"{self.runner.state.failed}. Fix: --use-fault-tolerance --ft-components rollout restarts the "
+                "router and registers the Serving engines again; or run without the router (--no-router)"
+            )
         if instance.startswith(("engine-", "eval-")):
             raise self.engine_failure(instance)
 
@@ -168,6 +221,7 @@ class InferenceController:
 
     # -- the handlers of the engines' effects ----------------------
     async def _launch(self, cmd: Command) -> Outcome:
+        await self._start_router(self._group(cmd))
         engine = self.slot(cmd)
         outcome = await engine.launch()
         if outcome.name == "ready":
@@ -250,6 +304,9 @@ class InferenceController:
         for engine in [*self.engines, *self.evals]:
             with contextlib.suppress(Exception):
                 await engine.close()
+        for routing in self.routings.values():
+            with contextlib.suppress(Exception):
+                await routing.close()
         tasks = list(self._watchers.values())
         for task in tasks:
             task.cancel()

@@ -18,7 +18,6 @@ A user can plug in their own rollout function by import path (``module:attr``): 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib
 import time
@@ -26,8 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.engine import Engine, Timeouts
-from engines.errors import EngineError
+from engines.engine import Timeouts
 from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import EVAL, Command
@@ -35,16 +33,17 @@ from lifecycle.events import EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import RolloutStateName
 from lifecycle.runner import Runner
-from models import CharTokenizer
+from models.family import load_tokenizer
+from models.protocol import Tokenizer
 from rollout.controller import ControllerError, InferenceController
 from rollout.eval_fleet import pin_fleet
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_samples, save_rollout
+from rollout.routing import GenRequest, OnUnhealthy, Routing
 from rollout.sample import Sample, sample
 from rollout.task import DataSource, PatternTask
 
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
-OnUnhealthy = Callable[[str, str], Awaitable[None]]
 # Held-out eval prompts: training uses rollout ids >= 0, so negative ids never overlap, and every eval
 # sees the same set (eval rewards of different steps compare).
 EVAL_PROMPT_IDS = (-1, -2)
@@ -68,64 +67,61 @@ class EvalFailed(ControllerError):
     """Eval requests failed on every engine."""
 
 
-@dataclass(frozen=True)
-class _Request:
-    index: int
-    group: int
-    prompt: str
-    ids: list[int]
-    params: dict[str, Any]
+class PromptTokens:
+    """Prompt token ids from the served checkpoint's own tokenizer (``models.load_tokenizer``): the engines are
+    sent text, as a real SGLang server is, and the trainer needs the ids the engine tokenized it to."""
+
+    def __init__(self) -> None:
+        self._dir: str | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    def encode(self, checkpoint: str | None, text: str) -> list[int]:
+        if checkpoint is None:
+            raise ControllerError("no committed checkpoint: the prompts cannot be tokenized (init first)")
+        if self._tokenizer is None or checkpoint != self._dir:
+            self._tokenizer, self._dir = load_tokenizer(checkpoint), checkpoint
+        return self._tokenizer.encode(text)
 
 
-async def generate_on_engines(
-    requests: Sequence[_Request],
-    engines: Callable[[], list[Engine]],
+async def generate_samples(
+    prompts: Sequence[tuple[int, int, str, dict[str, Any]]],
+    routing: Routing,
     on_unhealthy: OnUnhealthy,
     task: PatternTask,
+    tokens: Callable[[str], list[int]],
     *,
     logprobs: bool,
     max_tries: int = 3,
 ) -> dict[int, Sample]:
-    """Shard the requests round-robin over the routable engines, concurrently; an engine whose batch fails
-    is reported (``on_unhealthy``) and its requests go to the others in the next try, up to ``max_tries``.
-
-    Returns what was answered, by request index (every request exactly once: a retry never duplicates).
-    """
+    """Send the prompts (index, group, text, sampling params) as text through the group's routing; the
+    answers become samples (prompt ids from the checkpoint's tokenizer, checked against the engine's count)."""
+    requests = [GenRequest(index, text, params) for index, _, text, params in prompts]
+    answers = await routing.generate(requests, on_unhealthy, logprobs=logprobs, max_tries=max_tries)
     done: dict[int, Sample] = {}
-
-    async def shard(engine: Engine, batch: list[_Request]) -> None:
-        if engine.client is None:
-            return
-        try:
-            answers = await engine.client.generate_batch(
-                input_ids=[r.ids for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
+    ids_of: dict[str, list[int]] = {}
+    for index, group, text, _ in prompts:
+        got = answers.get(index)
+        if got is None:
+            continue
+        answer = got.response
+        ids = ids_of.setdefault(text, tokens(text))
+        if answer.meta_info.prompt_tokens not in (None, len(ids)):
+            raise ControllerError(
+                f"{got.engine} tokenized {text!r} to {answer.meta_info.prompt_tokens} tokens, the checkpoint's "
+                f"tokenizer to {len(ids)}: the engine serves another tokenizer than the checkpoint directory's"
             )
-        except EngineError as exc:
-            await on_unhealthy(engine.id, f"generate failed: {exc}")
-            return
-        for r, answer in zip(batch, answers, strict=True):
-            done[r.index] = sample(
-                index=r.index,
-                group=r.group,
-                prompt=r.prompt,
-                prompt_ids=r.ids,
-                output_ids=answer.output_ids or [],
-                response=answer.text,
-                reward=task.reward(r.prompt, answer.text),
-                logprobs=[float(x[0]) for x in (answer.meta_info.output_token_logprobs or [])],
-                weight_version=answer.meta_info.weight_version,
-                engine=engine.id,
-            )
-
-    for _ in range(max_tries):
-        todo = [r for r in requests if r.index not in done]
-        routable = engines()
-        if not todo or not routable:
-            break
-        shards: dict[int, list[_Request]] = {}
-        for n, r in enumerate(todo):
-            shards.setdefault(n % len(routable), []).append(r)
-        await asyncio.gather(*(shard(routable[i], batch) for i, batch in shards.items()))
+        done[index] = sample(
+            index=index,
+            group=group,
+            prompt=text,
+            prompt_ids=ids,
+            output_ids=answer.output_ids or [],
+            response=answer.text,
+            reward=task.reward(text, answer.text),
+            logprobs=[float(x[0]) for x in (answer.meta_info.output_token_logprobs or [])],
+            weight_version=answer.meta_info.weight_version,
+            engine=got.engine,
+        )
     return done
 
 
@@ -134,49 +130,62 @@ class EngineEvalFn:
 
     def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
         self.task = task
-        self.tokenizer = CharTokenizer()
+        self.tokens = PromptTokens()
         self.max_tries = max_tries
 
     def prompts(self) -> list[str]:
         return [p for rid in EVAL_PROMPT_IDS for p in self.task.prompts(rid)]
 
     async def __call__(
-        self, rollout_id: int, engines: Callable[[], list[Engine]], on_unhealthy: OnUnhealthy
+        self, rollout_id: int, routing: Routing, on_unhealthy: OnUnhealthy, checkpoint: str | None
     ) -> list[Sample]:
         params = {"max_new_tokens": self.task.response_len, "temperature": 0.0, "ignore_eos": True}
-        requests = [_Request(i, i, p, self.tokenizer.encode(p), params) for i, p in enumerate(self.prompts())]
-        done = await generate_on_engines(
-            requests, engines, on_unhealthy, self.task, logprobs=False, max_tries=self.max_tries
+        prompts = [(i, i, p, params) for i, p in enumerate(self.prompts())]
+        done = await generate_samples(
+            prompts,
+            routing,
+            on_unhealthy,
+            self.task,
+            lambda text: self.tokens.encode(checkpoint, text),
+            logprobs=False,
+            max_tries=self.max_tries,
         )
-        if len(done) < len(requests):
-            missing = len(requests) - len(done)
-            raise EvalFailed(f"eval {rollout_id}: {missing} of {len(requests)} prompts failed on every engine")
+        if len(done) < len(prompts):
+            missing = len(prompts) - len(done)
+            raise EvalFailed(f"eval {rollout_id}: {missing} of {len(prompts)} prompts failed on every engine")
         return [done[i] for i in sorted(done)]
 
 
 class EngineRolloutFn:
-    """The default rollout function: group sampling on the routable engines, rewarded by the task."""
+    """The default rollout function: group sampling through the routing of the Serving engines, rewarded by the task."""
 
     def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
         self.task = task
-        self.tokenizer = CharTokenizer()
+        self.tokens = PromptTokens()
         self.max_tries = max_tries
 
     async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:
         task = self.task
-        requests = []
+        prompts = []
         for g, prompt in enumerate(task.prompts(rollout_id)):
-            ids = self.tokenizer.encode(prompt)
             for k in range(task.group_size):
                 index = g * task.group_size + k
-                requests.append(_Request(index, g, prompt, ids, task.sampling_params(rollout_id, index)))
+                prompts.append((index, g, prompt, task.sampling_params(rollout_id, index)))
+        routing = controller.routing()
         if not controller.routable():
             raise ControllerError(f"rollout {rollout_id}: no routable engine ({controller.states()})")
-        done = await generate_on_engines(
-            requests, controller.routable, controller.engine_unhealthy, task, logprobs=True, max_tries=self.max_tries
+        checkpoint = controller.committed[0] if controller.committed else None
+        done = await generate_samples(
+            prompts,
+            routing,
+            controller.engine_unhealthy,
+            task,
+            lambda text: self.tokens.encode(checkpoint, text),
+            logprobs=True,
+            max_tries=self.max_tries,
         )
-        if len(done) < len(requests):
-            raise ControllerError(f"rollout {rollout_id}: {len(requests) - len(done)} samples failed on every engine")
+        if len(done) < len(prompts):
+            raise ControllerError(f"rollout {rollout_id}: {len(prompts) - len(done)} samples failed on every engine")
         return [done[i] for i in sorted(done)]
 
 
@@ -292,10 +301,11 @@ class RolloutExecutor:
         if not fleet and not self.runner.core.engines:  # plain train-only: no server to evaluate on
             return EvalResult(rollout_id, None, skipped="no_engines", detail="no rollout server and no eval fleet")
         await self.runner.operate("eval")
+        weights = controller.committed[0] if controller.committed else None
         try:
             controller.check()
             if not fleet:
-                samples = await self.eval_fn(rollout_id, controller.routable, controller.engine_unhealthy)
+                samples = await self.eval_fn(rollout_id, controller.routing(), controller.engine_unhealthy, weights)
                 return _eval_result(rollout_id, samples, "rollout", t0)
             pin = await pin_fleet(self.runner, controller)
             try:
@@ -305,7 +315,7 @@ class RolloutExecutor:
                     )
                 try:
                     samples = await self.eval_fn(
-                        rollout_id, lambda: controller.routable(EVAL), controller.engine_unhealthy
+                        rollout_id, controller.routing(EVAL), controller.engine_unhealthy, weights
                     )
                 except EvalFailed as exc:
                     return EvalResult(rollout_id, None, pin.weight_version, "eval_fleet", "unhealthy", str(exc))
@@ -353,11 +363,13 @@ class RolloutManager:
         seed: int = 0,
         rollout_fn_path: str | None = None,
         data_source_path: str | None = None,
+        router: bool = False,
+        log_dir: str | None = None,
     ) -> None:
         self.config = config
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.controller = InferenceController(
-            self.runner, launcher_factory=launcher_factory, timeouts=timeouts, seed=seed
+            self.runner, launcher_factory=launcher_factory, timeouts=timeouts, seed=seed, router=router, log_dir=log_dir
         )
         self.executor = RolloutExecutor(
             self.runner,

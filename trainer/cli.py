@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engines.router import router_available
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
@@ -116,6 +117,12 @@ def register(sub: Any) -> None:
         "Hugging Face LlamaForCausalLM and a BPE tokenizer trained locally, built into RUN_DIR/model and served "
         "and trained through transformers; needs pip install 'rl-lifecycle[hf]'; slower, see the README). "
         "--hf-checkpoint gives the model instead",
+    )
+    p.add_argument(
+        "--no-router",
+        action="store_true",
+        help="route requests in-process instead of through sglang-router (the default where "
+        "'rl-lifecycle[router]' is installed; engines are registered only while Serving)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
@@ -228,7 +235,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    check_faults(faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher)
+    router = not ns.no_router and router_available()
+    check_faults(
+        faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher, router=router
+    )
     check_steps(faults, ns.steps)
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
@@ -250,6 +260,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         async_mode=ns.async_mode,
         keep_checkpoints=ns.keep_checkpoints,
         model=ns.model,
+        router=router,
         hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
     )

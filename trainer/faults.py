@@ -13,6 +13,8 @@ Seven faults, each a *real* failure of a real part (no mocked errors):
 ``crash-during-offload``  the same when its weights are released (needs ``--offload-rollout``)
 ``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
 ``crash-trainer``         a trainer worker actor's process dies
+``kill-router``           the rollout group's sglang-router process is SIGKILLed (INDEX is 0); its
+                          watcher reports it, and it comes back empty
 ========================  ==========================================================================
 
 The armed faults (update, offload) act from an event-log sink, synchronously inside the machine
@@ -50,8 +52,9 @@ FAULTS = (
     "crash-during-offload",
     "lose-node",
     "crash-trainer",
+    "kill-router",
 )
-ENGINE_FAULTS = FAULTS[:-1]
+ENGINE_FAULTS = FAULTS[:-2]
 FAULT_DOCS = {
     "kill-engine": "engine actor process SIGKILL (Ray reports the actor dead)",
     "hang-engine": "engine server SIGSTOP: health and generate stall, nothing dies",
@@ -60,6 +63,7 @@ FAULT_DOCS = {
     "crash-during-offload": "server SIGKILL on entering Offloaded (--offload-rollout)",
     "lose-node": "the Ray worker node hosting the engine is removed (--ray-nodes 3)",
     "crash-trainer": "trainer worker actor process dies",
+    "kill-router": "the rollout sglang-router process SIGKILL (it restarts empty)",
 }
 # The four FT configurations of the matrix, by their column names (the flags are the presets').
 FT_CONFIGS: dict[str, dict[str, object]] = {
@@ -102,11 +106,20 @@ def parse_fault(spec: str) -> Fault:
 
 
 def check_faults(
-    faults: Sequence[Fault], config: LifecycleConfig, *, ray_nodes: int = 1, workers: int = 1, launcher: str = "ray"
+    faults: Sequence[Fault],
+    config: LifecycleConfig,
+    *,
+    ray_nodes: int = 1,
+    workers: int = 1,
+    launcher: str = "ray",
+    router: bool = True,
 ) -> None:
     """Refuse, before anything starts, a fault the run cannot host (one message naming --inject and the fix)."""
     engines = config.num_rollout_engines  # 0 when no servers start
     for f in faults:
+        if f.kind == "kill-router" and (not router or not engines or f.index != 0):
+            why = "there is no router in the path" if not router or not engines else "there is one rollout router"
+            raise ConfigError("--inject", str(f), why, "use kill-router:0@STEP with the router on (no --no-router)")
         if f.on_engine and not 0 <= f.index < engines:
             raise ConfigError("--inject", str(f), f"there are {engines} rollout engines", "use a valid engine index")
         if f.kind == "crash-trainer" and not 0 <= f.index < workers:
@@ -147,6 +160,13 @@ def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
         if heals_trainer(config):
             return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
         return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
+    if kind == "kill-router":
+        if rollout_ft(config):
+            return Expected(
+                "recovers",
+                "router restarted empty; every engine is registered again as it enters Serving; run completes",
+            )
+        return Expected("stops", "the run stops at once naming the router and the fix; rollout FT off")
     if rollout_ft(config) and mode == "rollout-only":  # no trainer, so no update_weights to recover it
         return Expected(
             "recovers",
@@ -197,6 +217,8 @@ class Controller(Protocol):
     @property
     def runner(self) -> Runner: ...
 
+    def routing(self) -> Any: ...
+
 
 @dataclass
 class Injection:
@@ -237,6 +259,22 @@ class FaultInjector:
             await trainer.crash_worker(fault.index)
             await asyncio.sleep(0.5)  # the process is gone before the next call
             self.injections.append(record)
+            return record
+        if fault.kind == "kill-router":
+            if controller is None:
+                raise FaultError(f"{fault}: there is no rollout manager")
+            routing = controller.routing()
+            kill = getattr(routing, "kill", None)
+            if kill is None:
+                raise FaultError(f"{fault}: requests are routed in-process (--no-router): there is no router to kill")
+            record = Injection(fault, routing.name, at=now, detail={"deaths_before": routing.deaths})
+            self.injections.append(record)
+            await kill()
+            deadline = time.monotonic() + self.detect_timeout
+            while routing.deaths == record.detail["deaths_before"]:  # its watcher reported the death
+                if time.monotonic() > deadline:
+                    raise FaultError(f"{routing.name}: death not reported within {self.detect_timeout:g}s")
+                await asyncio.sleep(0.02)
             return record
         engines = list(controller.engines) if controller is not None else []
         if not 0 <= fault.index < len(engines):

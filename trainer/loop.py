@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from engines.engine import Timeouts
-from engines.launcher import LauncherKind, launcher_factory
+from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
 from engines.process import torch_engine_command
+from engines.router import router_available
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
@@ -76,6 +77,8 @@ class RunOptions:
     keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
     hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
     model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
+    router: bool | None = None  # the real sglang-router in the rollout path; None: where it is installed
+    engine_launcher: LauncherFactory | None = None  # engine_id -> Launcher (scripts/gpu_check.py: SGLang servers)
 
 
 @dataclass
@@ -212,11 +215,13 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         config,
         task,
         runner=runner,
-        launcher_factory=launcher_factory(opts.launcher, engine_command(opts)),
+        launcher_factory=opts.engine_launcher or launcher_factory(opts.launcher, engine_command(opts)),
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
         data_source_path=opts.data_source,
         timeouts=opts.timeouts,
+        router=router_available() if opts.router is None else opts.router,
+        log_dir=str(run_dir),
     )
     rewards: list[float] = []
     metrics: list[dict[str, Any]] = []

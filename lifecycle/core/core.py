@@ -68,8 +68,6 @@ COUPLED: dict[tuple[str, str], str] = {
 }
 # Effects that are labels of the move itself, with nothing more to do (XState: an action bound to no code).
 LEDGER_ONLY: dict[tuple[str, str], str] = {
-    ("engine", "route_traffic"): "routing is read off the state: only Serving engines are routable",
-    ("engine", "stop_routing"): "routing is read off the state",
     ("engine", "recover_engine"): "the recovery is the kill and the relaunch that follow",
     ("engine", "report_failure"): "the run stops (failed)",
     ("monitor", "probe_engine"): "the round the monitor just ran",
@@ -718,6 +716,9 @@ class _Tx:
         if o.name == "probe":
             self.fire("monitor", "probe")
             return
+        if o.name == "router_died" and o.group is not None:
+            self.router_died(o.group)
+            return
         if o.group is None or o.engine is None or not 0 <= o.engine < len(self.s.group(o.group)):
             return
         e = self.s.group(o.group)[o.engine]
@@ -732,8 +733,23 @@ class _Tx:
         elif o.name == "request_failed":
             if e.state in core.markable:
                 self.fire("engine", "mark_unhealthy", o.group, o.engine)
+
         elif o.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
             self.fire("monitor", o.name)
+
+    def router_died(self, group: str) -> None:
+        """The group's router died: it comes back empty, so every Serving engine is registered again (the
+        engine spec's ``republish``, under rollout FT); where that is blocked the run stops at once."""
+        if isinstance(self.core.c["engine"].table.get(("Serving", "republish")), Blocked):
+            for i, e in enumerate(self.s.group(group)):
+                if e.state == "Serving":
+                    self.subject = (group, i)
+                    self.fire("engine", "republish", group, i, log=True)  # on the record: why not
+            self.fail_run(f"router-{group} died: the sglang-router process exited and rollout FT is off")
+            return
+        for i, e in enumerate(self.s.group(group)):
+            if e.state == "Serving":
+                self.fire("engine", "republish", group, i)
 
     def completed(self, c: Completed) -> None:
         for cmd, result in c.results:

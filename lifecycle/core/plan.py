@@ -103,6 +103,8 @@ RESULTS: dict[str, frozenset[str]] = {
     "kill_engine": frozenset({"dead", "alive"}),
     "transfer_weights": frozenset({"loaded", "refused", "request_failed", "done", "worker_crashed"}),
     "continue_generation": frozenset({"done", "request_failed"}),
+    "route_traffic": frozenset({"done", "request_failed"}),
+    "stop_routing": frozenset({"done", "request_failed"}),
     "pause_generation": frozenset({"done", "request_failed"}),
     "release_weights": frozenset({"done", "request_failed"}),
     "release_kv_cache": frozenset({"done", "request_failed"}),
@@ -118,5 +120,7 @@ RESULTS: dict[str, frozenset[str]] = {
     "onload_train": frozenset({"done", "worker_crashed"}),
 }
 # News the shells report at any time (not the result of a command): deaths, probe verdicts, failed requests.
-NEWS = frozenset({"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result"})
+NEWS = frozenset(
+    {"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result", "router_died"}
+)
 ERROR = "error"  # a handler raised: the operation is aborted (the lock released), the exception goes on

@@ -218,6 +218,8 @@ def check_recovered(run: Run) -> str:
         path = [t["trigger"] for t in run.transitions("trainer")]
         assert [p for p in path if p in ("worker_crashed", "heal", "healed")] == ["worker_crashed", "heal", "healed"]
         return f"recovers: {steps}/{steps} steps; trainer worker_crashed -> heal -> healed, step retried"
+    if run.fault.kind == "kill-router":
+        return check_router_recovered(run, steps)
     mark = check_fault_maps_to_transition(run)
     target = f"engine-{run.fault.index}"
     path = [t["dst"] for t in run.transitions(target)]
@@ -239,13 +241,31 @@ def check_recovered(run: Run) -> str:
     )
 
 
+def check_router_recovered(run: Run, steps: int) -> str:
+    """The router came back (a second start in the log) and every engine entered Serving again after it."""
+    injected = _ts(run.first("fault.injected"))
+    starts = [e for e in run.events if e.get("event") == "router.started"]
+    assert len(starts) == 2 and _ts(starts[1]) > injected, starts
+    for i in range(2):
+        after = [t for t in run.transitions(f"engine-{i}") if _ts(t) > injected and t["dst"] == "Serving"]
+        assert after, f"engine-{i} never served again after the router died"
+    last = run.audit[-1]
+    assert set(last["serving_versions"].values()) == {str(steps - 1)}, last
+    return (
+        f"recovers: {steps}/{steps} steps; router restarted (start {len(starts)}), "
+        "both engines registered again as they entered Serving"
+    )
+
+
 def check_stopped(run: Run) -> str:
     assert run.error is not None, f"expected the run to stop, it completed {run.steps_done} steps"
     message = str(run.error)
     assert run.steps_done <= AT + 1, f"stopped late: {run.steps_done} steps done"
     injected_at = _ts(run.first("fault.injected"))
     assert run.stopped_at - injected_at < STOP_WITHIN, run.stopped_at - injected_at
-    if run.fault.kind == "crash-trainer":
+    if run.fault.kind == "kill-router":
+        assert "router-rollout died" in message and "--ft-components rollout" in message, message
+    elif run.fault.kind == "crash-trainer":
         assert "TrainerFailed" in message or type(run.error).__name__ == "TrainerFailed", message
         assert f"trainer worker {run.fault.index} crashed in state Training" in message, message
         assert "train fault tolerance is off" in message, message
@@ -278,7 +298,7 @@ def test_cell(
 ) -> None:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
-    index = 0 if kind == "crash-trainer" else ENGINE
+    index = 0 if kind in ("crash-trainer", "kill-router") else ENGINE
     fault = Fault(kind, index, AT)
     if kind == "lose-node":
         run = run_subprocess(fault, ft, tmp_path)

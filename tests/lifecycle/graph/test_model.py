@@ -43,7 +43,7 @@ def test_engine_ft_train_vs_ft_rollout_differs_exactly_at_rollout_ft_edges(docs)
     assert train.keys() == roll.keys()
     flipped = {eid for eid in train if train[eid] != roll[eid]}
     guarded = edge_ids_guarded_by(docs["ft-rollout"]["machines"]["engine"], "rollout_ft")
-    assert flipped == guarded == {"Unhealthy:recover:Recovering", "Unhealthy:fail:Failed"}
+    assert flipped == guarded == {"Unhealthy:recover:Recovering", "Unhealthy:fail:Failed", "Serving:republish:Serving"}
 
 
 @pytest.mark.parametrize("name", PRESETS)

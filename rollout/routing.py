@@ -1,0 +1,280 @@
+"""Where generate requests go: the engines a group has published, through the real sglang-router or in-process.
+
+Publication is an effect of the engine machine: ``route_traffic`` (on every move into ``Serving``) adds
+an engine, ``stop_routing`` (before it leaves) removes it; :class:`~rollout.controller.InferenceController`
+binds both to the group's routing. So the set of engines a request can reach is exactly the Serving set,
+and "a recovered engine never served again" (miles #692) or "an engine served before it held the
+trainer's weights" (miles #1724) would show as a difference between the two, which the wire tests read.
+
+* :class:`RouterRouting`: an ``sglang-router`` process (``engines.router``); requests are sent one per
+  prompt, as the router takes them; a failed request names its upstream, which is reported as that
+  engine's failed request (the lifecycle marks it; the next try goes to the others).
+* :class:`LocalRouting`: the same membership in-process, requests sharded round-robin over the members
+  as one batch per engine (``--no-router``, or where sglang-router is not installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from engines.engine import Engine
+from engines.errors import EngineError
+from engines.protocol import GenerateResponse
+from engines.router import Router, upstream_of
+from lifecycle.core import Outcome
+from lifecycle.events import EventLog
+
+OnUnhealthy = Callable[[str, str], Awaitable[None]]
+OnRouterDeath = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One prompt to generate for: ``text`` is what is sent; ``index`` orders the answers."""
+
+    index: int
+    text: str
+    params: dict[str, Any]
+
+
+@dataclass
+class Answer:
+    response: GenerateResponse
+    engine: str  # the engine that answered ("router" when the router does not say)
+
+
+class Routing(Protocol):
+    """A group's published engines and how a batch of prompts reaches them."""
+
+    name: str
+
+    def members(self) -> list[str]: ...
+
+    async def publish(self, engine: Engine) -> Outcome: ...
+
+    async def withdraw(self, engine: Engine) -> Outcome: ...
+
+    async def generate(
+        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+    ) -> dict[int, Answer]: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class LocalRouting:
+    """In-process membership: the published engines, in slot order."""
+
+    name: str = "local"
+    _members: dict[str, Engine] = field(default_factory=dict)
+
+    def members(self) -> list[str]:
+        return sorted(self._members, key=_slot_order)
+
+    async def publish(self, engine: Engine) -> Outcome:
+        if engine.client is None:
+            return Outcome("request_failed", reason="no server process to route to")
+        self._members[engine.id] = engine
+        return Outcome("done")
+
+    async def withdraw(self, engine: Engine) -> Outcome:
+        self._members.pop(engine.id, None)
+        return Outcome("done")
+
+    async def generate(
+        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+    ) -> dict[int, Answer]:
+        """Round-robin shards, one batch per member, concurrently; a member whose batch fails is reported and
+        its prompts go to the others in the next try (every prompt answered at most once)."""
+        done: dict[int, Answer] = {}
+
+        async def shard(engine: Engine, batch: list[GenRequest]) -> None:
+            if engine.client is None:
+                return
+            try:
+                answers = await engine.client.generate_batch(
+                    [r.text for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
+                )
+            except EngineError as exc:
+                await on_unhealthy(engine.id, f"generate failed: {exc}")
+                return
+            for r, answer in zip(batch, answers, strict=True):
+                done[r.index] = Answer(answer, engine.id)
+
+        for _ in range(max_tries):
+            todo = [r for r in requests if r.index not in done]
+            members = [self._members[m] for m in self.members()]
+            if not todo or not members:
+                break
+            shards: dict[int, list[GenRequest]] = {}
+            for n, r in enumerate(todo):
+                shards.setdefault(n % len(members), []).append(r)
+            await asyncio.gather(*(shard(members[i], batch) for i, batch in shards.items()))
+        return done
+
+    async def close(self) -> None:
+        self._members.clear()
+
+
+class RouterRouting:
+    """Membership in a real ``sglang-router`` process; every request of the group goes through it.
+
+    The router's death is reported (``on_death``) unless this object killed it; a dead router is started
+    again by the next ``publish`` (the core's ``republish`` under rollout FT: with FT off the run has
+    already stopped), empty, so every engine that is Serving is registered again by its own effect.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        on_death: OnRouterDeath,
+        log_dir: str | Path | None = None,
+        log: EventLog | None = None,
+        **opts: float,
+    ) -> None:
+        self.name = name
+        self.log = log
+        log_path = Path(log_dir) / f"{name}.log" if log_dir is not None else None
+        self.router = Router(name, log_path=log_path, **opts)
+        self.on_death = on_death
+        self._urls: dict[str, str] = {}  # published engine id -> its URL (for error attribution)
+        self._engines: dict[str, Engine] = {}
+        self._lock = asyncio.Lock()
+        self._watch: asyncio.Task[None] | None = None
+        self._gen = 0
+        self.deaths = 0  # deaths reported (not caused by a restart or close)
+
+    @property
+    def url(self) -> str | None:
+        return self.router.url
+
+    def members(self) -> list[str]:
+        return sorted(self._urls, key=_slot_order)
+
+    async def start(self) -> None:
+        async with self._lock:
+            await self._start()
+
+    async def _start(self) -> None:
+        self._gen += 1
+        self._urls.clear()  # a (re)started router is empty
+        self._engines.clear()
+        if self.router.process is None:
+            await self.router.start()
+        else:
+            await self.router.restart()
+        if self.log is not None:
+            self.log.emit("router.started", router=self.name, url=self.router.url, restarts=self.router.restarts)
+        gen = self._gen
+
+        async def watch() -> None:
+            reason = await self.router.watch()
+            if gen == self._gen:  # not a death we caused (a restart or close)
+                self.deaths += 1
+                await self.on_death(f"{self.name}: {reason}")
+
+        self._watch = asyncio.create_task(watch(), name=f"watch-{self.name}")
+
+    async def publish(self, engine: Engine) -> Outcome:
+        if engine.url is None:
+            return Outcome("request_failed", reason="no server process to route to")
+        try:
+            async with self._lock:
+                if not self.router.alive:
+                    await self._start()
+            await self.router.add(engine.url)
+        except EngineError as exc:
+            return Outcome("request_failed", reason=f"router registration failed: {exc}")
+        self._urls[engine.id] = engine.url.rstrip("/")
+        self._engines[engine.id] = engine
+        return Outcome("done")
+
+    async def withdraw(self, engine: Engine) -> Outcome:
+        self._engines.pop(engine.id, None)
+        url = self._urls.pop(engine.id, None) or (engine.url or "").rstrip("/")
+        if not self.router.alive:  # a dead router routes nothing: already out
+            return Outcome("done")
+        try:
+            await self.router.remove(url)
+        except EngineError as exc:
+            return Outcome("request_failed", reason=f"router unregistration failed: {exc}")
+        return Outcome("done")
+
+    async def generate(
+        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+    ) -> dict[int, Answer]:
+        """Every prompt is one ``/generate`` through the router, concurrently; a failure the router pins on an
+        engine is reported as that engine's, and the prompts left go through the router again."""
+        done: dict[int, Answer] = {}
+        by_url: dict[str, str] = {}
+
+        async def one(r: GenRequest) -> tuple[str, str] | None:
+            """None when answered, else (the engine the router names or "", the error)."""
+            client = self.router.client
+            if client is None:
+                return "", "the router is not running"
+            try:
+                answer = await client.generate(r.text, sampling_params=r.params, return_logprob=logprobs)
+            except EngineError as exc:
+                return by_url.get(upstream_of(exc) or "", ""), str(exc)
+            done[r.index] = Answer(answer, "router")
+            return None
+
+        for _ in range(max_tries):
+            todo = [r for r in requests if r.index not in done]
+            if not todo or not await self._members_ready():
+                break
+            by_url = {url: engine_id for engine_id, url in self._urls.items()}
+            failures = [f for f in await asyncio.gather(*(one(r) for r in todo)) if f is not None]
+            named = {engine_id: error for engine_id, error in failures if engine_id}
+            for engine_id in sorted(named, key=_slot_order):
+                await on_unhealthy(engine_id, f"generate through the router failed: {named[engine_id]}")
+            unnamed = [error for engine_id, error in failures if not engine_id]
+            if unnamed:
+                await self._diagnose(unnamed[0], on_unhealthy)
+        return done
+
+    async def _diagnose(self, error: str, on_unhealthy: OnUnhealthy) -> None:
+        """A failure the router does not pin on an engine (a timeout): probe the members, bounded, and report
+        the ones that do not answer -- the lifecycle marks them, the next try goes to the others."""
+        engines = [self._engines[e] for e in self.members() if e in self._engines]
+        timeout = min(10.0, self.router.request_timeout)
+        outcomes = await asyncio.gather(*(engine.probe(timeout) for engine in engines))
+        for engine, outcome in zip(engines, outcomes, strict=True):
+            if outcome.name != "probe_ok":
+                await on_unhealthy(engine.id, f"generate through the router failed ({error}); {outcome.reason}")
+
+    async def kill(self) -> None:
+        """SIGKILL the router process (the ``kill-router`` fault): a real death its watcher reports."""
+        if self.router.process is not None:
+            self.router.process.kill()
+
+    async def _members_ready(self) -> bool:
+        """Wait (bounded by the request timeout) while a restarted router is being repopulated: the
+        lifecycle's ``republish`` is registering the Serving engines again."""
+        deadline = asyncio.get_running_loop().time() + self.router.request_timeout
+        while not (self.router.alive and self._urls):
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def close(self) -> None:
+        self._gen += 1
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+        await self.router.close()
+        self._urls.clear()
+
+
+def _slot_order(engine_id: str) -> tuple[str, int]:
+    prefix, _, index = engine_id.rpartition("-")
+    return prefix, int(index) if index.isdigit() else -1

@@ -1,0 +1,325 @@
+"""The real sglang-router in the rollout path, read on the wire.
+
+Router membership is the publication boundary: after every step of the job whose commands have come
+back, the router's ``GET /workers`` lists exactly the Serving engines (a Quiesced, Pending, Updating or
+Unhealthy one listed, or a Serving one missing, fails); and every engine's own count of ``/generate``
+requests does not move while it is not Serving -- right after a recovery and during a weight update
+included. Two tests re-introduce the field's bugs (registered before holding the weights, miles #1724;
+never registered again after a recovery, miles #692) and show the check fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.core import Event, Move, Refusal
+from lifecycle.events import EventLog, MemorySink
+from lifecycle.runner import RunFailed, Runner
+
+pytest.importorskip("torch")
+pytest.importorskip("sglang_router")
+
+from engines.errors import EngineUnreachable
+from engines.launcher import launcher_factory
+from models import TinyCausalLM
+from rollout.executor import RolloutManager
+from rollout.routing import RouterRouting
+from rollout.task import PatternTask
+
+from .conftest import bind_trainer_stand_in
+
+pytestmark = pytest.mark.routing
+
+ROLLOUT_FT = {
+    "use_fault_tolerance": True,
+    "ft_components": ["rollout"],
+    "rollout_num_gpus": 2,
+    "offload_rollout": True,
+    "rollout_health_check_interval": 5.0,
+    "rollout_health_check_timeout": 5.0,
+    "engine_restart_backoff": 0.05,
+    "engine_max_restarts": 20,
+}
+TASK = PatternTask(prompts_per_step=2, group_size=2, response_len=4)
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+class Violation(AssertionError):
+    pass
+
+
+class CheckingRunner(Runner):
+    """After every event whose commands have all come back, the router lists exactly the Serving engines."""
+
+    rig: Rig | None = None
+    checks = 0
+
+    async def submit(self, event: Event) -> Refusal | None:
+        refusal = await super().submit(event)
+        if self.rig is not None and not self.state.failed and not self.state.awaiting:  # settled: effects done
+            await self.rig.check_membership(f"after {event!r}"[:160])
+            self.checks += 1
+        return refusal
+
+
+class Rig:
+    def __init__(self, flags: dict[str, Any], tmp: Path) -> None:
+        self.config = LifecycleConfig.from_mapping(flags)
+        self.loop = asyncio.new_event_loop()
+        self.events = MemorySink()
+        self.runner = CheckingRunner(self.config, log=EventLog([self.events]))
+        self.manager = RolloutManager(
+            self.config,
+            TASK,
+            runner=self.runner,
+            launcher_factory=launcher_factory("local"),
+            router=True,
+            log_dir=str(tmp),
+        )
+        self.tmp = tmp
+        self.versions = 0
+        self.counts: list[tuple[str, str, str, int]] = []  # (engine, src, dst, its /generate count at the move)
+        self.runner.watch(self._count)
+        bind_trainer_stand_in(self.runner, self.weights)
+        self.run(self.runner.operate("trainer.start"))
+        self.runner.rig = self
+
+    @property
+    def routing(self) -> RouterRouting:
+        routing = self.manager.controller.routing()
+        assert isinstance(routing, RouterRouting)
+        return routing
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def weights(self, version: int | None = None) -> tuple[str, str]:
+        if version is None:
+            self.versions += 1
+            version = self.versions
+        path = self.tmp / f"step-{version}"
+        if not path.exists():
+            TinyCausalLM("tiny", seed=100 + version).save_pretrained(path)
+        return str(path), str(version)
+
+    def generate_count(self, index: int) -> int:
+        engines = self.manager.controller.engines
+        if index >= len(engines) or engines[index].url is None:
+            return 0
+        engine = engines[index]
+        if engine.url is None:
+            return 0
+        try:
+            info = _get(engine.url + "/server_info")
+        except OSError:
+            return -1  # the process is gone (a death the lifecycle is about to hear of)
+        return int(info["internal_states"][0]["num_generate_requests"])
+
+    def _count(self, move: Move) -> None:
+        if move.machine == "engine" and move.instance.startswith("engine-"):
+            i = int(move.instance.rsplit("-", 1)[1])
+            self.counts.append((move.instance, move.src, move.dst, self.generate_count(i)))
+
+    async def check_membership(self, when: str) -> None:
+        router = self.routing.router
+        if router.process is None or not router.alive:
+            return  # dead (being restarted by the lifecycle): it routes nothing
+        try:
+            listed = set(await router.workers())
+        except EngineUnreachable:
+            if not router.alive:
+                return
+            raise
+        engines = self.manager.controller.engines
+        serving = {e.url.rstrip("/") for i, e in enumerate(engines) if e.url and self.state(i) == "Serving"}
+        if listed != serving:
+            states = {e.id: self.state(i) for i, e in enumerate(engines)}
+            raise Violation(f"{when}: router lists {sorted(listed)}, Serving are {sorted(serving)} ({states})")
+
+    def state(self, i: int = 0) -> str:
+        return self.runner.state.engines[i].state
+
+    def close(self) -> None:
+        self.runner.rig = None
+        self.run(self.manager.dispose())
+        self.loop.close()
+
+
+def requests_while_not_serving(counts: list[tuple[str, str, str, int]]) -> list[str]:
+    """Per engine, the /generate requests it counted between leaving Serving and entering it again."""
+    bad = []
+    left: dict[str, tuple[str, int]] = {}
+    for instance, src, dst, count in counts:
+        if src == "Serving" and dst != "Serving":
+            left[instance] = (dst, count)
+        elif dst == "Serving" and instance in left:
+            state, before = left.pop(instance)
+            if count >= 0 and before >= 0 and count > before:
+                bad.append(f"{instance}: {count - before} requests while {state}")
+        elif src == "Starting" and dst == "PendingWeights":  # a new process: counted from zero
+            left[instance] = (dst, count)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    r = Rig(ROLLOUT_FT, tmp_path_factory.mktemp("router"))
+    r.run(r.manager.init(r.weights(0)))
+    yield r
+    r.close()
+
+
+def test_router_lists_exactly_the_serving_engines_through_generate_updates_and_recovery(rig: Rig) -> None:
+    checks = rig.runner.checks
+    samples = rig.run(rig.manager.generate(1))
+    assert len(samples) == TASK.prompts_per_step * TASK.group_size and {s["engine"] for s in samples} == {"router"}
+    assert {s["weight_version"] for s in samples} == {"0"}
+    rig.run(rig.runner.operate("update_weights"))
+    rig.run(rig.manager.offload())
+    rig.run(rig.manager.onload_weights())
+    rig.run(rig.manager.onload_kv())
+    rig.run(rig.manager.controller.kill_engine(0))
+    samples = rig.run(rig.manager.generate(2))  # recover engine-0, catch up, register again
+    assert {s["weight_version"] for s in samples} == {"1"}
+    assert rig.state(0) == "Quiesced" and rig.runner.checks > checks + 8
+    moves = [(e["instance"], e["trigger"]) for e in rig.events if e.get("event") == "lifecycle.transition"]
+    assert ("engine-0", "recover") in moves
+    assert requests_while_not_serving(rig.counts) == []
+
+
+def test_no_request_reaches_an_engine_during_a_weight_update(rig: Rig) -> None:
+    """Requests sent to the router while the update runs find no member (none is Serving), not an engine."""
+    before = [rig.generate_count(i) for i in range(2)]
+    router_url = rig.routing.url
+    assert router_url is not None
+
+    async def hammer(stop: asyncio.Event) -> list[int]:
+        client = rig.routing.router.client
+        assert client is not None
+        codes = []
+        while not stop.is_set():
+            try:
+                await client.generate("abcd:", sampling_params={"max_new_tokens": 1})
+                codes.append(200)
+            except Exception as exc:  # the router answers an error: no worker to route to
+                codes.append(getattr(exc, "status", 0))
+            await asyncio.sleep(0)
+        return codes
+
+    async def scenario() -> list[int]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(hammer(stop))
+        await asyncio.sleep(0.05)
+        await rig.runner.operate("update_weights")
+        stop.set()
+        return await task
+
+    codes = rig.run(scenario())
+    assert codes and 200 not in codes
+    assert [rig.generate_count(i) for i in range(2)] == before
+    assert requests_while_not_serving(rig.counts) == []
+
+
+def test_the_check_fails_when_engines_are_registered_before_they_hold_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """miles #1724 re-introduced: registration at launch (PendingWeights, no committed weights yet)."""
+    original = RouterRouting.publish
+    rig = Rig({**ROLLOUT_FT, "rollout_num_gpus": 1}, tmp_path)
+
+    async def launch_and_register(cmd: Any) -> Any:
+        outcome = await launch(cmd)
+        await original(rig.routing, rig.manager.controller.slot(cmd))
+        return outcome
+
+    launch = rig.runner.handlers["engine.launch_engine"]
+    rig.runner.provide({"engine.launch_engine": launch_and_register})
+    try:
+        with pytest.raises(Violation, match="Serving are \\[\\]"):
+            rig.run(rig.manager.init(rig.weights(0)))
+    finally:
+        rig.close()
+
+
+def test_the_check_fails_when_a_recovered_engine_is_not_registered_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """miles #692 re-introduced: an engine registered once is never registered again."""
+    original = RouterRouting.publish
+    seen: set[str] = set()
+
+    async def once(self: RouterRouting, engine: Any) -> Any:
+        if engine.id in seen:
+            from lifecycle.core import Outcome
+
+            return Outcome("done")
+        seen.add(engine.id)
+        return await original(self, engine)
+
+    monkeypatch.setattr(RouterRouting, "publish", once)
+    rig = Rig({**ROLLOUT_FT, "rollout_num_gpus": 1}, tmp_path)
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+        rig.run(rig.manager.generate(1))
+        rig.run(rig.manager.controller.kill_engine(0))
+        with pytest.raises(Violation, match="router lists \\[\\]"):
+            rig.run(rig.manager.generate(2))
+    finally:
+        rig.close()
+
+
+@pytest.mark.recovery
+def test_a_killed_router_is_restarted_and_the_serving_engines_registered_again(tmp_path: Path) -> None:
+    rig = Rig(ROLLOUT_FT, tmp_path)
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+
+        async def kill_router_mid_rollout(rollout_id: int, controller: Any) -> Any:
+            old = rig.routing.router.process
+            assert old is not None
+            await rig.routing.router.kill()  # SIGKILL while both engines are Serving
+            for _ in range(500):
+                if rig.routing.router.alive and rig.routing.router.process is not old:
+                    break
+                await asyncio.sleep(0.01)
+            return await fn(rollout_id, controller)
+
+        fn = rig.manager.executor.rollout_fn
+        assert fn is not None
+        rig.manager.executor.rollout_fn = kill_router_mid_rollout
+        samples = rig.run(rig.manager.generate(1))
+        assert len(samples) == TASK.prompts_per_step * TASK.group_size
+        assert rig.routing.router.restarts == 1
+        moves = [(e["instance"], e["trigger"]) for e in rig.events if e.get("event") == "lifecycle.transition"]
+        assert moves.count(("engine-0", "republish")) == 1 and moves.count(("engine-1", "republish")) == 1
+    finally:
+        rig.close()
+
+
+def test_without_rollout_ft_a_killed_router_stops_the_run_naming_it(tmp_path: Path) -> None:
+    rig = Rig({"rollout_num_gpus": 1}, tmp_path)
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+        rig.run(rig.routing.router.kill())
+        for _ in range(500):
+            if rig.runner.state.failed:
+                break
+            rig.run(asyncio.sleep(0.01))
+        with pytest.raises(Exception, match=r"router-rollout died.*--ft-components rollout"):
+            rig.manager.controller.check()
+        with pytest.raises((RunFailed, Exception)):
+            rig.run(rig.manager.generate(1))
+    finally:
+        rig.close()
