@@ -170,7 +170,7 @@ class RouterRouting:
         else:
             await self.router.restart()
         if self.log is not None:
-            self.log.emit("router.started", router=self.name, url=self.router.url, restarts=self.router.restarts)
+            self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
         gen = self._gen
 
         async def watch() -> None:

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.router import router_available
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
@@ -235,7 +234,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    router = not ns.no_router and router_available()
+    router = not ns.no_router and importlib.util.find_spec("sglang_router") is not None  # engines.router's test
     check_faults(
         faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher, router=router
     )

@@ -302,8 +302,14 @@ def test_tiny_llama_learns_within_the_default_run(tmp_path: Path) -> None:
     kept = checkpoint_steps(run_dir / "weights")
     assert kept[-1][0] == RunOptions().steps and all(checkpoint_config(p)["model_type"] == "llama" for _, p in kept)
     assert all(m["logprob_diff"] < 1e-3 for m in result.metrics)  # engines and trainer: one model, one tokenizer
-    engines = [e for e in read_jsonl(run_dir / "events.jsonl") if e.get("machine") == "engine"]
+    events = read_jsonl(run_dir / "events.jsonl")
+    engines = [e for e in events if e.get("machine") == "engine"]
     assert engines and not [e for e in engines if e.get("dst") in ("Failed", "Unhealthy")]
+    pytest.importorskip("sglang_router")  # with the router extra: it is in the path, membership by the effects
+    assert [e["router"] for e in events if e.get("event") == "router.started"] == ["router-rollout"]
+    routed = {(e["trigger"], e["dst"]) for e in engines if "route_traffic" in (e.get("effects") or ())}
+    unrouted = {(e["trigger"], e["src"]) for e in engines if "stop_routing" in (e.get("effects") or ())}
+    assert routed == {("resume", "Serving")} and unrouted == {("drain", "Serving")}
 
 
 def test_a_model_and_an_hf_checkpoint_together_are_refused(tmp_path: Path) -> None:
