@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import hmac
 import json
+import logging
 import os
 import signal
 import socket
@@ -196,7 +197,17 @@ def run(sock: socket.socket, args: argparse.Namespace) -> int:
     return 0
 
 
+class _QuietPreface(logging.Filter):
+    """sglang-router probes every worker it registers for gRPC (an HTTP/2 preface, ``PRI * HTTP/2.0``); the
+    400 aiohttp answers is the HTTP-only answer the router expects, so its traceback is noise, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and "PRI/Upgrade" in str(exc))
+
+
 async def _serve(engine: TorchEngine, sock: socket.socket, args: argparse.Namespace) -> None:
+    logging.getLogger("aiohttp.server").addFilter(_QuietPreface())
     # handler_cancellation: a client that disconnects cancels its handler, so its requests are aborted.
     runner = web.AppRunner(
         build_app(engine, api_key=args.api_key), access_log=None, handle_signals=False, handler_cancellation=True

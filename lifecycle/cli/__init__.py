@@ -38,7 +38,8 @@ def _register_plugin(sub: Any, ep: EntryPoint) -> None:
     except ImportError as exc:
         problem = (
             f"`lifecycle {ep.name}` is provided by {ep.value}, which cannot be imported ({exc}). "
-            "Fix: install the runtime extras, e.g. pip install 'rl-lifecycle[engines,ray,plot]' (torch==2.13.0 first)"
+            "Fix: install the runtime extras, e.g. pip install 'rl-lifecycle[engines,ray,plot,hf,router]' "
+            "(torch==2.13.0 first)"
         )
         # any flag the user passes is taken as a plain word (no prefix chars): the command only explains
         p = sub.add_parser(ep.name, help=f"(unavailable: {exc})", add_help=False, prefix_chars="\0")
