@@ -43,7 +43,8 @@ EXPLORED_OPS: tuple[OperationName, ...] = tuple(
     cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
 )
 ENGINE_OPS = ("stop_engine", "start_engine")
-_SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train"})
+# stop_routing talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
+_SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing"})
 
 
 class World(NamedTuple):
@@ -239,6 +240,8 @@ class Checker:
                         (Outcome("error"), True, same),
                     ]
                 return [(Outcome("request_failed"), False, same)]
+            if cmd.effect == "stop_routing":  # the router forgets the engine whatever the engine's health
+                return [(Outcome("done"), False, same)]
             if cmd.effect == "inject_ci_fault":  # the CI's own fault: a SIGKILL, counted in the budget like any
                 return [(Outcome("done"), True, _set_proc(cmd.group, cmd.engine, DEAD))]
             if cmd.effect == "probe_engine":
