@@ -18,7 +18,6 @@ A user can plug in their own rollout function by import path (``module:attr``): 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,7 +40,7 @@ from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_samples, save_rollout
 from rollout.routing import GenRequest, OnUnhealthy, Routing
 from rollout.sample import Sample, sample
-from rollout.task import DataSource, PatternTask
+from rollout.task import DataSource, SourcedTask, Task, checked_reward, checked_task
 
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
 # Held-out eval prompts: training uses rollout ids >= 0, so negative ids never overlap, and every eval
@@ -87,7 +86,7 @@ async def generate_samples(
     prompts: Sequence[tuple[int, int, str, dict[str, Any]]],
     routing: Routing,
     on_unhealthy: OnUnhealthy,
-    task: PatternTask,
+    task: Task,
     tokens: Callable[[str], list[int]],
     *,
     logprobs: bool,
@@ -117,7 +116,7 @@ async def generate_samples(
             prompt_ids=ids,
             output_ids=answer.output_ids or [],
             response=answer.text,
-            reward=task.reward(text, answer.text),
+            reward=checked_reward(task, text, answer.text),
             logprobs=[float(x[0]) for x in (answer.meta_info.output_token_logprobs or [])],
             weight_version=answer.meta_info.weight_version,
             engine=got.engine,
@@ -128,7 +127,7 @@ async def generate_samples(
 class EngineEvalFn:
     """The default eval function: greedy answers to the held-out prompts, scored by the task's reward."""
 
-    def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
+    def __init__(self, task: Task, *, max_tries: int = 3) -> None:
         self.task = task
         self.tokens = PromptTokens()
         self.max_tries = max_tries
@@ -139,7 +138,7 @@ class EngineEvalFn:
     async def __call__(
         self, rollout_id: int, routing: Routing, on_unhealthy: OnUnhealthy, checkpoint: str | None
     ) -> list[Sample]:
-        params = {"max_new_tokens": self.task.response_len, "temperature": 0.0, "ignore_eos": True}
+        params = self.task.eval_params()
         prompts = [(i, i, p, params) for i, p in enumerate(self.prompts())]
         done = await generate_samples(
             prompts,
@@ -159,7 +158,7 @@ class EngineEvalFn:
 class EngineRolloutFn:
     """The default rollout function: group sampling through the routing of the Serving engines, rewarded by the task."""
 
-    def __init__(self, task: PatternTask, *, max_tries: int = 3) -> None:
+    def __init__(self, task: Task, *, max_tries: int = 3) -> None:
         self.task = task
         self.tokens = PromptTokens()
         self.max_tries = max_tries
@@ -197,7 +196,7 @@ def _factory(path: str, what: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def load_data_source(path: str, task: PatternTask) -> DataSource:
+def load_data_source(path: str, task: Task) -> DataSource:
     """The user's data source factory, called with the task (miles' --data-source-path)."""
     source: DataSource = _factory(path, "data source")(task)
     if not callable(getattr(source, "prompts", None)):
@@ -205,7 +204,7 @@ def load_data_source(path: str, task: PatternTask) -> DataSource:
     return source
 
 
-def load_rollout_fn(path: str, task: PatternTask) -> RolloutFn:
+def load_rollout_fn(path: str, task: Task) -> RolloutFn:
     """The user's rollout function factory, called with the task (miles' --rollout-function-path)."""
     fn: RolloutFn = _factory(path, "rollout function")(task)
     return fn
@@ -218,7 +217,7 @@ class RolloutExecutor:
         self,
         runner: Runner,
         controller: InferenceController,
-        task: PatternTask,
+        task: Task,
         *,
         rollout_fn_path: str | None = None,
         data_source_path: str | None = None,
@@ -248,7 +247,7 @@ class RolloutExecutor:
     async def _construct_rollout_fn(self, cmd: Command) -> None:
         if self.data_source_path:  # the data source feeds the rollout fn: built behind the same gate
             self.data_source = load_data_source(self.data_source_path, self.task)
-            self.task = dataclasses.replace(self.task, source=self.data_source)
+            self.task = SourcedTask(self.task, self.data_source)
             self.constructed.append("data_source")
         if self.rollout_fn_path:
             self.rollout_fn = load_rollout_fn(self.rollout_fn_path, self.task)
@@ -271,7 +270,7 @@ class RolloutExecutor:
     async def _save_rollout_data(self, cmd: Command) -> None:
         template = self.config.save_debug_rollout_data
         assert template is not None  # the effect is gated on saves_rollout_data
-        save_rollout(template, self._rollout_id, self._samples, task=self.task.pattern)
+        save_rollout(template, self._rollout_id, self._samples, task=self.task.name)
 
     # -- the loop's calls -------------------------------------------------------------------------------
     async def generate(self, rollout_id: int) -> list[Sample]:
@@ -353,7 +352,7 @@ class RolloutManager:
     def __init__(
         self,
         config: LifecycleConfig,
-        task: PatternTask,
+        task: Task,
         *,
         runner: Runner | None = None,
         launcher_factory: LauncherFactory | None = None,
@@ -367,6 +366,7 @@ class RolloutManager:
         log_dir: str | None = None,
     ) -> None:
         self.config = config
+        task = checked_task(task, "RolloutManager(task=...)")
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.controller = InferenceController(
             self.runner, launcher_factory=launcher_factory, timeouts=timeouts, seed=seed, router=router, log_dir=log_dir

@@ -21,13 +21,13 @@ import torch
 from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
 from rollout.controller import ControllerError, InferenceController
 from rollout.sample import Sample, sample
-from rollout.task import PatternTask
+from rollout.task import Task, checked_reward
 
 
 class PolicyRolloutFn:
     """``rollout_fn(rollout_id, controller)`` that samples a local policy copy; ``controller`` is unused."""
 
-    def __init__(self, task: PatternTask, *, model_size: str = "tiny") -> None:
+    def __init__(self, task: Task, *, model_size: str = "tiny") -> None:
         self.task = task
         self.model_size = model_size  # the char model's size (a HF directory brings its own architecture)
         self.model: CausalLM | None = None
@@ -61,14 +61,16 @@ class PolicyRolloutFn:
         tokenizer = model.tokenizer
         prompts = [p for p in task.prompts(rollout_id) for _ in range(task.group_size)]
         prompt_ids = [tokenizer.encode(p) for p in prompts]
-        generator = torch.Generator().manual_seed(task.sampling_params(rollout_id, 0)["sampling_seed"])
+        first = task.sampling_params(rollout_id, 0)
+        generator = torch.Generator().manual_seed(int(first.get("sampling_seed", rollout_id)))
+        steps = int(first["max_new_tokens"])
         out: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
         for width in sorted({len(p) for p in prompt_ids}):
             rows = [i for i, p in enumerate(prompt_ids) if len(p) == width]
             ids = torch.tensor([prompt_ids[i] for i in rows], dtype=torch.long)
             logprobs: list[torch.Tensor] = []
-            for _ in range(task.response_len):
+            for _ in range(steps):
                 logits = model.forward(ids)[:, -1].float()
                 if task.temperature > 0:
                     logits = logits / task.temperature
@@ -91,7 +93,7 @@ class PolicyRolloutFn:
                     prompt_ids=pids,
                     output_ids=oids,
                     response=response,
-                    reward=task.reward(prompt, response),
+                    reward=checked_reward(task, prompt, response),
                     logprobs=slp,
                     weight_version=self.version,
                     engine="policy",

@@ -33,3 +33,78 @@ def test_sampling_seeds_distinct_per_sample() -> None:
     task = PatternTask()
     seeds = {task.sampling_params(1, i)["sampling_seed"] for i in range(64)}
     assert len(seeds) == 64
+
+
+class Reverse:
+    """A task that is not the project's: answer the prompt reversed (what an embedding team would bring)."""
+
+    group_size = 2
+    temperature = 1.0
+    name = "reverse"
+
+    def __init__(self, reward_value: object = None) -> None:
+        self.reward_value = reward_value
+
+    def prompts(self, rollout_id: int) -> list[str]:
+        return [f"abc{rollout_id}"]
+
+    def reward(self, prompt: str, response: str) -> float:
+        if self.reward_value is not None:
+            return self.reward_value  # type: ignore[return-value]
+        return float(response == prompt[::-1])
+
+    def sampling_params(self, rollout_id: int, index: int) -> dict[str, object]:
+        return {"max_new_tokens": 4, "temperature": 1.0}
+
+    def eval_params(self) -> dict[str, object]:
+        return {"max_new_tokens": 4, "temperature": 0.0}
+
+
+def test_any_object_with_the_members_is_a_task_and_pattern_task_is_one() -> None:
+    from rollout.task import Task, checked_task
+
+    assert isinstance(PatternTask(), Task) and isinstance(Reverse(), Task)
+    assert checked_task(Reverse()).name == "reverse"
+    assert PatternTask(pattern="xy").name == "xy"
+
+
+@pytest.mark.bad_input
+def test_a_thing_that_is_not_a_task_is_refused_naming_what_it_lacks() -> None:
+    from rollout.task import TaskError, checked_task
+
+    class Half:
+        name = "half"
+
+        def prompts(self, rollout_id: int) -> list[str]:
+            return ["p"]
+
+    with pytest.raises(TaskError, match="RolloutManager\\(task=...\\): Half is not a Task: it lacks group_size"):
+        checked_task(Half(), "RolloutManager(task=...)")
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("value", [1.5, -0.1, "1", None, True])
+def test_a_reward_outside_the_unit_interval_names_the_task_and_the_fix(value: object) -> None:
+    from rollout.task import TaskError, checked_reward
+
+    task = Reverse(reward_value=value if value is not None else float("nan"))
+    with pytest.raises(TaskError, match="task 'reverse': reward\\('p', 'r'\\) returned .*Fix: return a number in"):
+        checked_reward(task, "p", "r")
+
+
+def test_a_good_reward_passes_through_unchanged() -> None:
+    from rollout.task import checked_reward
+
+    assert checked_reward(Reverse(), "ab", "ba") == 1.0 and checked_reward(Reverse(), "ab", "ab") == 0.0
+
+
+def test_a_data_source_replaces_only_the_prompts() -> None:
+    from rollout.task import SourcedTask
+
+    class Source:
+        def prompts(self, rollout_id: int) -> list[str]:
+            return [f"s{rollout_id}"]
+
+    sourced = SourcedTask(Reverse(), Source())
+    assert sourced.prompts(3) == ["s3"] and sourced.name == "reverse" and sourced.group_size == 2
+    assert sourced.reward("ab", "ba") == 1.0 and sourced.eval_params()["temperature"] == 0.0
