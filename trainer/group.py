@@ -24,6 +24,7 @@ from lifecycle.ledger import EffectLedger
 from lifecycle.names import TrainerStateName
 from lifecycle.runner import Runner
 from models.checkpoint import prune_checkpoints
+from trainer.backend import BackendSpec
 from trainer.workers import WorkerCrashed, WorkerHandle
 
 _NOT_NOW = frozenset({"blocked", "not_applicable"})
@@ -50,7 +51,10 @@ class TrainerGroup:
         call_timeout: float = 300.0,
         keep_checkpoints: int = 3,
         initial_checkpoint: str | Path | None = None,
+        backend: BackendSpec | None = None,
     ) -> None:
+        """``backend`` names the trainer each worker runs (default: the project's GRPO trainer of ``model_size``,
+        ``seed``, ``lr`` and ``temperature`` on the initial checkpoint's architecture)."""
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         if keep_checkpoints < 1:
@@ -62,7 +66,15 @@ class TrainerGroup:
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
         # a worker (a replacement too) is built as the initial checkpoint's architecture, then loads it
         checkpoint = None if self.initial_checkpoint is None else str(self.initial_checkpoint)
-        self.model_args = (model_size, seed, lr, temperature, checkpoint)
+        self.backend = backend or BackendSpec(
+            kwargs={
+                "model_size": model_size,
+                "seed": seed,
+                "lr": lr,
+                "temperature": temperature,
+                "checkpoint": checkpoint,
+            }
+        )
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.keep_checkpoints = keep_checkpoints
         self._written: list[Path] = []  # the checkpoint directories this group wrote (pruned among themselves)
@@ -164,7 +176,7 @@ class TrainerGroup:
 
     # -- the handlers of the trainer's effects -----------------------------------------------------------------
     def _worker(self, rank: int) -> WorkerHandle:
-        return WorkerHandle(rank, *self.model_args, call_timeout=self.call_timeout)
+        return WorkerHandle(rank, self.backend, call_timeout=self.call_timeout)
 
     def _crashed(self, exc: WorkerCrashed) -> Outcome:
         self._crash = (self.runner.state.trainer, str(exc))

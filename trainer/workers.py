@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from trainer.backend import BackendSpec
+
 
 class WorkerCrashed(Exception):
     """A trainer worker actor died (or its task crashed the process), or did not answer in time."""
@@ -25,68 +27,45 @@ class WorkerCrashed(Exception):
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class TrainerWorker:
-    def __init__(
-        self, rank: int, model_size: str, seed: int, lr: float, temperature: float, checkpoint: str | None = None
-    ) -> None:
-        """The policy is the char model of ``model_size`` from ``seed``, or the architecture of ``checkpoint`` (the
-        run's initial directory) when that is a Hugging Face model (a char one must be of ``model_size``)."""
+    """One replica: a trainer backend (``trainer.backend``) in its own process; every call goes to it."""
+
+    def __init__(self, rank: int, spec: BackendSpec) -> None:
         import torch
 
         torch.set_num_threads(1)
-        from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
+        from trainer.backend import build_backend
 
         self.rank = rank
-        self.temperature = temperature
-        self.model: CausalLM = TinyCausalLM(model_size, seed=seed)
-        if checkpoint is not None and not is_char_checkpoint(checkpoint):
-            self.model = new_causal_lm(checkpoint, seed=seed)
-        self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self._offloaded: dict[str, Any] | None = None
+        self.backend = build_backend(spec, rank)
 
     def pid(self) -> int:
         return os.getpid()
 
     def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-        from trainer.policy import grpo_loss
-
-        self.optim.zero_grad(set_to_none=True)
-        loss, stats = grpo_loss(self.model, samples, temperature=self.temperature)
-        loss.backward()  # type: ignore[no-untyped-call]
-        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        return grads, stats
+        return self.backend.compute_grads(samples)
 
     def apply_grads(self, grads: Mapping[str, Any]) -> None:
-        import torch
-
-        for name, param in self.model.named_parameters():
-            param.grad = grads.get(name)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optim.step()
+        self.backend.apply_grads(grads)
 
     def save_checkpoint(self, directory: str) -> str:
         """A Hugging Face checkpoint directory of the current weights (written atomically)."""
-        return str(self.model.save_pretrained(directory))
+        return self.backend.save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str) -> None:
         """Start from a checkpoint directory (``--hf-checkpoint``) instead of the seed's weights."""
-        self.model.load_pretrained(directory)
+        self.backend.load_checkpoint(directory)
 
     def get_state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
+        return self.backend.get_state()
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
+        self.backend.set_state(state)
 
     def offload(self) -> None:
-        self._offloaded = self.get_state()
-        self.model.release_weights()
+        self.backend.offload()
 
     def onload(self) -> None:
-        if self._offloaded is not None:
-            self.model.reallocate_weights()
-            self.set_state(self._offloaded)
-            self._offloaded = None
+        self.backend.onload()
 
     def crash(self) -> None:
         os._exit(1)
@@ -102,11 +81,7 @@ class WorkerHandle:
     def __init__(
         self,
         rank: int,
-        model_size: str,
-        seed: int,
-        lr: float,
-        temperature: float,
-        checkpoint: str | None = None,
+        spec: BackendSpec,
         *,
         call_timeout: float = 300.0,
         startup_timeout: float = 120.0,
@@ -119,7 +94,7 @@ class WorkerHandle:
         from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
 
         options = driver_node_placement()
-        self.actor = TrainerWorker.options(**options).remote(rank, model_size, seed, lr, temperature, checkpoint)  # type: ignore[attr-defined]
+        self.actor = TrainerWorker.options(**options).remote(rank, spec)  # type: ignore[attr-defined]
 
     @staticmethod
     async def _await(ref: Any) -> Any:

@@ -78,7 +78,7 @@ def test_a_thing_that_is_not_a_task_is_refused_naming_what_it_lacks() -> None:
         def prompts(self, rollout_id: int) -> list[str]:
             return ["p"]
 
-    with pytest.raises(TaskError, match="RolloutManager\\(task=...\\): Half is not a Task: it lacks group_size"):
+    with pytest.raises(TaskError, match=r"RolloutManager\(task=\.\.\.\): Half is not a Task: it lacks group_size"):
         checked_task(Half(), "RolloutManager(task=...)")
 
 
@@ -88,7 +88,7 @@ def test_a_reward_outside_the_unit_interval_names_the_task_and_the_fix(value: ob
     from rollout.task import TaskError, checked_reward
 
     task = Reverse(reward_value=value if value is not None else float("nan"))
-    with pytest.raises(TaskError, match="task 'reverse': reward\\('p', 'r'\\) returned .*Fix: return a number in"):
+    with pytest.raises(TaskError, match=r"task 'reverse': reward\('p', 'r'\) returned .*Fix: return a number in"):
         checked_reward(task, "p", "r")
 
 

@@ -90,7 +90,7 @@ def test_the_trainer_trains_a_hf_model_and_writes_directories_transformers_loads
             await worker.call("offload")
             await worker.call("onload")
             out["onloaded"] = await worker.call("get_state")
-            replacement = WorkerHandle(1, *group.model_args)  # as the group heals: same args, a peer's state
+            replacement = WorkerHandle(1, group.backend)  # as the group heals: same args, a peer's state
             try:
                 await replacement.call("set_state", out["state"])
                 out["healed"] = await replacement.call("get_state")
