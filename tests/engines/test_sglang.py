@@ -388,7 +388,8 @@ def test_a_server_that_never_becomes_healthy_times_out_naming_the_engine() -> No
         asyncio.run(backend.launch())
     error = info.value
     assert isinstance(error, EngineStartTimeout) and isinstance(error, TimeoutError)
-    assert error.engine_id == "sg-hang" and error.waiting_for == HEALTH and error.last == "unreachable"
+    # a server that never listens: the last attempt is refused, or (a loaded machine) runs out of the budget left
+    assert error.engine_id == "sg-hang" and error.waiting_for == HEALTH and error.last in ("unreachable", "timeout")
     assert str(error).startswith("engine sg-hang start: /health_generate did not answer 200 within 0.5s")
     assert "loading" in error.output
     assert not backend.alive() and backend.process is not None and backend.process.returncode == -9
