@@ -2,9 +2,9 @@
 
 :class:`LocalLauncher` runs the server as a child process of this one (tests, a laptop);
 :class:`engines.actor.RayLauncher` runs it inside a Ray actor (placement across nodes, Ray's own
-death detection); :class:`engines.sglang.SGLangBackend` runs a real SGLang server. All implement
-:class:`Launcher`, so the engine slot and the fault injector call the same methods on each,
-for the CPU torch engine and real SGLang servers alike.
+death detection); :class:`engines.sglang.SGLangBackend` runs a real SGLang server; :class:`ExternalLauncher`
+attaches to one that something else started. All implement :class:`Launcher`, so the engine slot and the
+fault injector call the same methods on each, for the CPU torch engine and real SGLang servers alike.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from engines.errors import EngineTimeout
+from engines.errors import EngineError, EngineTimeout
 from engines.process import ServerProcess, torch_engine_command
 
 CommandFactory = Callable[[], Sequence[str]]
@@ -166,3 +166,49 @@ class LocalLauncher(ProcessControl):
             self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path
         )
         return await asyncio.to_thread(self.process.start, self.startup_timeout)
+
+
+class ExternalLauncher:
+    """An engine started outside the job (slime's ``--rollout-external-engine-addrs``): attached, never owned.
+
+    ``launch`` hands the engine slot the address (the slot then waits, bounded, for ``/health_generate``);
+    ``kill`` lets go of it -- the server keeps running, it is its owner's. Its death is seen by the health
+    monitor's probes or a failed request, never by a process watcher, since there is no process here.
+    """
+
+    def __init__(self, engine_id: str, url: str) -> None:
+        self.engine_id = engine_id
+        self.url = url.rstrip("/")
+        self.attached = False
+
+    async def launch(self) -> str:
+        self.attached = True
+        return self.url
+
+    async def kill(self) -> None:
+        self.attached = False  # let go: the process is not ours to kill
+
+    async def wait_dead(self, timeout: float) -> bool:
+        return not self.attached
+
+    def alive(self) -> bool:
+        return self.attached
+
+    async def watch(self) -> str:
+        await asyncio.Event().wait()  # no process to watch: probes and requests see a death
+        return "unreachable"
+
+    def shutdown(self) -> None:
+        self.attached = False
+
+    async def info(self) -> dict[str, Any]:
+        return {"engine_id": self.engine_id, "server_pid": None, "alive": self.attached, "external": self.url}
+
+    async def server_pid(self) -> int | None:
+        return None
+
+    async def pause_server(self) -> int:
+        raise EngineError(self.engine_id, None, f"{self.url} was started outside the job: it is not paused from here")
+
+    def crash(self) -> None:
+        raise EngineError(self.engine_id, None, f"{self.url} was started outside the job: it is not crashed from here")

@@ -39,7 +39,7 @@ class _Flag:
     the field that declares it, see :func:`setting`)."""
 
     name: str
-    kind: str  # bool | int | float | path | components | choice
+    kind: str  # bool | int | float | path | components | choice | addresses
     default: Any
     help: str
     optional: bool = False  # None allowed
@@ -129,17 +129,45 @@ def _as_choice(name: str, value: object) -> str:
     raise ConfigError(flag, value, f"not one of {choices}", f"{hint}set {flag} to one of {choices}")
 
 
-def _split_components(value: object) -> list[object]:
+_ADDRESS = re.compile(r"(?:(?P<scheme>https?)://)?(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})/?")
+
+
+def _as_addresses(name: str, value: object) -> tuple[str, ...]:
+    """``host:port`` or ``http(s)://host:port`` each, as ``http://host:port``; a bad one names itself."""
+    flag = _flag(name)
+    if value is None:
+        return ()
+    items = _split_components(
+        value, flag, "a list of addresses", "pass HOST:PORT of each engine, e.g. 127.0.0.1:30000 127.0.0.1:30001"
+    )
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            problem = f"contains a {type(item).__name__}, not an address"
+            raise ConfigError(flag, value, problem, "list HOST:PORT strings")
+        m = _ADDRESS.fullmatch(item.strip())
+        if m is None or not 0 < int(m["port"]) < 65536:
+            raise ConfigError(
+                flag, item, "not an engine address", "write HOST:PORT (or http://HOST:PORT), e.g. 127.0.0.1:30000"
+            )
+        normal = f"{m['scheme'] or 'http'}://{m['host']}:{int(m['port'])}"
+        if normal in out:
+            raise ConfigError(flag, item, "the address is listed twice", "list each engine once")
+        out.append(normal)
+    return tuple(out)
+
+
+def _split_components(
+    value: object,
+    flag: str = "--ft-components",
+    what: str = "a list of components",
+    fix: str = "pass --ft-components train, rollout or both (space separated)",
+) -> list[object]:
     if isinstance(value, str):
         return [p for p in re.split(r"[,\s]+", value.strip()) if p != ""]
     if isinstance(value, Iterable) and not isinstance(value, bytes | Mapping):
         return list(value)
-    raise ConfigError(
-        "--ft-components",
-        value,
-        "expected a list of components",
-        "pass --ft-components train, rollout or both (space separated)",
-    )
+    raise ConfigError(flag, value, f"expected {what}", fix)
 
 
 def _as_components(value: object) -> tuple[str, ...] | None:
@@ -244,6 +272,13 @@ class LifecycleConfig:
     ci_test: bool = setting(False, "CI mode: arms rollout fault injection when rollout FT is on.")
     rollout_num_gpus: int | None = setting(None, "GPUs (engine slots) for rollout servers.")
     rollout_num_gpus_per_engine: int = setting(1, "GPUs per rollout engine.")
+    # Input: a list of addresses or "host:port,host:port"; always a tuple of http://host:port after.
+    rollout_external_engine_addrs: tuple[str, ...] = setting(
+        (),
+        "Engines started outside the job (slime's flag): host:port of each; probed, routed and sent weights, "
+        "never restarted. Replaces --rollout-num-gpus.",
+        kind="addresses",
+    )
     eval_num_gpus: int = setting(0, "GPUs for the dedicated eval fleet (0: no fleet).")
     eval_num_gpus_per_engine: int = setting(1, "GPUs per eval engine.")
     eval_interval: int | None = setting(
@@ -290,6 +325,8 @@ class LifecycleConfig:
                 set_(self, f.name, _as_path(f.name, raw))
             elif f.kind == "choice":
                 set_(self, f.name, _as_choice(f.name, raw))
+            elif f.kind == "addresses":
+                set_(self, f.name, _as_addresses(f.name, raw))
 
         if self.rollout_health_check_timeout is None:  # miles' 30 s, but never longer than the interval
             interval = self.rollout_health_check_interval
@@ -337,6 +374,20 @@ class LifecycleConfig:
                 "--debug-train-only and --debug-rollout-only exclude each other",
                 "choose one of them",
             )
+        if self.rollout_external_engine_addrs:
+            if self.debug_train_only:
+                raise ConfigError(
+                    "--rollout-external-engine-addrs",
+                    " ".join(self.rollout_external_engine_addrs),
+                    "--debug-train-only (or replay) starts no rollout server, so there is nothing to attach",
+                    "drop --rollout-external-engine-addrs, or drop --debug-train-only / --load-debug-rollout-data",
+                )
+            gpus = self.rollout_num_gpus
+            if gpus is not None and gpus != len(self.rollout_external_engine_addrs) * self.rollout_num_gpus_per_engine:
+                notes.append(
+                    f"--rollout-num-gpus {gpus} is ignored: the {len(self.rollout_external_engine_addrs)} "
+                    "--rollout-external-engine-addrs are the rollout engines"
+                )
         self._validate_numbers()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
@@ -374,12 +425,13 @@ class LifecycleConfig:
         for name in ("eval_num_gpus", "rollout_health_check_first_wait", "engine_max_restarts"):
             non_negative(name)
 
-        if starts_servers(self) and self.rollout_num_gpus is None:
+        if starts_servers(self) and self.rollout_num_gpus is None and not self.rollout_external_engine_addrs:
             raise ConfigError(
                 "--rollout-num-gpus",
                 None,
                 "rollout servers must start (no --debug-train-only), but no GPU count was given",
-                "set --rollout-num-gpus N, or pass --debug-train-only / --load-debug-rollout-data",
+                "set --rollout-num-gpus N (or --rollout-external-engine-addrs HOST:PORT ...), or pass "
+                "--debug-train-only / --load-debug-rollout-data",
             )
         if self.rollout_num_gpus is not None and self.rollout_num_gpus % self.rollout_num_gpus_per_engine:
             raise ConfigError(
@@ -434,7 +486,9 @@ class LifecycleConfig:
 
     @property
     def num_rollout_engines(self) -> int:
-        """Engines of the rollout fleet (0 when no servers start)."""
+        """Engines of the rollout fleet (0 when no servers start): the external ones, when given."""
+        if starts_servers(self) and self.rollout_external_engine_addrs:
+            return len(self.rollout_external_engine_addrs)
         if not starts_servers(self) or self.rollout_num_gpus is None:
             return 0
         return self.rollout_num_gpus // self.rollout_num_gpus_per_engine
@@ -456,7 +510,7 @@ class LifecycleConfig:
             if f.name == "warnings":
                 continue
             v = getattr(self, f.name)
-            out[f.name] = (sorted(v) or None) if isinstance(v, frozenset) else v
+            out[f.name] = (sorted(v) or None) if isinstance(v, frozenset) else list(v) if isinstance(v, tuple) else v
         return out
 
     def to_flags(self) -> list[str]:
@@ -479,6 +533,8 @@ class LifecycleConfig:
                 continue
             if f.kind == "bool":
                 argv.append(f.flag)
+            elif f.kind == "addresses":
+                argv += [f.flag, *v]
             elif str(v).startswith("-"):  # argparse would read a separate "-x/..." value as a flag
                 argv.append(f"{f.flag}={v}")
             else:
@@ -685,6 +741,8 @@ def add_lifecycle_arguments(parser: argparse.ArgumentParser, *, suppress_default
             group.add_argument(f.flag, action="store_true", default=default, help=f.help)
         elif f.kind == "components":
             group.add_argument(f.flag, nargs="+", default=default, metavar="COMPONENT", help=f.help)
+        elif f.kind == "addresses":
+            group.add_argument(f.flag, nargs="+", default=default, metavar="HOST:PORT", help=f.help)
         elif f.kind == "path":
             group.add_argument(f.flag, default=default, metavar="PATH", help=f.help)
         elif f.kind == "choice":

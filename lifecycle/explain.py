@@ -14,6 +14,7 @@ GATES: tuple[tuple[str, str], ...] = (
     ("start rollout health monitors (probes)", "monitors_rollout"),
     ("arm CI fault injection", "ci_injects_rollout_faults"),
     ("recover dead rollout engines (engine + trainer side)", "rollout_ft"),
+    ("attach external engines: never restarted, let go when dead", "external_engines"),
     ("trainer's update_weights recovers engines first", "trainer_recovers_rollout"),
     ("start the eval fleet", "eval_fleet_enabled"),
     ("eval fleet probes its engines itself", "eval_fleet_self_probes"),

@@ -223,12 +223,15 @@ class Lattice:
 
 
 def lattice() -> Lattice:
-    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated."""
+    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; and external
+    engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload."""
     valid: list[LifecycleConfig] = []
     invalid: list[tuple[dict[str, Any], str]] = []
-    for ft, comps, mode, ci, fleet, offload in itertools.product(
-        (False, True), COMPONENTS, MODES, (False, True), (False, True), (False, True)
-    ):
+    flags_ = (False, True)
+    axes = itertools.product(flags_, COMPONENTS, MODES, flags_, flags_, flags_, flags_)
+    for ft, comps, mode, ci, fleet, offload, external in axes:
+        if external and (ci or fleet):
+            continue  # CI injection and the eval fleet do not depend on who started the rollout engines
         flags: dict[str, Any] = {
             "use_fault_tolerance": ft,
             "ft_components": list(comps) or None,
@@ -244,6 +247,9 @@ def lattice() -> Lattice:
             flags["debug_rollout_only"] = True
         elif mode == "replay":
             flags["load_debug_rollout_data"] = "runs/replay/{rollout_id}.json"
+        if external:
+            flags["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
+            del flags["rollout_num_gpus"]
         if not ft and comps:
             invalid.append((flags, "--ft-components without --use-fault-tolerance has no effect (a warning)"))
             continue

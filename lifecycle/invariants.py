@@ -256,6 +256,16 @@ def healthy_engines_are_not_marked_unhealthy(job: Checker, t: Transition, before
 
 
 @_register("state")
+def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
+    """An engine the job did not start (--rollout-external-engine-addrs) is never restarted by it."""
+    if job.p["external_engines"]:
+        for i, e in enumerate(n.job.engines):
+            if e.state == "Recovering":
+                return f"engine-{i} is external but Recovering: the job would relaunch a server it does not own"
+    return None
+
+
+@_register("state")
 def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     """An engine is Stopped only once its process is confirmed dead."""
     for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):

@@ -83,8 +83,17 @@ ENGINE = MachineSpec(
         T("republish", "Serving", "Serving", when="rollout_ft", effects=["route_traffic"]),
         T("mark_unhealthy", "Serving", "Unhealthy", effects=["stop_routing"]),
         T("mark_unhealthy", _LIVE_UNROUTED, "Unhealthy"),
-        T("recover", "Unhealthy", "Recovering", when="rollout_ft", effects=["recover_engine", "kill_engine"]),
+        T(
+            "recover",
+            "Unhealthy",
+            "Recovering",
+            when=("rollout_ft", "!external_engines"),
+            effects=["recover_engine", "kill_engine"],
+        ),
         T("fail", "Unhealthy", "Failed", when="!rollout_ft", effects=["report_failure"]),
+        # an engine the job did not start is never restarted: under rollout FT it is let go (the run goes on
+        # with the others) and may be attached again by a start once its owner has restarted it
+        T("detach", "Unhealthy", "Stopping", when=("rollout_ft", "external_engines"), effects=["kill_engine"]),
         T("restart", "Recovering", "Starting", effects=["launch_engine"]),
         T("give_up", "Recovering", "Failed", effects=["report_failure"]),
         T("stop", "Serving", "Stopping", effects=["stop_routing", "kill_engine"]),

@@ -144,6 +144,14 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "external_engine_restarted",
+            "an engine started outside the job (slime's --rollout-external-engine-addrs) is restarted by rollout FT",
+            _chain(
+                _edit("engine", _is("recover", "Unhealthy"), lambda t: replace(t, guards=(Guard("rollout_ft"),))),
+                _edit("engine", _is("detach", "Unhealthy"), lambda t: replace(t, guards=(Guard.parse("!rollout_ft"),))),
+            ),
+        ),
+        Mutant(
             "probe_result_after_pause",
             "a probe result is acted on after the monitor was paused",
             _edit("monitor", _is("threshold_reached", "Paused"), _effects("mark_engine_unhealthy")),

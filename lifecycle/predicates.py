@@ -98,6 +98,12 @@ def starts_servers(c: LifecycleConfig) -> bool:
 
 
 @predicate
+def external_engines(c: LifecycleConfig) -> bool:
+    """The rollout engines were started outside the job (--rollout-external-engine-addrs): never restarted."""
+    return starts_servers(c) and bool(c.rollout_external_engine_addrs)
+
+
+@predicate
 def monitors_rollout(c: LifecycleConfig) -> bool:
     """Create rollout health monitors: servers exist and rollout FT is on."""
     return starts_servers(c) and rollout_ft(c)
@@ -105,8 +111,8 @@ def monitors_rollout(c: LifecycleConfig) -> bool:
 
 @predicate
 def ci_injects_rollout_faults(c: LifecycleConfig) -> bool:
-    """Arm CI fault injection on rollout engines: --ci-test under rollout FT with servers."""
-    return c.ci_test and monitors_rollout(c)
+    """Arm CI fault injection on rollout engines: --ci-test under rollout FT, on engines the job started."""
+    return c.ci_test and monitors_rollout(c) and not external_engines(c)
 
 
 @predicate
@@ -129,8 +135,8 @@ def updates_rollout_weights(c: LifecycleConfig) -> bool:
 
 @predicate
 def trainer_recovers_rollout(c: LifecycleConfig) -> bool:
-    """The trainer's update_weights recovers dead rollout engines first: rollout FT only."""
-    return updates_rollout_weights(c) and rollout_ft(c)
+    """The trainer's update_weights recovers dead rollout engines first: rollout FT, engines the job started."""
+    return updates_rollout_weights(c) and rollout_ft(c) and not external_engines(c)
 
 
 @predicate

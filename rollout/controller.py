@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
-from engines.launcher import LauncherFactory
+from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
 from lifecycle.core import EVAL, ROLLOUT, Command, Move, Outcome, instance_name
 from lifecycle.errors import LifecycleError
 from lifecycle.events import EventLog
@@ -167,12 +167,24 @@ class InferenceController:
         return slots
 
     def new_engine(self, engine_id: str) -> Engine:
-        """An engine slot as the config says (its launcher, timeouts and probe endpoint)."""
-        if self.launcher_factory is None:
-            raise ControllerError("engines must start, but the rollout manager has no launcher factory")
+        """An engine slot as the config says (its launcher, timeouts and probe endpoint): a rollout slot of
+        ``--rollout-external-engine-addrs`` attaches to its address, every other one is launched."""
         endpoint = self.config.rollout_health_check_endpoint.lstrip("/")
-        launcher = self.launcher_factory(engine_id)
+        url = self.external_url(engine_id)
+        launcher: Launcher
+        if url is not None:
+            launcher = ExternalLauncher(engine_id, url)
+        elif self.launcher_factory is None:
+            raise ControllerError("engines must start, but the rollout manager has no launcher factory")
+        else:
+            launcher = self.launcher_factory(engine_id)
         return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint)
+
+    def external_url(self, engine_id: str) -> str | None:
+        """The address of a rollout engine started outside the job, or None for one the job launches."""
+        group, i = self._where(engine_id)
+        addrs = self.config.rollout_external_engine_addrs
+        return addrs[i] if group == ROLLOUT and i < len(addrs) else None
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
@@ -192,6 +204,15 @@ class InferenceController:
     def engine_failure(self, instance: str) -> EngineFailed:
         reason = self.runner.reasons.get(instance, "unhealthy")
         where = self.marked.get(instance, "?")
+        url = self.external_url(instance)
+        if url is not None:
+            return EngineFailed(
+                instance,
+                "Unhealthy",
+                f"{reason} (while {where}); it is an external engine ({url}): rl-lifecycle never restarts a server "
+                "it did not start. Fix: restart the server at that address and run again; with --use-fault-tolerance "
+                "--ft-components rollout the run goes on without it instead",
+            )
         if instance in self._gave_up:
             budget = self.config
             how = (
@@ -215,6 +236,16 @@ class InferenceController:
             self.marked[move.instance] = move.src
         if move.trigger == "give_up":
             self._gave_up.add(move.instance)
+        if move.trigger == "detach":  # an external engine let go: the run goes on, its owner must act
+            url = self.external_url(move.instance)
+            self.log.emit(
+                "engine.detached",
+                instance=move.instance,
+                url=url,
+                reason=self.runner.reasons.get(move.instance, "unhealthy"),
+                fix=f"restart the server at {url}, then RolloutManager.start_engine({self._where(move.instance)[1]}) "
+                "attaches it again; rl-lifecycle never restarts an engine it did not start",
+            )
         if move.src in core.live and move.dst not in core.live:
             self._unwatch(move.instance)  # marked, or a death we are about to cause (stop, recover): not news
             self.monitor.remove_engine(self._where(move.instance))
@@ -273,6 +304,9 @@ class InferenceController:
                 return  # a death we caused (recovery, stop), or an old process: not news
             await self.runner.report(Outcome("died", group, i, f"process died: {reason}"))
 
+        old = self._watchers.get(engine.id)
+        if old is not None and not old.done() and old is not asyncio.current_task():
+            old.cancel()  # an external engine's watcher never ends by itself
         self._watchers[engine.id] = asyncio.create_task(run(), name=f"watch-{engine.id}")
 
     def _unwatch(self, engine_id: str) -> None:

@@ -120,6 +120,13 @@ def check_faults(
         if f.kind == "kill-router" and (not router or not engines or f.index != 0):
             why = "there is no router in the path" if not router or not engines else "there is one rollout router"
             raise ConfigError("--inject", str(f), why, "use kill-router:0@STEP with the router on (no --no-router)")
+        if f.on_engine and config.rollout_external_engine_addrs:
+            raise ConfigError(
+                "--inject",
+                str(f),
+                "the rollout engines are external (--rollout-external-engine-addrs): their processes are not the job's",
+                "kill the server yourself, or inject into engines the job starts (no --rollout-external-engine-addrs)",
+            )
         if f.on_engine and not 0 <= f.index < engines:
             raise ConfigError("--inject", str(f), f"there are {engines} rollout engines", "use a valid engine index")
         if f.kind == "crash-trainer" and not 0 <= f.index < workers:

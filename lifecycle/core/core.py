@@ -443,8 +443,9 @@ class _Tx:
         return []
 
     def unhealthy(self, group: str, i: int) -> None:
-        """An engine that may not be recovered fails at once (its spec's ``fail`` guard says when); a rollout
-        engine that fails while the servers start fails the start."""
+        """An engine that may not be recovered fails at once, or -- one the job did not start -- is let go
+        (its spec's ``fail`` and ``detach`` guards say which); a rollout engine that fails while the servers
+        start fails the start."""
         if group != ROLLOUT:
             return  # the eval fleet restarts its own engines at its next pin
         if self.s.rollout == "StartingServers":
@@ -452,7 +453,8 @@ class _Tx:
         state = self.s.group(group)[i].state
         if isinstance(self.core.c["engine"].table.get((state, "recover")), Blocked):
             self.fire("engine", "recover", group, i, log=True)  # on the record: why it is not recovered
-        self.fire("engine", "fail", group, i)
+        if not isinstance(self.fire("engine", "fail", group, i), Step):
+            self.fire("engine", "detach", group, i)
 
     def prepend(self, lane: str, phases: tuple[str, ...]) -> None:
         if lane in LANES:

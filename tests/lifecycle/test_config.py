@@ -1075,6 +1075,11 @@ PLAUSIBLE = {
     "engine_restart_backoff_max": st.floats(-1, 60),
     "num_rollout": st.one_of(st.none(), st.integers(-1, 5)),
     "eval_interval": st.one_of(st.none(), st.integers(-1, 5), st.just(2.5)),
+    "rollout_external_engine_addrs": st.one_of(
+        st.none(),
+        st.lists(st.sampled_from(["127.0.0.1:30000", "h:1", "http://h:2", "h", "h:x", "ftp://h:1", ""]), max_size=3),
+        st.just("h:1,h:2"),
+    ),
 }
 assert set(PLAUSIBLE) == set(KEYS)
 PLAUSIBLE_MAPPING = st.fixed_dictionaries(

@@ -33,7 +33,7 @@ def test_each_transition_emits_one_event_with_the_documented_fields(tmp_path):
         assert e["event"] == TRANSITION
         assert e["seq"] == i and e["instance"] == "engine-1" and e["machine"] == "engine"
         assert (e["rollout_id"], e["weight_version"]) == (7, "v7")
-    assert events[-1]["guards"] == {"rollout_ft": True}
+    assert events[-1]["guards"] == {"rollout_ft": True, "external_engines": False}
     assert events[-1]["effects"] == ["recover_engine", "kill_engine"]
     assert (events[-1]["src"], events[-1]["dst"], events[-1]["trigger"]) == ("Unhealthy", "Recovering", "recover")
 

@@ -179,9 +179,11 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_256_combinations():
+def test_lattice_covers_all_320_combinations():
     lat = lattice()
-    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 == 256
+    # FT x components x mode x CI x eval fleet x offload; and external engines without CI and fleet
+    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 == 320
+    assert any(c.rollout_external_engine_addrs for c in lat.valid)
     assert all(reason for _, reason in lat.invalid)
     assert lat.valid and lat.invalid
 

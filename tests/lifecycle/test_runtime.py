@@ -47,7 +47,7 @@ def test_blocked_guard_returns_which_predicate_blocked():
     result = m.fire("recover")
     assert not result.ok
     assert result.blocked_by == ("rollout_ft",)
-    assert result.guards == {"rollout_ft": False}
+    assert result.guards == {"rollout_ft": False, "external_engines": False}
     assert m.state == "Unhealthy"
 
 

@@ -33,6 +33,7 @@ WITNESS: dict[str, dict[str, bool]] = {
     "lock_kept_on_failed_update": {"updates_rollout_weights": True},
     "stopped_before_death_confirmed": {"starts_servers": True},
     "probe_result_after_pause": {"monitors_rollout": True},
+    "external_engine_restarted": {"external_engines": True, "rollout_ft": True},
     "death_while_paused_ignored": {"monitors_rollout": True},
 }
 
@@ -52,6 +53,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "lock_kept_on_failed_update": frozenset({"engine_lock_held_only_while_updating"}),
     "stopped_before_death_confirmed": frozenset({"stopped_only_after_death_confirmed"}),
     "probe_result_after_pause": frozenset({"healthy_engines_are_not_marked_unhealthy"}),
+    "external_engine_restarted": frozenset({"external_engines_never_restarted"}),
     "death_while_paused_ignored": frozenset({"dead_engines_are_not_counted_alive"}),
 }
 

@@ -166,6 +166,12 @@ def plausible_value(flag_kind: str) -> st.SearchStrategy[Any]:
         return st.one_of(
             st.none(), st.sampled_from(["r/{rollout_id}.json", "r.json", "{rollout_id}", "s/{rollout_id:03d}.j"])
         )
+    if flag_kind == "addresses":
+        return st.one_of(
+            st.none(),
+            st.lists(st.sampled_from(["127.0.0.1:30000", "h:1", "http://h:2", "h", "h:x", "ftp://h:1"]), max_size=3),
+            st.sampled_from(["h:1,h:2", "h:1 h:1", ""]),
+        )
     return st.one_of(  # components
         st.none(),
         st.lists(st.sampled_from(["train", "rollout"]), max_size=2, unique=True),

@@ -13,6 +13,8 @@ from lifecycle.graph import SCHEMA, golden_files
 from lifecycle.machines import MACHINES
 from lifecycle.presets import PRESETS
 
+NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
+
 GOLDEN = Path(__file__).resolve().parents[3] / "docs" / "graphs"
 
 
@@ -33,9 +35,9 @@ def test_config_flags_decide_the_guard_values(capsys):
     code, out, _ = run(capsys, "--machine", "engine", "--use-fault-tolerance", "--ft-components", "train")
     assert code == 0
     assert out.startswith("stateDiagram-v2\n")
-    assert "✗ recover [rollout_ft=false]" in out
+    assert "✗ recover [rollout_ft=false, " + NOT_EXTERNAL + "]" in out
     code, out, _ = run(capsys, "--machine", "engine", "--use-fault-tolerance")
-    assert "Unhealthy --> Recovering : recover [rollout_ft=true]" in out
+    assert "Unhealthy --> Recovering : recover [rollout_ft=true, " + NOT_EXTERNAL + "]" in out
 
 
 def test_replay_flag_does_not_need_the_file_to_exist(capsys):
@@ -89,7 +91,9 @@ def test_check_fails_with_a_readable_diff_after_an_edit(capsys, tmp_path):
     shutil.copytree(GOLDEN, copy)
     engine = copy / "engine.md"
     text = engine.read_text(encoding="utf-8")
-    edited = text.replace("recover [rollout_ft=true]", "recover [rollout_ft=maybe]", 1)
+    edited = text.replace(
+        "recover [rollout_ft=true, " + NOT_EXTERNAL + "]", "recover [rollout_ft=maybe, " + NOT_EXTERNAL + "]", 1
+    )
     assert edited != text
     engine.write_text(edited, encoding="utf-8")
     (copy / "monitor.md").unlink()
@@ -97,8 +101,8 @@ def test_check_fails_with_a_readable_diff_after_an_edit(capsys, tmp_path):
     code, out, _ = run(capsys, "--check", str(copy))
     assert code == 1
     assert f"--- {engine} (committed)" in out and f"+++ {engine} (generated from the specs)" in out
-    assert "-    Unhealthy --> Recovering : recover [rollout_ft=maybe]" in out
-    assert "+    Unhealthy --> Recovering : recover [rollout_ft=true]" in out
+    assert "-    Unhealthy --> Recovering : recover [rollout_ft=maybe, " + NOT_EXTERNAL + "]" in out
+    assert "+    Unhealthy --> Recovering : recover [rollout_ft=true, " + NOT_EXTERNAL + "]" in out
     assert "monitor.md (committed) (missing)" in out
     assert f"lifecycle graph --write {copy}" in out
 

@@ -16,6 +16,8 @@ from lifecycle.errors import LifecycleError
 from lifecycle.graph import graph_document, markup_machine, render, require_dot, to_dot, to_markup, to_mermaid
 from lifecycle.presets import preset
 
+NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
+
 needs_dot = pytest.mark.skipif(
     shutil.which("dot") is None, reason="graphviz `dot` not installed (apt-get install graphviz)"
 )
@@ -29,8 +31,14 @@ def test_mermaid_labels_carry_guard_values_and_mark_inactive_edges():
     on = to_mermaid(_engine("ft-rollout")["machines"]["engine"])
     off = to_mermaid(_engine("ft-train")["machines"]["engine"])
     assert on.startswith("stateDiagram-v2\n")
-    assert "Unhealthy --> Recovering : recover [rollout_ft=true] / recover_engine, kill_engine\n" in on
-    assert "Unhealthy --> Recovering : ✗ recover [rollout_ft=false] / recover_engine, kill_engine\n" in off
+    assert (
+        "Unhealthy --> Recovering : recover [rollout_ft=true, " + NOT_EXTERNAL + "] / recover_engine, kill_engine\n"
+        in on
+    )
+    assert (
+        "Unhealthy --> Recovering : ✗ recover [rollout_ft=false, " + NOT_EXTERNAL + "] / recover_engine, kill_engine\n"
+        in off
+    )
     assert "Unhealthy --> Failed : ✗ fail [!rollout_ft (rollout_ft=true)] / report_failure\n" in on
     assert "Unhealthy --> Failed : fail [!rollout_ft (rollout_ft=false)] / report_failure\n" in off
 
@@ -55,7 +63,7 @@ def test_mermaid_prune_drops_inactive_edges():
 def test_dot_styles_inactive_edges_and_states():
     dot = to_dot(_engine("ft-train"))
     recover = next(line for line in dot.splitlines() if '"Unhealthy" -> "Recovering"' in line)
-    assert "style=dashed" in recover and 'label="recover [rollout_ft=false]' in recover
+    assert "style=dashed" in recover and f'label="recover [rollout_ft=false, {NOT_EXTERNAL}]' in recover
     failed = next(line for line in dot.splitlines() if line.strip().startswith('"Failed" ['))
     assert "peripheries=2" in failed and "filled" in failed
     active = next(line for line in to_dot(_engine("ft-rollout")).splitlines() if '"Unhealthy" -> "Recovering"' in line)

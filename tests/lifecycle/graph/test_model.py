@@ -27,7 +27,10 @@ def test_document_has_the_documented_shape(docs):
     assert set(engine) == {"name", "doc", "initial", "states", "edges"}
     assert set(engine["states"][0]) == {"name", "terminal", "marked", "reachable", "doc"}
     edge = next(e for e in engine["edges"] if e["id"] == "Unhealthy:recover:Recovering")
-    assert edge["guards"] == [{"predicate": "rollout_ft", "negated": False, "value": True}]
+    assert edge["guards"] == [
+        {"predicate": "rollout_ft", "negated": False, "value": True},
+        {"predicate": "external_engines", "negated": True, "value": False},
+    ]
     assert edge["active"] is True
     assert [(x["name"], x["when"], x["active"]) for x in edge["effects"]] == [
         ("recover_engine", None, True),
@@ -43,7 +46,9 @@ def test_engine_ft_train_vs_ft_rollout_differs_exactly_at_rollout_ft_edges(docs)
     assert train.keys() == roll.keys()
     flipped = {eid for eid in train if train[eid] != roll[eid]}
     guarded = edge_ids_guarded_by(docs["ft-rollout"]["machines"]["engine"], "rollout_ft")
-    assert flipped == guarded == {"Unhealthy:recover:Recovering", "Unhealthy:fail:Failed", "Serving:republish:Serving"}
+    assert flipped == {"Unhealthy:recover:Recovering", "Unhealthy:fail:Failed", "Serving:republish:Serving"}
+    # detach also names rollout_ft, but it needs external engines too (off in both presets)
+    assert guarded == flipped | {"Unhealthy:detach:Stopping"}
 
 
 @pytest.mark.parametrize("name", PRESETS)

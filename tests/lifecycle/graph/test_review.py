@@ -15,6 +15,8 @@ from lifecycle.graph import diff_machines, graph_document, reference_config
 from lifecycle.machines import MACHINES
 from lifecycle.presets import PRESETS, preset
 
+NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
+
 
 def test_diff_finds_added_removed_and_changed_edges():
     ref = graph_document(preset("ft-rollout"))["machines"]["engine"]
@@ -30,8 +32,8 @@ def test_diff_finds_added_removed_and_changed_edges():
         {
             "id": "Unhealthy:recover:Recovering",
             "fields": ["guards", "active"],
-            "before": "recover [rollout_ft=true] / recover_engine, kill_engine",
-            "after": "recover [rollout_ft=false] / recover_engine, kill_engine",
+            "before": "recover [rollout_ft=true, " + NOT_EXTERNAL + "] / recover_engine, kill_engine",
+            "after": "recover [rollout_ft=false, " + NOT_EXTERNAL + "] / recover_engine, kill_engine",
             "active_before": True,
             "active_after": False,
         }
