@@ -32,7 +32,7 @@ from lifecycle.core import ROLLOUT, Command, Outcome
 from lifecycle.runner import Runner
 from models import TinyCausalLM
 from rollout.executor import RolloutManager
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 
 def _weights() -> tuple[str, str]:

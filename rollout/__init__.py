@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from rollout.controller import ControllerError, InferenceController
     from rollout.eval_fleet import PinResult
     from rollout.executor import EngineRolloutFn, EvalResult, RolloutExecutor, RolloutManager
+    from rollout.pattern import PatternTask
     from rollout.replay import ReplayDataError, load_rollout, save_rollout
-    from rollout.task import PatternTask
 
 _EXPORTS = {
     "ControllerError": "rollout.controller",
@@ -31,7 +31,7 @@ _EXPORTS = {
     "ReplayDataError": "rollout.replay",
     "load_rollout": "rollout.replay",
     "save_rollout": "rollout.replay",
-    "PatternTask": "rollout.task",
+    "PatternTask": "rollout.pattern",
 }
 __all__ = [
     "ControllerError",

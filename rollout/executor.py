@@ -39,7 +39,7 @@ from rollout.eval_fleet import pin_fleet
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_samples, save_rollout
 from rollout.routing import GenRequest, OnUnhealthy, Routing
-from rollout.sample import Sample, sample
+from rollout.sample import Sample, checked_samples, sample
 from rollout.task import DataSource, SourcedTask, Task, checked_reward, checked_task
 
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
@@ -284,11 +284,19 @@ class RolloutExecutor:
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
         try:
-            self._samples = await self.rollout_fn(rollout_id, self.controller)
+            got = await self.rollout_fn(rollout_id, self.controller)
+            self._samples = checked_samples(got, rollout_id, self.plugin)  # before generate_done saves them
         finally:
             await self.runner.operate("generate_done", allow=_NOT_NOW)
         self.controller.check()
         return self._samples
+
+    @property
+    def plugin(self) -> str:
+        """How errors name the rollout function: the user's import path and its flag, or the built-in one."""
+        if self.rollout_fn_path:
+            return f"rollout function {self.rollout_fn_path!r} (--rollout-function-path)"
+        return f"rollout function {type(self.rollout_fn).__name__} (task {self.task.name!r})"
 
     async def eval(self, rollout_id: int) -> EvalResult:
         """The ``eval``/``eval_done`` operations around one eval: on the pinned eval fleet, else the rollout engines."""

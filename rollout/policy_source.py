@@ -18,7 +18,8 @@ import asyncio
 
 import torch
 
-from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
+from models import CausalLM, new_causal_lm
+from models.checkpoint import checkpoint_config
 from rollout.controller import ControllerError, InferenceController
 from rollout.sample import Sample, sample
 from rollout.task import Task, checked_reward
@@ -27,22 +28,22 @@ from rollout.task import Task, checked_reward
 class PolicyRolloutFn:
     """``rollout_fn(rollout_id, controller)`` that samples a local policy copy; ``controller`` is unused."""
 
-    def __init__(self, task: Task, *, model_size: str = "tiny") -> None:
+    def __init__(self, task: Task) -> None:
         self.task = task
-        self.model_size = model_size  # the char model's size (a HF directory brings its own architecture)
         self.model: CausalLM | None = None
         self.version: str | None = None
+        self._arch: tuple[object, object] | None = None  # (model_type, model_size) of the model held
 
     def load(self, path: str, version: str) -> None:
-        """Adopt the trainer's checkpoint directory, either family (a checked load: a wrong directory names itself)."""
+        """Adopt the trainer's checkpoint directory, any family (a checked load: a wrong directory names itself).
+        The architecture comes from the directory once; later versions of it are weights only."""
+        config = checkpoint_config(path)
+        arch = (config.get("model_type"), config.get("model_size"))
         model = self.model
-        if is_char_checkpoint(path):
-            if not isinstance(model, TinyCausalLM) or model.config.name != self.model_size:
-                model = TinyCausalLM(self.model_size)
-        elif model is None or isinstance(model, TinyCausalLM):
-            model = new_causal_lm(path)  # the architecture and tokenizer once; later versions are weights only
+        if model is None or arch != self._arch:
+            model = new_causal_lm(path)
         model.load_pretrained(path)
-        self.model = model
+        self.model, self._arch = model, arch
         self.version = version
 
     async def __call__(self, rollout_id: int, controller: InferenceController) -> list[Sample]:

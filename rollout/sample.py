@@ -6,7 +6,9 @@ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from the Type
 """
 
 from collections.abc import Sequence
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
+
+from lifecycle.errors import LifecycleError
 
 
 class Sample(TypedDict):
@@ -50,3 +52,50 @@ def sample(
         "weight_version": weight_version,
         "engine": engine,
     }
+
+
+class SampleError(LifecycleError, TypeError):
+    """A rollout function returned samples the trainer cannot use: names the plug-in, the flag and the fix."""
+
+
+_FIELDS: dict[str, Any] = {
+    "index": int,
+    "group": int,
+    "prompt": str,
+    "prompt_ids": list,
+    "output_ids": list,
+    "response": str,
+    "reward": (int, float),
+}
+
+
+def checked_samples(samples: object, rollout_id: int, plugin: str) -> list[Sample]:
+    """What a rollout function returned, checked once at the boundary (``plugin`` names it and its flag), so a
+    missing field is one error here instead of a ``KeyError`` in a trainer worker."""
+    fix = "build each sample with rollout.sample.sample(...) (fields: " + ", ".join(_FIELDS) + ")"
+
+    def bad(problem: str) -> SampleError:
+        return SampleError(f"{plugin}: rollout {rollout_id}: {problem}. Fix: {fix}")
+
+    if not isinstance(samples, list) or not samples:
+        raise bad(f"returned {type(samples).__name__} {str(samples)[:60]!r}, not a non-empty list of samples")
+    for n, s in enumerate(samples):
+        if not isinstance(s, dict):
+            raise bad(f"sample {n} is a {type(s).__name__}, not a dict")
+        missing = [k for k in _FIELDS if k not in s]
+        if missing:
+            raise bad(f"sample {n} lacks {', '.join(missing)}")
+        for key, kind in _FIELDS.items():
+            value = s[key]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise bad(f"sample {n}: {key} is {type(value).__name__} {str(value)[:40]!r}")
+        for key in ("prompt_ids", "output_ids"):
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in s[key]):
+                raise bad(f"sample {n}: {key} must hold token ids (ints)")
+        if not s["output_ids"]:
+            raise bad(f"sample {n}: output_ids is empty (nothing to train on)")
+        if not 0.0 <= float(s["reward"]) <= 1.0:
+            raise bad(
+                f"sample {n}: reward {s['reward']!r} is outside [0, 1] (the loss's baseline and the report need it)"
+            )
+    return samples  # checked field by field above

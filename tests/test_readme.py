@@ -17,8 +17,9 @@ README = (ROOT / "README.md").read_text()
 def test_api_example_runs_and_shows_the_train_only_ft_gate(tmp_path):
     """The core example: init's commands come out in three rounds, a death under train-only FT is not
     recovered (the blocked recover names rollout_ft) and the run stops."""
-    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
-    assert "Core(config)" in code, "the README's first example is the core's"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "Core(config)" in b]
+    assert blocks, "the README lost the core's example (Core(config))"
+    code = blocks[0]
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [

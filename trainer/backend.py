@@ -5,14 +5,17 @@ to it: gradients on a shard, the averaged gradients applied, a checkpoint direct
 its whole state given or taken (that is how a replacement heals from a peer, whatever the model), its
 memory released and restored. The group never looks inside. A backend is named by a picklable
 :class:`BackendSpec` (``module:attr`` of a factory and its keyword arguments), so every worker and
-every replacement builds the same one in its own process.
+every replacement builds the same one in its own process. The project's own trainer is one
+implementation (:class:`trainer.grpo.GRPOBackend`).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from lifecycle.errors import LifecycleError
@@ -64,7 +67,7 @@ class BackendError(LifecycleError, TypeError):
 class BackendSpec:
     """How every worker builds its backend: ``factory(rank=rank, **kwargs)``, the factory named ``module:attr``."""
 
-    factory: str = "trainer.backend:GRPOBackend"
+    factory: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -87,68 +90,27 @@ def build_backend(spec: BackendSpec, rank: int) -> TrainerBackend:
     return backend
 
 
-class GRPOBackend:
-    """The project's trainer: the char model of ``model_size`` from ``seed`` (or the architecture of the run's
-    initial Hugging Face ``checkpoint``), Adam, the GRPO loss of :mod:`trainer.policy`."""
+def checked_grads(result: object, spec: BackendSpec) -> tuple[dict[str, Any], dict[str, float]]:
+    """``compute_grads``' answer, checked in the worker so a wrong shape names the backend, not the averaging."""
+    fix = "return (gradients by parameter name, {'loss': float, ...}) from compute_grads"
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], dict)):
+        raise BackendError(
+            f"trainer backend {spec.factory!r}: compute_grads returned {type(result).__name__}. Fix: {fix}"
+        )
+    grads, stats = result
+    if not isinstance(stats, dict) or not all(isinstance(v, int | float) for v in stats.values()):
+        raise BackendError(f"trainer backend {spec.factory!r}: compute_grads' diagnostics are not floats. Fix: {fix}")
+    return grads, {k: float(v) for k, v in stats.items()}
 
-    def __init__(
-        self,
-        *,
-        rank: int = 0,
-        model_size: str = "tiny",
-        seed: int = 0,
-        lr: float = 1e-2,
-        temperature: float = 1.0,
-        checkpoint: str | None = None,
-    ) -> None:
-        import torch
 
-        from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
-
-        self.rank = rank
-        self.temperature = temperature
-        self.model: CausalLM = TinyCausalLM(model_size, seed=seed)
-        if checkpoint is not None and not is_char_checkpoint(checkpoint):
-            self.model = new_causal_lm(checkpoint, seed=seed)
-        self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self._offloaded: dict[str, Any] | None = None
-
-    def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-        from trainer.policy import grpo_loss
-
-        self.optim.zero_grad(set_to_none=True)
-        loss, stats = grpo_loss(self.model, samples, temperature=self.temperature)
-        loss.backward()  # type: ignore[no-untyped-call]
-        grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        return grads, stats
-
-    def apply_grads(self, grads: Mapping[str, Any]) -> None:
-        import torch
-
-        for name, param in self.model.named_parameters():
-            param.grad = grads.get(name)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.optim.step()
-
-    def save_checkpoint(self, directory: str) -> str:
-        return str(self.model.save_pretrained(directory))
-
-    def load_checkpoint(self, directory: str) -> None:
-        self.model.load_pretrained(directory)
-
-    def get_state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.optim.state_dict()}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
-
-    def offload(self) -> None:
-        self._offloaded = self.get_state()
-        self.model.release_weights()
-
-    def onload(self) -> None:
-        if self._offloaded is not None:
-            self.model.reallocate_weights()
-            self.set_state(self._offloaded)
-            self._offloaded = None
+def checked_save(backend: TrainerBackend, spec: BackendSpec, directory: str | Path) -> str:
+    """``save_checkpoint`` into ``directory``, checked: engines load what it wrote, so it must be a Hugging Face
+    checkpoint directory (``config.json`` at least) -- a bad one names the backend here, not in an engine."""
+    path = backend.save_checkpoint(str(directory))
+    if not isinstance(path, str | os.PathLike) or not (Path(path) / "config.json").is_file():
+        raise BackendError(
+            f"trainer backend {spec.factory!r}: save_checkpoint({str(directory)!r}) returned {path!r}, "
+            "not a checkpoint directory with a config.json. Fix: write a Hugging Face checkpoint directory "
+            "(model.save_pretrained(directory) and the tokenizer's files) and return its path"
+        )
+    return str(path)

@@ -42,19 +42,15 @@ class TrainerGroup:
         *,
         runner: Runner | None = None,
         workers: int = 1,
-        model_size: str = "tiny",
-        seed: int = 0,
-        lr: float = 3e-3,
-        temperature: float = 1.0,
+        backend: BackendSpec | None = None,
         log: EventLog | None = None,
         ledger: EffectLedger | None = None,
         call_timeout: float = 300.0,
         keep_checkpoints: int = 3,
         initial_checkpoint: str | Path | None = None,
-        backend: BackendSpec | None = None,
     ) -> None:
-        """``backend`` names the trainer each worker runs (default: the project's GRPO trainer of ``model_size``,
-        ``seed``, ``lr`` and ``temperature`` on the initial checkpoint's architecture)."""
+        """``backend`` names the trainer each worker runs (default: the project's, ``trainer.grpo.grpo_backend()``
+        on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given."""
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         if keep_checkpoints < 1:
@@ -64,17 +60,12 @@ class TrainerGroup:
         self.run_dir = Path(run_dir)
         self.size = workers
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
-        # a worker (a replacement too) is built as the initial checkpoint's architecture, then loads it
-        checkpoint = None if self.initial_checkpoint is None else str(self.initial_checkpoint)
-        self.backend = backend or BackendSpec(
-            kwargs={
-                "model_size": model_size,
-                "seed": seed,
-                "lr": lr,
-                "temperature": temperature,
-                "checkpoint": checkpoint,
-            }
-        )
+        if backend is None:  # the project's trainer, built as the initial checkpoint's architecture
+            from trainer.grpo import grpo_backend
+
+            checkpoint = None if self.initial_checkpoint is None else str(self.initial_checkpoint)
+            backend = grpo_backend(checkpoint=checkpoint)
+        self.backend = backend
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.keep_checkpoints = keep_checkpoints
         self._written: list[Path] = []  # the checkpoint directories this group wrote (pruned among themselves)

@@ -33,11 +33,14 @@ from lifecycle.ledger import EffectLedger
 from lifecycle.runner import Runner
 from models.family import is_char_checkpoint
 from rollout.executor import EvalResult, RolloutManager
+from rollout.pattern import PatternTask
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
-from rollout.task import PatternTask
+from rollout.task import Task, checked_task
+from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.checks import check_async, check_hf_checkpoint, check_model
 from trainer.faults import Fault, FaultInjector
+from trainer.grpo import grpo_backend
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -71,7 +74,8 @@ class RunOptions:
     model_size: str = "tiny"
     rollout_fn: str | None = None
     data_source: str | None = None  # MODULE:ATTR of a prompts source (miles --data-source-path)
-    task: PatternTask | None = None
+    task: Task | None = None  # None: the project's PatternTask of the seed
+    backend: BackendSpec | None = None  # None: the project's GRPO trainer of model_size, seed, lr
     quiet: bool = False
     async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
     keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
@@ -190,7 +194,11 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 
         built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed)
         opts = dataclasses.replace(opts, hf_checkpoint=built.resolve())
-    task = opts.task or PatternTask(seed=opts.seed)
+    task = checked_task(opts.task or PatternTask(seed=opts.seed), "RunOptions.task")
+    checkpoint = None if opts.hf_checkpoint is None else str(opts.hf_checkpoint)
+    backend = opts.backend or grpo_backend(
+        model_size=opts.model_size, seed=opts.seed, lr=opts.lr, temperature=task.temperature, checkpoint=checkpoint
+    )
     sink = JsonlSink(run_dir / "events.jsonl")
     log = EventLog([sink])
     ledger = EffectLedger()
@@ -204,10 +212,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         run_dir,
         runner=runner,
         workers=opts.workers,
-        model_size=opts.model_size,
-        seed=opts.seed,
-        lr=opts.lr,
-        temperature=task.temperature,
+        backend=backend,
         keep_checkpoints=opts.keep_checkpoints,
         initial_checkpoint=opts.hf_checkpoint,
     )
@@ -250,9 +255,9 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
     try:
         # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
-        weights = await trainer.start() or initial_weights(run_dir, opts.model_size, opts.seed, opts.hf_checkpoint)
+        weights = await trainer.start() or await initial_weights(run_dir, backend, opts.hf_checkpoint)
         await manager.init(weights)
-        _feed_policy_source(manager, weights, model_size=opts.model_size)
+        _feed_policy_source(manager, weights)
         say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
         progress.t0 = time.monotonic()
         if opts.async_mode:
@@ -313,12 +318,10 @@ def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
     return functools.partial(torch_engine_command, seed=opts.seed, weights=weights)
 
 
-def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str], *, model_size: str | None = None) -> None:
+def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
     """Plain train-only: hand the trainer's weights to the engine-less data producer."""
     fn = manager.executor.rollout_fn
     if isinstance(fn, PolicyRolloutFn):
-        if model_size is not None:
-            fn.model_size = model_size  # the trainer's model family and size
         fn.load(*weights)
 
 
@@ -330,15 +333,13 @@ async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: Traine
             _feed_policy_source(manager, (path, str(version)))
 
 
-def initial_weights(run_dir: Path, model_size: str, seed: int, hf_checkpoint: Path | None = None) -> tuple[str, str]:
-    """The weights a trainer starts from (version ``0``) without a trainer: ``--hf-checkpoint``, else the
-    seed's, written as ``run_dir/weights/step-0``."""
+async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Path | None = None) -> tuple[str, str]:
+    """The weights a trainer would start from (version ``0``) when no trainer runs (--debug-rollout-only):
+    ``--hf-checkpoint``, else a checkpoint the backend writes as ``run_dir/weights/step-0``."""
     if hf_checkpoint is not None:
         return str(Path(hf_checkpoint).resolve()), "0"
-    from models import TinyCausalLM
-
-    path = TinyCausalLM(model_size, seed=seed).save_pretrained(run_dir / "weights" / "step-0")
-    return str(path.resolve()), "0"
+    path = await asyncio.to_thread(checked_save, build_backend(backend, 0), backend, run_dir / "weights" / "step-0")
+    return str(Path(path).resolve()), "0"
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:

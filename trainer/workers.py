@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from trainer.backend import BackendSpec
+from trainer.backend import BackendError, BackendSpec, checked_grads, checked_save
 
 
 class WorkerCrashed(Exception):
@@ -36,20 +36,21 @@ class TrainerWorker:
         from trainer.backend import build_backend
 
         self.rank = rank
+        self.spec = spec
         self.backend = build_backend(spec, rank)
 
     def pid(self) -> int:
         return os.getpid()
 
     def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-        return self.backend.compute_grads(samples)
+        return checked_grads(self.backend.compute_grads(samples), self.spec)
 
     def apply_grads(self, grads: Mapping[str, Any]) -> None:
         self.backend.apply_grads(grads)
 
     def save_checkpoint(self, directory: str) -> str:
         """A Hugging Face checkpoint directory of the current weights (written atomically)."""
-        return self.backend.save_checkpoint(directory)
+        return checked_save(self.backend, self.spec, directory)
 
     def load_checkpoint(self, directory: str) -> None:
         """Start from a checkpoint directory (``--hf-checkpoint``) instead of the seed's weights."""
@@ -102,6 +103,14 @@ class WorkerHandle:
             return await ref
         except (RayActorError, RayTaskError) as exc:
             cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None
+            if isinstance(cause, BackendError):  # the backend returned the wrong thing: its error, not a crash
+                raise cause from None
+            if getattr(exc, "actor_init_failed", False):  # the backend could not be built: Ray's last line says why
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                last = lines[-1] if lines else ""
+                if "BackendError: " in last:
+                    raise BackendError(last.split("BackendError: ", 1)[1]) from None
+                raise WorkerCrashed(f"{type(exc).__name__}: the worker could not be built: {last}") from None
             if isinstance(cause, Exception):  # the task raised: its own message, not Ray's header line
                 raise WorkerCrashed(f"{type(exc).__name__}: {type(cause).__name__}: {cause}") from None
             raise WorkerCrashed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None

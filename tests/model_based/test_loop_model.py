@@ -62,10 +62,10 @@ from engines.launcher import launcher_factory
 from models import CharTokenizer
 from rollout.controller import InferenceController
 from rollout.executor import EngineRolloutFn, RolloutManager
+from rollout.pattern import PatternTask
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import save_rollout
 from rollout.sample import Sample, sample
-from rollout.task import PatternTask
 from trainer.group import TrainerGroup
 from trainer.loop import initial_weights
 from trainer.workers import WorkerCrashed

@@ -19,7 +19,7 @@ from typing import Any
 
 from rollout.controller import ControllerError, InferenceController
 from rollout.executor import EngineRolloutFn, Sample
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 AUDIT_ENV = "LIFECYCLE_MATRIX_AUDIT"
 

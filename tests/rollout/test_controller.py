@@ -27,7 +27,7 @@ from engines.launcher import launcher_factory
 from models import TinyCausalLM
 from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
 

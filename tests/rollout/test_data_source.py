@@ -16,8 +16,9 @@ import pytest
 from lifecycle.config import LifecycleConfig
 from lifecycle.runner import Runner
 from rollout.executor import RolloutManager
+from rollout.pattern import PatternTask
 from rollout.replay import load_rollout
-from rollout.task import DataSourceError, PatternTask
+from rollout.task import DataSourceError
 
 from .conftest import bind_trainer_stand_in
 

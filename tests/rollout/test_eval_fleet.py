@@ -31,7 +31,7 @@ from lifecycle.events import TRANSITION, MemorySink
 from lifecycle.predicates import eval_fleet_enabled
 from models import TinyCausalLM
 from rollout.executor import EvalResult, RolloutManager
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
 

@@ -29,7 +29,7 @@ from lifecycle.events import EventLog, MemorySink
 from lifecycle.runner import Runner
 from models import TinyCausalLM
 from rollout.executor import RolloutManager
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
 

@@ -18,7 +18,7 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.runner import Runner
 from rollout.executor import RolloutManager
-from rollout.task import PatternTask
+from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
 

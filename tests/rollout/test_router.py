@@ -31,8 +31,8 @@ from engines.errors import EngineUnreachable
 from engines.launcher import launcher_factory
 from models import TinyCausalLM
 from rollout.executor import RolloutManager
+from rollout.pattern import PatternTask
 from rollout.routing import RouterRouting
-from rollout.task import PatternTask
 
 from .conftest import bind_trainer_stand_in
 

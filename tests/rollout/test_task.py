@@ -1,10 +1,21 @@
 from __future__ import annotations
 
+import asyncio
+import re
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout.task import PatternTask
+from lifecycle.config import LifecycleConfig
+from lifecycle.runner import Runner
+from rollout.executor import RolloutManager
+from rollout.pattern import PatternTask
+from rollout.sample import SampleError
+
+from .conftest import bind_trainer_stand_in
 
 
 @pytest.mark.determinism
@@ -108,3 +119,50 @@ def test_a_data_source_replaces_only_the_prompts() -> None:
     sourced = SourcedTask(Reverse(), Source())
     assert sourced.prompts(3) == ["s3"] and sourced.name == "reverse" and sourced.group_size == 2
     assert sourced.reward("ab", "ba") == 1.0 and sourced.eval_params()["temperature"] == 0.0
+
+
+ROLLOUT_FNS = """
+def missing(task):
+    async def fn(rollout_id, controller):
+        return [{"index": 0, "group": 0, "prompt": "p:", "output_ids": [5], "response": "a", "reward": 0.5}]
+    return fn
+
+def out_of_range(task):
+    async def fn(rollout_id, controller):
+        return [{"index": 0, "group": 0, "prompt": "p:", "prompt_ids": [1], "output_ids": [5], "response": "a",
+                 "reward": 3.0}]
+    return fn
+
+def not_a_list(task):
+    async def fn(rollout_id, controller):
+        return None
+    return fn
+"""
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("attr", "problem"),
+    [
+        ("missing", "sample 0 lacks prompt_ids"),
+        ("out_of_range", r"sample 0: reward 3.0 is outside \[0, 1\]"),
+        ("not_a_list", "returned NoneType"),
+    ],
+)
+def test_a_rollout_function_returning_bad_samples_is_one_error_naming_it_and_its_flag(
+    attr: str, problem: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "my_rollout_fns.py").write_text(ROLLOUT_FNS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("my_rollout_fns", None)
+    config = LifecycleConfig.from_mapping({"debug_train_only": True})
+    runner = Runner(config)
+    bind_trainer_stand_in(runner)
+    manager = RolloutManager(config, PatternTask(), runner=runner, rollout_fn_path=f"my_rollout_fns:{attr}")
+    asyncio.run(manager.init(("w0", "0")))
+    with pytest.raises(SampleError) as info:
+        asyncio.run(manager.generate(0))
+    message = str(info.value)
+    assert f"rollout function 'my_rollout_fns:{attr}' (--rollout-function-path): rollout 0" in message
+    assert re.search(problem, message) and "Fix: build each sample with rollout.sample.sample" in message
+    assert manager.state == "Ready"  # generate_done ran: the manager is not left Generating

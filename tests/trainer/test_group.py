@@ -18,7 +18,7 @@ pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 from engines.engine import EngineFailed  # noqa: E402
-from rollout.task import PatternTask  # noqa: E402
+from rollout.pattern import PatternTask  # noqa: E402
 from trainer.group import TrainerFailed, TrainerGroup  # noqa: E402
 from trainer.workers import WorkerCrashed  # noqa: E402
 

@@ -22,8 +22,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="the hf extra is not installed: pip install 'rl-lifecycle[hf]'")
 
 from models import build_tiny_llama, load_causal_lm, load_tokenizer  # noqa: E402
-from rollout.task import PatternTask  # noqa: E402
+from rollout.pattern import PatternTask  # noqa: E402
 from trainer.group import TrainerGroup  # noqa: E402
+from trainer.grpo import grpo_backend  # noqa: E402
 from trainer.workers import WorkerHandle  # noqa: E402
 
 from .conftest import bind_rollout_stand_in, generated  # noqa: E402
@@ -76,7 +77,8 @@ def test_the_trainer_trains_a_hf_model_and_writes_directories_transformers_loads
     )
     runner = Runner(config, log=EventLog([MemorySink()]))
     bind_rollout_stand_in(runner)
-    group = TrainerGroup(config, tmp_path / "run", workers=1, runner=runner, initial_checkpoint=given, lr=1e-2)
+    backend = grpo_backend(lr=1e-2, checkpoint=str(given))
+    group = TrainerGroup(config, tmp_path / "run", workers=1, runner=runner, initial_checkpoint=given, backend=backend)
 
     async def scenario() -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -131,6 +133,7 @@ def test_the_train_only_producer_samples_a_hf_policy_with_prompts_of_unequal_len
     """Plain train-only's data source on the tiny Llama: its BPE gives prompts of different token lengths
     (sampled per length, no padding); the logprobs are the trainer's own on the same tokens."""
     from rollout.policy_source import PolicyRolloutFn
+    from rollout.task import SourcedTask
     from trainer.policy import batch_tensors
 
     class Prompts:
@@ -138,7 +141,8 @@ def test_the_train_only_producer_samples_a_hf_policy_with_prompts_of_unequal_len
             return ["qwer:", "abcd:", "wewe:"]  # "we" is one of the tokenizer's merges
 
     given = build_tiny_llama(tmp_path / "model", seed=0)
-    task = PatternTask(seed=0, group_size=4, source=Prompts())
+    pattern = PatternTask(seed=0, group_size=4)
+    task = SourcedTask(pattern, Prompts())
     producer = PolicyRolloutFn(task)
     producer.load(str(given), "0")
     samples = asyncio.run(producer(1, None))  # type: ignore[arg-type]
@@ -146,7 +150,7 @@ def test_the_train_only_producer_samples_a_hf_policy_with_prompts_of_unequal_len
     tok = load_tokenizer(given)
     assert [s["prompt_ids"] for s in samples] == [tok.encode(s["prompt"]) for s in samples]
     assert len({len(s["prompt_ids"]) for s in samples}) > 1  # the case that needs handling
-    assert all(len(s["output_ids"]) == task.response_len for s in samples)
+    assert all(len(s["output_ids"]) == pattern.response_len for s in samples)
     assert all(s["response"] == tok.decode(s["output_ids"]) for s in samples)
     ids, mask = batch_tensors(samples, pad_id=tok.pad_id)
     model = load_causal_lm(given)

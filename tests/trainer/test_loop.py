@@ -246,8 +246,8 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
     import torch
 
     from models import TinyCausalLM, WeightsFileError
+    from rollout.pattern import PatternTask
     from rollout.policy_source import PolicyRolloutFn
-    from rollout.task import PatternTask
     from trainer.policy import batch_tensors
 
     model = TinyCausalLM("tiny", seed=3)
@@ -270,9 +270,12 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
         trainer_lps = model.token_logprobs(ids, temperature=task.temperature)[mask.bool()]
     engine_lps = torch.tensor([lp for s in samples for lp in s["logprobs"]])
     assert torch.allclose(trainer_lps, engine_lps, atol=1e-4)
-    producer.model_size = "small"  # a trainer of another size: its checkpoint is checked against that size
-    with pytest.raises(WeightsFileError, match=r"w/model\.safetensors"):
-        producer.load(path, "8")
+    small = str(TinyCausalLM("small", seed=3).save_pretrained(tmp_path / "small"))
+    producer.load(small, "8")  # the architecture is the checkpoint's own (config.json), whatever it was before
+    assert isinstance(producer.model, TinyCausalLM) and producer.model.config.name == "small"
+    (tmp_path / "small" / "model.safetensors").write_bytes((tmp_path / "w" / "model.safetensors").read_bytes())
+    with pytest.raises(WeightsFileError, match=r"small/model\.safetensors"):  # tensors of another size: named
+        producer.load(small, "9")
 
 
 @pytest.mark.determinism

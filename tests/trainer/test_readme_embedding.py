@@ -1,7 +1,8 @@
-"""The README's embedding example (second python block) runs as written on a real Ray cluster.
+"""The README's embedding example runs as written on a real Ray cluster.
 
-It is the public API's contract: config, rollout manager, trainer group, event log. The example
-must train (engines served, weights pushed) and its event log must show the machines it drove.
+It is the public API's contract: config, a user's task, a user's trainer backend, rollout manager,
+trainer group, event log. The example must train (engines served, weights pushed) and its event log
+must show the machines it drove.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _embedding_block() -> str:
 @pytest.mark.usefixtures("ray_cluster")
 def test_readme_embedding_example_trains_through_the_machines(tmp_path: Path) -> None:
     namespace: dict[str, object] = {"__name__": "readme_example"}
-    exec(compile(_embedding_block(), "README.md:embedding", "exec"), namespace)
+    exec(compile(_embedding_block(), "README.md:embedding", "exec", dont_inherit=True), namespace)  # as a script
     main = namespace["main"]
     rewards = asyncio.run(main(steps=2, run_dir=str(tmp_path)))  # type: ignore[operator]
     assert len(rewards) == 2 and all(0.0 <= r <= 1.0 for r in rewards)
