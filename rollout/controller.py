@@ -200,6 +200,26 @@ class InferenceController:
             )
         if instance.startswith(("engine-", "eval-")):
             raise self.engine_failure(instance)
+        if instance == "rollout":  # the servers did not start: name the engines that did not
+            raise self.start_failure()
+
+    def start_failure(self) -> ControllerError:
+        lines = []
+        for engine_id, where in self.marked.items():
+            if where != "Starting":
+                continue
+            reason = self.runner.reasons.get(engine_id, "did not start")
+            url = self.external_url(engine_id)
+            fix = (
+                f"Fix: start the server at {url} (an external engine is attached, never launched), or leave it "
+                "out of --rollout-external-engine-addrs"
+                if url is not None
+                else "Fix: the reason above is the engine's own; a server that is only slow to start needs a "
+                "longer --engine-startup-timeout"
+            )
+            lines.append(f"{engine_id}: {reason}. {fix}")
+        detail = "; ".join(lines) or self.runner.state.failed
+        return ControllerError(f"the rollout servers did not start: {detail}")
 
     def engine_failure(self, instance: str) -> EngineFailed:
         reason = self.runner.reasons.get(instance, "unhealthy")

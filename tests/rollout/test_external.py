@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engines.engine import EngineFailed
+from engines.engine import EngineFailed, Timeouts
 from engines.process import ServerProcess, torch_engine_command
 from engines.router import router_available
 from lifecycle.config import LifecycleConfig
@@ -29,6 +29,7 @@ from lifecycle.events import EventLog, MemorySink
 from lifecycle.runner import Runner
 from models import TinyCausalLM
 from rollout.executor import RolloutManager
+from rollout.controller import ControllerError
 from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
@@ -67,14 +68,14 @@ def servers() -> Iterator[list[ServerProcess]]:
 class Job:
     """A rollout manager attached to the given addresses, with a trainer stand-in writing real weights."""
 
-    def __init__(self, flags: dict[str, Any], urls: list[str], tmp: Path) -> None:
+    def __init__(self, flags: dict[str, Any], urls: list[str], tmp: Path, timeouts: Timeouts | None = None) -> None:
         self.config = LifecycleConfig.from_mapping({**flags, "rollout_external_engine_addrs": urls})
         self.loop = asyncio.new_event_loop()
         self.events = MemorySink()
         self.runner = Runner(self.config, log=EventLog([self.events]))
         # no launcher factory: every rollout engine is external, so none may be launched
         self.manager = RolloutManager(
-            self.config, TASK, runner=self.runner, router=router_available(), log_dir=str(tmp)
+            self.config, TASK, runner=self.runner, router=router_available(), log_dir=str(tmp), timeouts=timeouts
         )
         self.tmp, self.versions = tmp, 0
         bind_trainer_stand_in(self.runner, self.weights)
@@ -177,3 +178,21 @@ def test_external_engine_addresses_are_checked_at_construction() -> None:
     config = LifecycleConfig.from_mapping({"rollout_external_engine_addrs": ["h:1", "h:2"], "rollout_num_gpus": 8})
     assert config.num_rollout_engines == 2 and any("ignored" in w for w in config.warnings)
     assert LifecycleConfig.from_args(config.to_flags()) == config
+
+
+def test_an_external_address_nothing_answers_at_fails_the_start_naming_it(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    url = servers[1].url
+    servers[1].kill()
+    servers[1].wait_dead(10.0)
+    job = Job(FT, [servers[0].url, url], tmp_path, Timeouts(startup=2.0))
+    try:
+        with pytest.raises(ControllerError) as info:
+            job.run(job.manager.init(job.weights()))
+    finally:
+        job.close()
+    message = str(info.value)
+    assert message.startswith("the rollout servers did not start: engine-1: did not start")
+    assert f"Fix: start the server at {url}" in message and "engine-0" not in message
+    assert not _listens(url)
