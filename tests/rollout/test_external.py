@@ -28,8 +28,8 @@ from lifecycle.errors import ConfigError
 from lifecycle.events import EventLog, MemorySink
 from lifecycle.runner import Runner
 from models import TinyCausalLM
-from rollout.executor import RolloutManager
 from rollout.controller import ControllerError
+from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 
 from .conftest import bind_trainer_stand_in
