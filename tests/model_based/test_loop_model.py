@@ -67,6 +67,7 @@ from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import save_rollout
 from rollout.sample import Sample, sample
 from trainer.group import TrainerGroup
+from trainer.grpo import grpo_backend
 from trainer.loop import initial_weights
 from trainer.workers import WorkerCrashed
 
@@ -208,7 +209,7 @@ class World:
 
     def build(self) -> None:
         async def start() -> None:
-            weights = await self.trainer.start() or initial_weights(Path(self.tmp.name), "tiny", 0)
+            weights = await self.trainer.start() or await initial_weights(Path(self.tmp.name), grpo_backend())
             await self.manager.init(weights)
             self.feed_policy(weights)
 
