@@ -33,11 +33,28 @@ TAGS = ("weights", "kv_cache")
 
 
 @dataclass
+class InFlight:
+    """Requests being answered across the whole fleet, per path, and the most there ever were at once: how a
+    test sees that a fleet operation fanned out (N at once) rather than walked the engines (one at a time)."""
+
+    now: dict[str, int] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+
+    def enter(self, path: str) -> None:
+        self.now[path] = self.now.get(path, 0) + 1
+        self.peak[path] = max(self.peak.get(path, 0), self.now[path])
+
+    def leave(self, path: str) -> None:
+        self.now[path] -= 1
+
+
+@dataclass
 class SimEngine:
     """What one simulated server holds: the weights it serves, what is released, whether it is paused."""
 
     index: int
     latency: Mapping[str, float]
+    inflight: InFlight = field(default_factory=InFlight)
     model_path: str = "sim://initial"
     weight_version: str = "default"
     released: set[str] = field(default_factory=set)
@@ -53,7 +70,11 @@ class SimEngine:
             await asyncio.Event().wait()  # a hung server: the caller's bound is the only way out
         delay = self.latency.get(path, self.latency.get("*", 0.0))
         if delay > 0:
-            await asyncio.sleep(delay)
+            self.inflight.enter(path)
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self.inflight.leave(path)
 
     def tokenizer(self) -> Tokenizer | None:
         if self.model_path.startswith("sim://"):
@@ -178,6 +199,7 @@ class Fleet:
         self.runners: dict[int, web.AppRunner] = {}
         self.engines: dict[int, SimEngine] = {}
         self.deaths = [asyncio.Event() for _ in range(size)]
+        self.inflight = InFlight()
 
     def url(self, i: int) -> str:
         return f"http://{self.host}:{self.sockets[i].getsockname()[1]}"
@@ -185,7 +207,7 @@ class Fleet:
     async def start(self, i: int) -> str:
         """A fresh server in slot ``i`` (a restart forgets everything, as a new process would)."""
         await self.kill(i, notify=False)
-        engine = self.engines[i] = SimEngine(i, self.latency)
+        engine = self.engines[i] = SimEngine(i, self.latency, self.inflight)
         runner = web.AppRunner(engine.app(), access_log=None)
         await runner.setup()
         self.sockets[i].listen(128)
@@ -225,12 +247,21 @@ class Fleet:
         async def calls(request: web.Request) -> web.Response:
             return web.json_response({str(i): e.calls for i, e in self.engines.items()})
 
+        async def peak(request: web.Request) -> web.Response:
+            return web.json_response(self.inflight.peak)
+
+        async def reset_peak(request: web.Request) -> web.Response:
+            self.inflight.peak.clear()
+            return web.json_response({})
+
         app = web.Application()
         app.router.add_post("/slots/{i}/start", start)
         app.router.add_post("/slots/{i}/kill", kill)
         app.router.add_post("/slots/{i}/hang", hang)
         app.router.add_get("/slots/{i}/watch", watch)
         app.router.add_get("/calls", calls)
+        app.router.add_get("/peak", peak)
+        app.router.add_post("/peak/reset", reset_peak)
         return app
 
 

@@ -40,6 +40,16 @@ class SimFleet:
             data: dict[str, dict[str, int]] = json.loads(resp.read())
         return data
 
+    def peak(self, *, reset: bool = False) -> dict[str, int]:
+        """Per slow path, the most requests the fleet answered at once (since the last reset)."""
+        with urllib.request.urlopen(f"{self.control}/peak", timeout=10) as resp:
+            data: dict[str, int] = json.loads(resp.read())
+        if reset:
+            request = urllib.request.Request(f"{self.control}/peak/reset", method="POST")
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+        return data
+
     def close(self) -> None:
         if self.process.alive:
             self.process.kill()

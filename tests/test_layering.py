@@ -21,6 +21,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "models": frozenset({"lifecycle"}),
     "engines": frozenset({"lifecycle"}),
     "cpu_engine": frozenset({"lifecycle", "models", "engines"}),
+    "sim_engine": frozenset({"lifecycle", "models", "engines"}),
     "rollout": frozenset({"lifecycle", "models", "engines"}),
     "trainer": frozenset({"lifecycle", "models", "engines", "rollout"}),
 }

@@ -15,6 +15,7 @@ from engines.errors import EngineError, EngineHTTPError
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, MemorySink
 from lifecycle.runner import Runner
+from lifecycle.trace import diff, load
 from models import TinyCausalLM
 from models.family import load_tokenizer
 from rollout.executor import RolloutManager
@@ -116,3 +117,77 @@ def test_a_rollout_manager_drives_eight_simulated_engines_through_a_step_and_a_r
     assert calls["3"]["/update_weights_from_disk"] == 1  # a new server: caught up with version 1 only
     moves = [(e["instance"], e["trigger"]) for e in events if e.get("event") == "lifecycle.transition"]
     assert ("engine-3", "recover") in moves and ("engine-3", "restart") in moves
+
+
+def _fleet_step(fleet: SimFleet, tmp_path: Path, log: Path) -> dict[str, dict[str, int]]:
+    """One step's fleet operations on 16 simulated engines (no FT: no monitor, so no wall-clock events);
+    per operation, the fleet's peak of requests in flight."""
+    config = LifecycleConfig.from_mapping({"rollout_num_gpus": 16, "offload_rollout": True})
+    events = EventLog()
+    runner = Runner(config, log=events)
+    manager = RolloutManager(config, PatternTask(), runner=runner, launcher_factory=fleet.launcher)
+    weights = str(TinyCausalLM("tiny", seed=0).save_pretrained(tmp_path / "w"))
+    bind_trainer_stand_in(runner, lambda: (weights, "1"))
+
+    peaks: dict[str, dict[str, int]] = {}
+
+    async def scenario() -> None:
+        try:
+            await runner.operate("trainer.start")
+            await manager.init((weights, "0"))
+            peaks["init"] = fleet.peak(reset=True)
+            for name, op in (
+                ("offload", manager.offload),
+                ("onload_weights", manager.onload_weights),
+                ("update_weights", lambda: runner.operate("update_weights")),
+                ("onload_kv", manager.onload_kv),
+            ):
+                await op()
+                peaks[name] = fleet.peak(reset=True)
+        finally:
+            await manager.dispose()
+
+    with events.to_jsonl(log):
+        asyncio.run(scenario())
+    return peaks
+
+
+@pytest.mark.determinism
+def test_fleet_operations_fan_out_to_every_engine_and_the_log_stays_deterministic(tmp_path: Path) -> None:
+    """Each fleet operation has all 16 engines answering at once (the fleet's own count of requests in
+    flight), yet outcomes are committed in slot order: two runs write the same event log."""
+    slow = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation")
+    logs = []
+    for run in ("a", "b"):
+        fleet = SimFleet(16, dict.fromkeys(slow, 0.5))
+        try:
+            peaks = _fleet_step(fleet, tmp_path / run, tmp_path / f"{run}.jsonl")
+        finally:
+            fleet.close()
+        # a fleet walked one engine after another would peak at 1 (the baseline below shows the count can);
+        # offload releases both tags of every engine at once: 32 requests
+        assert peaks == {
+            "init": {"/update_weights_from_disk": 16},
+            "offload": {"/release_memory_occupation": 32},
+            "onload_weights": {"/resume_memory_occupation": 16},
+            "update_weights": {"/update_weights_from_disk": 16},
+            "onload_kv": {"/resume_memory_occupation": 16},
+        }, peaks
+        logs.append(load(tmp_path / f"{run}.jsonl"))
+    assert diff(logs[0], logs[1]) is None, diff(logs[0], logs[1])
+
+    fleet = SimFleet(4, {"/update_weights_from_disk": 0.2})
+    weights = str(TinyCausalLM("tiny", seed=0).save_pretrained(tmp_path / "base"))
+
+    async def sequential() -> None:
+        launchers = [fleet.launcher(f"engine-{i}") for i in range(4)]
+        urls = [await launcher.launch() for launcher in launchers]
+        for i, url in enumerate(urls):  # the sequential baseline
+            async with EngineClient(url, engine_id=f"engine-{i}", timeout=5.0) as client:
+                await client.update_weights_from_disk(weights, weight_version="1")
+
+    try:
+        asyncio.run(sequential())
+        assert fleet.peak()["/update_weights_from_disk"] == 1
+    finally:
+        fleet.close()
