@@ -44,6 +44,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_check.py
 	$(BIN)/python benchmarks/bench_engines.py
 	$(BIN)/python benchmarks/bench_loop.py
+	$(BIN)/python benchmarks/bench_fleet.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts
