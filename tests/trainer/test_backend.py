@@ -81,20 +81,25 @@ def test_a_wrong_answer_from_compute_grads_names_the_backend() -> None:
     assert checked_grads(build_backend(grpo_backend(), 0).compute_grads(_samples()), spec)[1]["loss"] is not None
 
 
-@pytest.mark.bad_input
-@pytest.mark.usefixtures("ray_cluster")
-def test_a_checkpoint_without_config_json_stops_the_trainer_naming_the_backend(tmp_path: Path) -> None:
-    """Raised in the worker actor, it reaches the caller as the plug-in's error, not as a worker crash."""
+def _start_error(tmp_path: Path, factory: str) -> str:
+    """The BackendError a trainer group on real Ray workers raises at start with the backend ``factory``."""
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1})
     runner = Runner(config)
     bind_rollout_stand_in(runner)
-    group = TrainerGroup(config, tmp_path, runner=runner, backend=BackendSpec("tests.trainer.test_backend:NoConfig"))
+    group = TrainerGroup(config, tmp_path, runner=runner, backend=BackendSpec(factory))
     try:
         with pytest.raises(BackendError) as info:
             asyncio.run(group.start())
     finally:
         asyncio.run(group.dispose())
-    message = str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.bad_input
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_checkpoint_without_config_json_stops_the_trainer_naming_the_backend(tmp_path: Path) -> None:
+    """Raised in the worker actor, it reaches the caller as the plug-in's error, not as a worker crash."""
+    message = _start_error(tmp_path, "tests.trainer.test_backend:NoConfig")
     assert "trainer backend 'tests.trainer.test_backend:NoConfig': save_checkpoint(" in message
     assert "not a checkpoint directory with a config.json" in message and "Fix: write a Hugging Face" in message
 
@@ -102,12 +107,5 @@ def test_a_checkpoint_without_config_json_stops_the_trainer_naming_the_backend(t
 @pytest.mark.bad_input
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_backend_the_workers_cannot_import_is_named_not_hidden_in_an_actor_death(tmp_path: Path) -> None:
-    config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1})
-    runner = Runner(config)
-    bind_rollout_stand_in(runner)
-    group = TrainerGroup(config, tmp_path, runner=runner, backend=BackendSpec("no_such_package.train:Mine"))
-    try:
-        with pytest.raises(BackendError, match=r"trainer backend 'no_such_package.train:Mine' cannot be imported"):
-            asyncio.run(group.start())
-    finally:
-        asyncio.run(group.dispose())
+    message = _start_error(tmp_path, "no_such_package.train:Mine")
+    assert "trainer backend 'no_such_package.train:Mine' cannot be imported" in message
