@@ -28,11 +28,15 @@ from cpu_engine.validation import EngineRequestError
 from engines.protocol import (
     AbortReq,
     ContinueGenerationReqInput,
+    DestroyWeightsUpdateGroupReqInput,
     GenerateReqInput,
+    GetWeightsByNameReqInput,
+    InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
     ReleaseMemoryOccupationReqInput,
     ResumeMemoryOccupationReqInput,
     UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
 )
 from models import WeightsFileError
@@ -122,6 +126,26 @@ def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Applica
         status, answer = await engine.update_weights_from_disk(body)
         return web.json_response(answer, status=status)
 
+    async def init_group(request: web.Request) -> web.Response:
+        status, answer = await engine.init_weights_update_group(
+            await parse_body(request, InitWeightsUpdateGroupReqInput)
+        )
+        return web.json_response(answer, status=status)
+
+    async def update_distributed(request: web.Request) -> web.Response:
+        body = await parse_body(request, UpdateWeightsFromDistributedReqInput)
+        status, answer = await engine.update_weights_from_distributed(body)
+        return web.json_response(answer, status=status)
+
+    async def destroy_group(request: web.Request) -> web.Response:
+        body = await parse_body(request, DestroyWeightsUpdateGroupReqInput)
+        status, answer = await engine.destroy_weights_update_group(body)
+        return web.json_response(answer, status=status)
+
+    async def get_weights(request: web.Request) -> web.Response:
+        body = await parse_body(request, GetWeightsByNameReqInput)
+        return web.json_response(engine.get_weights_by_name(body.name, body.truncate_size))
+
     async def update_weight_version(request: web.Request) -> web.Response:
         body = await parse_body(request, UpdateWeightVersionReqInput)
         return web.json_response(engine.update_weight_version(body))
@@ -163,6 +187,10 @@ def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Applica
         (("GET", "POST"), "/flush_cache", flush_cache),
         (("POST",), "/update_weights_from_disk", update_weights_from_disk),
         (("POST",), "/update_weight_version", update_weight_version),
+        (("POST",), "/init_weights_update_group", init_group),
+        (("POST",), "/update_weights_from_distributed", update_distributed),
+        (("POST",), "/destroy_weights_update_group", destroy_group),
+        (("GET", "POST"), "/get_weights_by_name", get_weights),
         (("GET", "POST"), "/release_memory_occupation", release),
         (("GET", "POST"), "/resume_memory_occupation", resume),
         (("POST",), "/pause_generation", pause),
@@ -187,6 +215,7 @@ def run(sock: socket.socket, args: argparse.Namespace) -> int:
         step_delay_s=args.step_delay_s,
         host=args.host,
         port=sock.getsockname()[1],
+        group_timeout=args.weight_group_timeout_s,
     )
     try:
         engine.load()

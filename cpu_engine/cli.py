@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--step-delay-s", type=_seconds, default=0.0, help="sleep after each decode step (a slower engine)"
     )
     parser.add_argument("--startup-delay-s", type=_seconds, default=0.0, help="listen but answer 503 this long first")
+    parser.add_argument(
+        "--weight-group-timeout-s",
+        type=_seconds,
+        default=60.0,
+        help="deadline of every weight-update group call: joining, each broadcast (default 60)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     return parser
 

@@ -7,6 +7,7 @@ The HTTP layer (:func:`cpu_engine.app.build_app`) only parses and answers.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import traceback
@@ -18,8 +19,17 @@ import torch
 from cpu_engine.memory import ModelMemory, rss_bytes
 from cpu_engine.scheduler import Scheduler, Status
 from cpu_engine.validation import EngineRequestError
-from engines.protocol import AbortReq, GenerateReqInput, UpdateWeightFromDiskReqInput, UpdateWeightVersionReqInput
+from engines.protocol import (
+    AbortReq,
+    DestroyWeightsUpdateGroupReqInput,
+    GenerateReqInput,
+    InitWeightsUpdateGroupReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightVersionReqInput,
+)
 from models import WeightsFileError, sample_token
+from models.weight_group import WeightGroup, WeightGroupError, parse_dtype
 
 ENGINE_VERSION = "rl-lifecycle-torch-engine 0.1.0 (SGLang 0.5.23 HTTP API)"
 
@@ -38,6 +48,7 @@ class TorchEngine:
         step_delay_s: float = 0.0,
         host: str = "127.0.0.1",
         port: int = 0,
+        group_timeout: float = 60.0,
     ) -> None:
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {max_running_requests}")
@@ -56,6 +67,8 @@ class TorchEngine:
             kv_slots=max_running_requests,
         )
         self.scheduler = Scheduler(self.memory, seed=seed, step_delay_s=step_delay_s)
+        self.groups: dict[str, WeightGroup] = {}  # weight-update groups joined (by group_name)
+        self.group_timeout = group_timeout
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -163,6 +176,86 @@ class TorchEngine:
                 "num_paused_requests": paused,
             }
 
+    # -- the weight-update group (SGLang's distributed update) -------------------------------------------------
+    async def init_weights_update_group(self, body: InitWeightsUpdateGroupReqInput) -> tuple[int, dict[str, Any]]:
+        """Join the trainer's group at ``rank_offset`` (this engine has one rank); blocks until every member
+        joined, at most the group timeout, off the event loop (``/health`` keeps answering)."""
+        if body.backend not in ("gloo", "nccl"):
+            return 400, {"success": False, "message": f"backend {body.backend!r}: use gloo or nccl"}
+        if body.group_name in self.groups:
+            return 400, {"success": False, "message": f"group {body.group_name!r} exists; destroy it first"}
+        try:
+            group = await asyncio.to_thread(
+                WeightGroup,
+                body.master_address,
+                body.master_port,
+                body.rank_offset,
+                body.world_size,
+                timeout=self.group_timeout,
+                name=body.group_name,
+            )
+        except WeightGroupError as exc:
+            return 400, {"success": False, "message": f"Failed to init group: {exc}"}
+        self.groups[body.group_name] = group
+        return 200, {"success": True, "message": f"Succeeded to initialize group {body.group_name!r}."}
+
+    async def update_weights_from_distributed(
+        self, body: UpdateWeightsFromDistributedReqInput
+    ) -> tuple[int, dict[str, Any]]:
+        """Receive one bucket by broadcast and copy it in as it arrives; the version changes with the bucket
+        that names one (the last). Admission is held meanwhile, as for a disk update."""
+
+        def refuse(message: str) -> tuple[int, dict[str, Any]]:
+            return 400, {"success": False, "message": message}
+
+        group = self.groups.get(body.group_name)
+        if group is None:
+            return refuse(f"no weight-update group {body.group_name!r}: init_weights_update_group first")
+        memory, scheduler = self.memory, self.scheduler
+        if not memory.model.weights_resident:
+            return refuse("the model weights are released; resume_memory_occupation(['weights']) first")
+        if not len(body.names) == len(body.dtypes) == len(body.shapes):
+            return refuse("names, dtypes and shapes must have the same length")
+        expected = memory.model.expected_tensors()
+        try:
+            tensors = {}
+            for name, dtype, shape in zip(body.names, body.dtypes, body.shapes, strict=True):
+                if name not in expected or tuple(shape) != expected[name]:
+                    want = expected.get(name)
+                    return refuse(f"tensor {name!r} {shape}: the model has {want if want else 'no such tensor'}")
+                tensors[name] = torch.empty(shape, dtype=parse_dtype(dtype))
+        except WeightGroupError as exc:
+            return refuse(str(exc))
+        if body.abort_all_requests:
+            scheduler.abort_all("aborted by /update_weights_from_distributed")
+        with scheduler.admission_held():
+            await scheduler.wait_until(lambda: not scheduler.running or scheduler.paused)
+            try:
+                await asyncio.to_thread(group.broadcast, list(tensors.values()))
+            except WeightGroupError as exc:
+                return refuse(f"Failed to update weights: {exc}")
+            memory.assign_received(tensors, last=body.weight_version is not None)
+            if body.weight_version is not None:
+                memory.weight_version = body.weight_version
+            if body.flush_cache and memory.kv.resident and not memory.kv.slots_in_use:
+                memory.kv.clear()
+        return 200, {"success": True, "message": "Succeeded to update parameter online."}
+
+    def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
+        params = dict(self.memory.model.named_parameters())
+        if name not in params:
+            raise EngineRequestError(400, f"no parameter named {name!r}")
+        if not self.memory.model.weights_resident:
+            raise EngineRequestError(400, "the model weights are released")
+        return list(params[name].detach()[:truncate_size].tolist())
+
+    async def destroy_weights_update_group(self, body: DestroyWeightsUpdateGroupReqInput) -> tuple[int, dict[str, Any]]:
+        group = self.groups.pop(body.group_name, None)
+        if group is None:
+            return 400, {"success": False, "message": f"no weight-update group {body.group_name!r}"}
+        await asyncio.to_thread(group.close)
+        return 200, {"success": True, "message": f"Succeeded to destroy group {body.group_name!r}."}
+
     def release_memory_occupation(self, tags: list[str] | None) -> None:
         decoding = 0 if self.scheduler.paused else len(self.scheduler.running)
         self.memory.release(tags, decoding=decoding)
@@ -225,6 +318,9 @@ class TorchEngine:
             "kv_cache_bytes": kv_bytes,
             "rss_bytes": rss_bytes(),
             "weights_resident": model.weights_resident,
+            "weights_torn": memory.torn,
+            "weights_backup_bytes": sum(t.numel() * t.element_size() for t in (memory.backup or {}).values()),
+            "weight_groups": sorted(self.groups),
             "kv_cache_resident": kv.resident,
             "paused": scheduler.paused,
             "pause_mode": scheduler.pause_mode,

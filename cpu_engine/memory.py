@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+import torch
 
 from cpu_engine.validation import EngineRequestError
 from engines.protocol import MEMORY_TAGS, TAG_KV_CACHE, TAG_WEIGHTS
@@ -56,6 +59,10 @@ class ModelMemory:
         self.weights_file: Path | None = None
         self.weights_sha256: str | None = None
         self.load_format = "seed-init"
+        # weights that came by broadcast have no file to re-read: a release keeps a CPU copy of them
+        # (SGLang's --enable-weights-cpu-backup), reported in /server_info
+        self.backup: dict[str, torch.Tensor] | None = None
+        self.torn = False  # a broadcast update began and did not finish: the weights are a mix of two versions
 
     @property
     def model(self) -> CausalLM:
@@ -103,6 +110,17 @@ class ModelMemory:
 
     def _record(self, loaded: WeightsFile, source: str | Path) -> None:
         self.weights_file, self.weights_sha256, self.load_format = Path(source), loaded.sha256, loaded.load_format
+        self.torn = False
+
+    @torch.no_grad()
+    def assign_received(self, tensors: Mapping[str, torch.Tensor], *, last: bool) -> None:
+        """Copy one broadcast bucket into the model as it arrives (as SGLang does: until the last bucket the
+        model holds a mix of versions -- ``torn`` -- which is why the lifecycle never routes it then)."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor)
+        self.weights_file, self.weights_sha256, self.load_format = None, None, "distributed"
+        self.torn = not last
 
     # -- release / resume ---------------------------------------------------------------------------
     def resident(self) -> dict[str, bool]:
@@ -139,6 +157,8 @@ class ModelMemory:
                 400, f"cannot release the weights: {decoding} requests are decoding; pause_generation first"
             )
         if TAG_WEIGHTS in chosen:
+            if self.load_format == "distributed":
+                self.backup = {n: p.detach().clone() for n, p in self.model.named_parameters()}
             self.model.release_weights()
         if TAG_KV_CACHE in chosen:
             self.kv.release()
@@ -148,7 +168,10 @@ class ModelMemory:
         """Re-allocate the tagged memory; weights come back from their file (unchanged) or the seed."""
         chosen = self._tags(tags, want_resident=False)
         if TAG_WEIGHTS in chosen:
-            if self.weights_file is None:
+            if self.backup is not None:
+                self.model.assign_weights(self.backup)
+                self.backup = None
+            elif self.weights_file is None:
                 self.model.init_weights(self.seed)
             else:
                 try:

@@ -27,8 +27,11 @@ from engines.protocol import (
     AbortReq,
     ContinueGenerationReqInput,
     ContinueGenerationResponse,
+    DestroyWeightsUpdateGroupReqInput,
     GenerateReqInput,
     GenerateResponse,
+    GetWeightsByNameReqInput,
+    InitWeightsUpdateGroupReqInput,
     ModelInfo,
     PauseGenerationReqInput,
     PauseGenerationResponse,
@@ -37,8 +40,10 @@ from engines.protocol import (
     ResumeMemoryOccupationReqInput,
     SamplingParams,
     ServerInfo,
+    SuccessMessageResponse,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDiskResponse,
+    UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
     UpdateWeightVersionResponse,
 )
@@ -302,6 +307,67 @@ class EngineClient:
         if not answer.success:
             raise EngineHTTPError(self.engine_id, "/update_weights_from_disk", 200, answer.model_dump_json())
         return answer
+
+    # -- the weight-update group (distributed updates) ------------------------------------------------------
+    async def _group_call(self, path: str, request: BaseModel, timeout: float | None) -> SuccessMessageResponse:
+        answer = await self._post_model(path, request, SuccessMessageResponse, timeout)
+        if not answer.success:
+            raise EngineHTTPError(self.engine_id, path, 200, answer.model_dump_json())
+        return answer
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout: float | None = None,
+    ) -> SuccessMessageResponse:
+        """POST /init_weights_update_group: returns once every member joined (the trainer too)."""
+        request = InitWeightsUpdateGroupReqInput(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+        return await self._group_call("/init_weights_update_group", request, timeout)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool | None = None,
+        timeout: float | None = None,
+    ) -> SuccessMessageResponse:
+        """POST /update_weights_from_distributed: one bucket, received while the trainer broadcasts it."""
+        extra: dict[str, Any] = {} if flush_cache is None else {"flush_cache": flush_cache}
+        request = UpdateWeightsFromDistributedReqInput(
+            names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, weight_version=weight_version, **extra
+        )
+        return await self._group_call("/update_weights_from_distributed", request, timeout)
+
+    async def get_weights_by_name(self, name: str, *, truncate_size: int = 100, timeout: float | None = None) -> Any:
+        """POST /get_weights_by_name: the parameter's first ``truncate_size`` rows, as nested lists."""
+        body = _body(GetWeightsByNameReqInput(name=name, truncate_size=truncate_size))
+        return self._json(
+            "/get_weights_by_name",
+            await self._call("POST", "/get_weights_by_name", body=body, send_body=True, timeout=timeout),
+        )
+
+    async def destroy_weights_update_group(
+        self, *, group_name: str = "weight_update_group", timeout: float | None = None
+    ) -> SuccessMessageResponse:
+        request = DestroyWeightsUpdateGroupReqInput(group_name=group_name)
+        return await self._group_call("/destroy_weights_update_group", request, timeout)
 
     async def update_weight_version(
         self, new_version: str, *, abort_all_requests: bool | None = None, timeout: float | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engines.client import EngineClient
@@ -20,6 +21,8 @@ from engines.launcher import Launcher
 from engines.protocol import PauseMode
 from lifecycle.core import Outcome
 from lifecycle.errors import LifecycleError
+
+Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 
 
 class EngineFailed(LifecycleError):
@@ -118,6 +121,44 @@ class Engine:
             return self._failed("request_failed", f"weight update failed: {exc}")
         if got != version:
             return self._failed("refused", f"loaded weight version {got!r}, expected {version!r}")
+        self.weight_version = version
+        return Outcome("loaded")
+
+    # -- the weight-update group (broadcast mode) ---------------------------------------------------------
+    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
+        """``/init_weights_update_group`` at ``rank`` (raises EngineError: the group did not form)."""
+        if self.client is None:
+            raise EngineError(self.id, "/init_weights_update_group", "no server process")
+        await self.client.init_weights_update_group(address, port, rank, world_size, backend="gloo", timeout=timeout)
+
+    async def leave_group(self, timeout: float) -> None:
+        """``/destroy_weights_update_group``, best effort: a dead or group-less engine is already out."""
+        if self.client is not None:
+            with contextlib.suppress(EngineError):
+                await self.client.destroy_weights_update_group(timeout=timeout)
+
+    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> Outcome:
+        """Every bucket by ``/update_weights_from_distributed`` (the last one names ``version``), each within
+        ``timeout``, while the trainer broadcasts them; then ``/model_info`` must report ``version``."""
+        if self.client is None:
+            return self._failed("request_failed", "no server process")
+        try:
+            for k, bucket in enumerate(buckets):
+                last = k == len(buckets) - 1
+                await self.client.update_weights_from_distributed(
+                    [n for n, _, _ in bucket],
+                    [d for _, d, _ in bucket],
+                    [list(shape) for _, _, shape in bucket],
+                    weight_version=version if last else None,
+                    timeout=timeout,
+                )
+            got = (await self.client.model_info()).weight_version
+        except EngineHTTPError as exc:  # it answered and said no (its group broke): it must not serve
+            return self._failed("refused", f"broadcast update failed: {exc}")
+        except EngineError as exc:
+            return self._failed("request_failed", f"broadcast update failed: {exc}")
+        if got != version:
+            return self._failed("refused", f"received weight version {got!r}, expected {version!r}")
         self.weight_version = version
         return Outcome("loaded")
 

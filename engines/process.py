@@ -43,6 +43,7 @@ def torch_engine_command(
     max_running_requests: int | None = None,
     step_delay_s: float | None = None,
     startup_delay_s: float | None = None,
+    weight_group_timeout_s: float | None = None,
     python: str | None = None,
 ) -> list[str]:
     """The CPU torch engine's command line (``port`` 0: the engine picks a free port, reported by READY)."""
@@ -60,6 +61,8 @@ def torch_engine_command(
         cmd += ["--step-delay-s", repr(step_delay_s)]
     if startup_delay_s is not None:
         cmd += ["--startup-delay-s", repr(startup_delay_s)]
+    if weight_group_timeout_s is not None:
+        cmd += ["--weight-group-timeout-s", repr(weight_group_timeout_s)]
     return cmd
 
 

@@ -71,6 +71,42 @@ class UpdateWeightFromDiskReqInput(_Request):
     flush_cache: bool = True
 
 
+class InitWeightsUpdateGroupReqInput(_Request):
+    """POST /init_weights_update_group: join the trainer's weight-update group at ``rank_offset``."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReqInput(_Request):
+    """POST /update_weights_from_distributed: receive one bucket (these tensors, in this order) by broadcast."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class GetWeightsByNameReqInput(_Request):
+    """POST /get_weights_by_name: one parameter's values (its first ``truncate_size`` rows), for checks."""
+
+    name: str
+    truncate_size: int = 100
+
+
+class DestroyWeightsUpdateGroupReqInput(_Request):
+    """POST /destroy_weights_update_group."""
+
+    group_name: str = "weight_update_group"
+
+
 class UpdateWeightVersionReqInput(_Request):
     """POST /update_weight_version (``abort_all_requests`` defaults to true here, unlike above)."""
 
@@ -234,6 +270,13 @@ class UpdateWeightsFromDiskResponse(_Response):
     success: bool
     message: str
     num_paused_requests: int = 0
+
+
+class SuccessMessageResponse(_Response):
+    """200 ``{success: true, message}`` / 400 with ``success`` false: the weight-update group's three endpoints."""
+
+    success: bool
+    message: str
 
 
 class UpdateWeightVersionResponse(_Response):

@@ -26,6 +26,7 @@ from lifecycle.predicates import starts_servers
 
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("health_generate", "health")
+TRANSFER_MODES = ("disk", "broadcast")
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
 
 
@@ -307,6 +308,19 @@ class LifecycleConfig:
     engine_restart_backoff: float = setting(1.0, "First restart delay (seconds); doubles each restart.")
     engine_restart_backoff_max: float = setting(30.0, "Cap (seconds) of the restart delay.")
     num_rollout: int | None = setting(None, "Number of rollouts (steps) of the run, when known.")
+    update_weight_transfer_mode: str = setting(
+        "disk",
+        "How the trainer's update reaches the engines: disk (each loads the step's checkpoint) or broadcast "
+        "(a process group with every engine; catch-ups and recoveries still load the committed checkpoint).",
+        kind="choice",
+        choices=TRANSFER_MODES,
+    )
+    update_weight_buffer_size: int = setting(
+        512 * 1024**2, "Bytes per broadcast bucket (one /update_weights_from_distributed call each)."
+    )
+    update_weight_timeout: float = setting(
+        60.0, "Seconds every weight-group call and every broadcast bucket may take before it counts as failed."
+    )
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     # -- resolution and validation -------------------------------------------------------
@@ -420,6 +434,8 @@ class LifecycleConfig:
             "engine_restart_backoff",
             "engine_restart_backoff_max",
             "num_rollout",
+            "update_weight_buffer_size",
+            "update_weight_timeout",
         ):
             positive(name)
         for name in ("eval_num_gpus", "rollout_health_check_first_wait", "engine_max_restarts"):

@@ -49,6 +49,10 @@ EFFECTS: dict[str, str] = {
     # eval fleet
     "restart_eval_engines": "restart dead engines of the eval fleet",
     "load_snapshot": "load one weight snapshot on every eval engine",
+    # the weight-update process group (--update-weight-transfer-mode broadcast)
+    "init_weight_group": "join the trainer and every engine of the snapshot in one process group (bounded)",
+    "broadcast_weights": "broadcast the trainer's weights, bucket by bucket, to every member (bounded)",
+    "destroy_weight_group": "leave the process group on the trainer and every member still alive",
     # trainer group
     "allocate_workers": "create the trainer worker actors",
     "init_model": "initialise the policy and optimizer",

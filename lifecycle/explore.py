@@ -223,15 +223,18 @@ class Lattice:
 
 
 def lattice() -> Lattice:
-    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; and external
-    engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload."""
+    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; external
+    engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload; and broadcast
+    weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload."""
     valid: list[LifecycleConfig] = []
     invalid: list[tuple[dict[str, Any], str]] = []
     flags_ = (False, True)
-    axes = itertools.product(flags_, COMPONENTS, MODES, flags_, flags_, flags_, flags_)
-    for ft, comps, mode, ci, fleet, offload, external in axes:
+    axes = itertools.product(flags_, COMPONENTS, MODES, flags_, flags_, flags_, flags_, flags_)
+    for ft, comps, mode, ci, fleet, offload, external, broadcast in axes:
         if external and (ci or fleet):
             continue  # CI injection and the eval fleet do not depend on who started the rollout engines
+        if broadcast and (ci or fleet or external or mode != "normal"):
+            continue  # the group exists only where the trainer updates engines; the fleet loads from disk
         flags: dict[str, Any] = {
             "use_fault_tolerance": ft,
             "ft_components": list(comps) or None,
@@ -247,6 +250,8 @@ def lattice() -> Lattice:
             flags["debug_rollout_only"] = True
         elif mode == "replay":
             flags["load_debug_rollout_data"] = "runs/replay/{rollout_id}.json"
+        if broadcast:
+            flags["update_weight_transfer_mode"] = "broadcast"
         if external:
             flags["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
             del flags["rollout_num_gpus"]

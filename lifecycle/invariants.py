@@ -265,6 +265,30 @@ def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
     return None
 
 
+@_register("step")
+def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Problem:
+    """(broadcast) A broadcast goes only to a group whose members are exactly the snapshot's engines, every one
+    the process that joined it: never to a group a member left, died in or restarted since."""
+    if not any(m.machine == "weight_sync" and m.trigger == "broadcast" for m in t.moves):
+        return None
+    receivers = {m.instance for m in t.moves if m.machine == "engine" and m.trigger == "begin_update"}
+    w = t.node.world  # the group as the step left it (a connect that came back in this step counts)
+    members = {f"engine-{i}" for i, g in enumerate(w.grouped) if g}
+    if receivers != members:
+        return f"broadcast to {sorted(receivers)} over a group whose members are {sorted(members)} (stale)"
+    return None
+
+
+@_register("state")
+def no_engine_routed_with_mixed_weights(job: Checker, n: Node) -> Problem:
+    """(broadcast) After a failed broadcast no engine of its snapshot is routed until it has reloaded the
+    committed weights (or been restarted): none serves a mix of two versions."""
+    for i, (e, torn) in enumerate(zip(n.job.engines, n.world.torn, strict=False)):
+        if torn and e.state == "Serving":
+            return f"engine-{i} is Serving with the mixed weights of a failed broadcast"
+    return None
+
+
 @_register("state")
 def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     """An engine is Stopped only once its process is confirmed dead."""

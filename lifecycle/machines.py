@@ -260,6 +260,37 @@ EVAL_FLEET = MachineSpec(
     environment=frozenset({"unhealthy", "version_mismatch"}),
 )
 
+# -- weight-update process group ---------------------------------------------------------------------
+# Exists only with broadcast_weights. Its members are one snapshot's engine processes: a member that dies
+# or restarts (a new process) makes it Stale, and a stale group is destroyed and connected again before
+# the next broadcast. A failed broadcast destroys it: the next update connects afresh.
+WEIGHT_SYNC = MachineSpec(
+    name="weight_sync",
+    doc="The trainer's weight-update process group with the engines (SGLang's /init_weights_update_group).",
+    states=(
+        S("Init", doc="never connected"),
+        S("Connecting", doc="trainer and every member joining (bounded)", tags=BUSY),
+        S("Connected", doc="every member of the last snapshot joined; broadcasts may go"),
+        S("Stale", marked=True, doc="a member died or restarted: must be destroyed and connected again"),
+        S("Broadcasting", doc="the trainer's weights flowing to every member (each bucket bounded)", tags=BUSY),
+        S("Disconnected", doc="destroyed (after a failure or a stale membership): connect before a broadcast"),
+        S("Disposed", terminal=True),
+    ),
+    transitions=(
+        T("connect", ("Init", "Disconnected"), "Connecting", when="broadcasts_weights", effects=["init_weight_group"]),
+        T("connected", "Connecting", "Connected"),
+        T("connect_failed", "Connecting", "Disconnected", effects=["destroy_weight_group"]),
+        T("membership_changed", "Connected", "Stale"),
+        T("destroy", "Stale", "Disconnected", effects=["destroy_weight_group"]),
+        T("broadcast", "Connected", "Broadcasting", effects=["broadcast_weights"]),
+        T("broadcast_done", "Broadcasting", "Connected"),
+        T("broadcast_failed", "Broadcasting", "Disconnected", effects=["destroy_weight_group"]),
+        T("dispose", ("Init", "Disconnected"), "Disposed"),
+        T("dispose", ("Connected", "Stale"), "Disposed", effects=["destroy_weight_group"]),
+    ),
+    environment=frozenset({"membership_changed", "connect_failed", "broadcast_failed"}),
+)
+
 # -- trainer group ----------------------------------------------------------------------------------
 TRAINER = MachineSpec(
     name="trainer",
@@ -306,4 +337,4 @@ TRAINER = MachineSpec(
     environment=frozenset({"worker_crashed"}),
 )
 
-MACHINES: dict[str, MachineSpec] = {m.name: m for m in (ENGINE, MONITOR, ROLLOUT, EVAL_FLEET, TRAINER)}
+MACHINES: dict[str, MachineSpec] = {m.name: m for m in (ENGINE, MONITOR, ROLLOUT, EVAL_FLEET, TRAINER, WEIGHT_SYNC)}

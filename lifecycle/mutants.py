@@ -157,6 +157,29 @@ MUTANTS: dict[str, Mutant] = {
             _edit("monitor", _is("threshold_reached", "Paused"), _effects("mark_engine_unhealthy")),
         ),
         Mutant(
+            "stale_group_broadcast",
+            "the weight-update group notices a membership change only during a broadcast: an engine restarted "
+            "between updates gets the next broadcast over a group its new process never joined (miles "
+            "#1444/#2092: has_new_engines, connection freshness)",
+            _edit(
+                "weight_sync", _is("membership_changed", "Connected"), lambda t: replace(t, source=("Broadcasting",))
+            ),
+        ),
+        Mutant(
+            "aborted_broadcast_served",
+            "an engine whose distributed update failed goes back into routing with the half-written weights it "
+            "holds (sglang-omni #784)",
+            _edit(
+                "engine",
+                _is("abort_update", "UpdatingWeights"),
+                lambda t: replace(
+                    t,
+                    dest="Serving",
+                    effects=tuple(EffectRef.parse(n) for n in ("continue_generation", "route_traffic")),
+                ),
+            ),
+        ),
+        Mutant(
             "death_while_paused_ignored",
             "an engine that dies while monitors are paused is still counted alive",
             _edit("monitor", _is("engine_died", "Paused"), _effects()),

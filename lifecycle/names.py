@@ -68,10 +68,15 @@ TrainerStateName = Literal[
     "Failed",
     "Disposed",
 ]
+WeightSyncStateName = Literal["Init", "Connecting", "Connected", "Stale", "Broadcasting", "Disconnected", "Disposed"]
 StateName = Literal[
     "Allocated",
+    "Broadcasting",
     "CatchingUp",
+    "Connected",
+    "Connecting",
     "Constructed",
+    "Disconnected",
     "Disposed",
     "Errored",
     "Evaluating",
@@ -98,6 +103,7 @@ StateName = Literal[
     "Serving",
     "SkippedPinViolation",
     "SkippedUnhealthy",
+    "Stale",
     "Starting",
     "StartingServers",
     "Stopped",
@@ -114,9 +120,16 @@ Trigger = Literal[
     "alive",
     "allocate",
     "begin_update",
+    "broadcast",
+    "broadcast_done",
+    "broadcast_failed",
     "catch_up",
     "confirm_dead",
+    "connect",
+    "connect_failed",
+    "connected",
     "create",
+    "destroy",
     "detach",
     "dispose",
     "drain",
@@ -135,6 +148,7 @@ Trigger = Literal[
     "inject_ci_fault",
     "loaded",
     "mark_unhealthy",
+    "membership_changed",
     "offload",
     "onload",
     "onload_kv",
@@ -171,8 +185,9 @@ Trigger = Literal[
     "version_mismatch",
     "worker_crashed",
 ]
-MachineName = Literal["engine", "monitor", "rollout", "eval_fleet", "trainer"]
+MachineName = Literal["engine", "monitor", "rollout", "eval_fleet", "trainer", "weight_sync"]
 PredicateName = Literal[
+    "broadcasts_weights",
     "ci_injects_rollout_faults",
     "ci_mode",
     "constructs_rollout_fn",

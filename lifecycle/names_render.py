@@ -15,6 +15,7 @@ ALIASES = {
     "rollout": "RolloutStateName",
     "eval_fleet": "FleetStateName",
     "trainer": "TrainerStateName",
+    "weight_sync": "WeightSyncStateName",
 }
 HEADER = '''"""The names of the machines' states, triggers and predicates as types (written from the specs by
 ``python -m lifecycle.names_render``; ``tests/lifecycle/test_names.py`` fails when they drift).

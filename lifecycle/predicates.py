@@ -134,6 +134,12 @@ def updates_rollout_weights(c: LifecycleConfig) -> bool:
 
 
 @predicate
+def broadcasts_weights(c: LifecycleConfig) -> bool:
+    """The trainer's updates go over a process group with every engine (--update-weight-transfer-mode broadcast)."""
+    return updates_rollout_weights(c) and c.update_weight_transfer_mode == "broadcast"
+
+
+@predicate
 def trainer_recovers_rollout(c: LifecycleConfig) -> bool:
     """The trainer's update_weights recovers dead rollout engines first: rollout FT, engines the job started."""
     return updates_rollout_weights(c) and rollout_ft(c) and not external_engines(c)

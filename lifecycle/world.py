@@ -51,6 +51,9 @@ class World(NamedTuple):
     procs: tuple[str, ...] = ()  # rollout engine processes
     eval_procs: tuple[str, ...] = ()
     faults: int = 0  # faults injected so far (bounded by the checker)
+    # broadcast mode only (empty otherwise), one flag per rollout engine process:
+    grouped: tuple[bool, ...] = ()  # the process joined the weight-update group that exists now
+    torn: tuple[bool, ...] = ()  # the process holds a mix of two weight versions (a broadcast failed midway)
 
     def group(self, group: str) -> tuple[str, ...]:
         return self.procs if group == ROLLOUT else self.eval_procs
@@ -129,7 +132,8 @@ class Checker:
 
     def initial(self) -> Node:
         core = self.core
-        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals))
+        flags = (False,) * core.engines if self.p["broadcasts_weights"] else ()
+        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags))
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
@@ -164,7 +168,9 @@ class Checker:
         job, moves = result.state, result.moves
         # Commands whose only possible answer is a plain success that no fault can change (the monitor's and
         # the trainer's bookkeeping) come back at once: nothing the world does in between could matter.
-        while job.awaiting and all(c.machine not in ("engine", "trainer") or c.effect in _SURE for c in job.awaiting):
+        while job.awaiting and all(
+            c.machine not in ("engine", "trainer", "weight_sync") or c.effect in _SURE for c in job.awaiting
+        ):
             more = self.core.step(job, Completed(tuple((c, Outcome("done")) for c in job.awaiting)))
             job, moves = more.state, (*moves, *more.moves)
             for cmd in more.commands:
@@ -203,7 +209,7 @@ class Checker:
 
     def _results(self, n: Node, budget: bool) -> Iterator[Transition]:
         """Every command out comes back at once (the runtime commits a fan-out's results in slot order)."""
-        options = [self._answers(cmd, n.world) for cmd in n.job.awaiting]
+        options = [self._answers(cmd, n.world, n.job) for cmd in n.job.awaiting]
         choices = [(c, sum(fault for _, fault, _ in c)) for c in itertools.product(*options)]
         within = [(c, f) for c, f in choices if n.world.faults + f <= self.max_faults]
         if not within:  # a fault the job causes itself (CI's injection) happens whatever the budget says
@@ -219,9 +225,11 @@ class Checker:
             if t is not None:
                 yield t
 
-    def _answers(self, cmd: Command, w: World) -> list[tuple[Outcome, bool, _Change]]:
+    def _answers(self, cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
         """How the world may answer one command: (outcome, is it a fault, what it does to the world)."""
         same = _keep
+        if cmd.machine == "weight_sync":
+            return _group_answers(cmd, w, job)
         if cmd.machine == "engine" and cmd.group is not None and cmd.engine is not None:
             proc = w.group(cmd.group)[cmd.engine]
             alive = proc == UP
@@ -233,9 +241,11 @@ class Checker:
             if cmd.effect == "kill_engine":
                 return [(Outcome("dead"), False, _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED))]
             if cmd.effect == "transfer_weights":
+                # a load from disk replaces every tensor: mixed weights are gone (a broadcast's part is the group's)
+                loaded = same if w.torn == () or cmd.lane == "trainer" else _Flag("torn", cmd.engine, False)
                 if alive:
                     return [
-                        (Outcome("loaded"), False, same),
+                        (Outcome("loaded"), False, loaded),
                         (Outcome("refused"), True, same),
                         (Outcome("error"), True, same),
                     ]
@@ -343,6 +353,48 @@ class _Change:
 _keep = _Change()
 
 
+class _Flag(_Change):
+    """A per-process flag of broadcast mode set or cleared (``grouped``/``torn`` of some engines)."""
+
+    __slots__ = ("field", "indices", "value")
+
+    def __init__(self, field: str, indices: int | frozenset[int] | None, value: bool) -> None:
+        super().__init__()
+        self.field, self.value = field, value
+        self.indices = frozenset({indices}) if isinstance(indices, int) else indices  # None: every engine
+
+    def __call__(self, w: World) -> World:
+        flags: tuple[bool, ...] = getattr(w, self.field)
+        new = tuple(self.value if self.indices is None or i in self.indices else f for i, f in enumerate(flags))
+        return w._replace(grouped=new) if self.field == "grouped" else w._replace(torn=new)
+
+
+def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
+    """The group's calls succeed only when every member's process is up (and, for a broadcast, joined
+    this group); a failed broadcast leaves every receiver with mixed weights."""
+    if cmd.effect == "init_weight_group":
+        members = frozenset(i for i, e in enumerate(job.engines) if e.joined)
+        if all(w.procs[i] == UP for i in members):
+            return [(Outcome("done"), False, _Flag("grouped", members, True)), (Outcome("failed"), True, _keep)]
+        return [(Outcome("failed"), False, _keep)]
+    if cmd.effect == "broadcast_weights":
+        receivers = frozenset(
+            c.engine
+            for c in job.awaiting
+            if c.effect == "transfer_weights" and c.group == ROLLOUT and c.engine is not None
+        )
+        tear = _Flag("torn", receivers, True)
+        if all(w.procs[i] == UP and w.grouped[i] for i in receivers):
+            whole = _Flag("torn", receivers, False)  # every tensor of one version arrived
+            return [
+                (Outcome("done"), False, whole),
+                (Outcome("failed"), True, tear),
+                (Outcome("worker_crashed"), True, tear),
+            ]
+        return [(Outcome("failed"), False, tear)]
+    return [(Outcome("done"), False, _Flag("grouped", None, False))]  # destroy: nobody is in a group now
+
+
 def _set_proc(group: str, i: int, proc: str) -> _Change:
     return _Change(group, i, proc)
 
@@ -352,7 +404,10 @@ def _issued(w: World, cmd: Command) -> World:
     if cmd.machine != "engine" or cmd.group is None or cmd.engine is None:
         return w
     if cmd.effect == "launch_engine":
-        return _set_proc(cmd.group, cmd.engine, UP)(w)
+        w = _set_proc(cmd.group, cmd.engine, UP)(w)
+        if w.grouped and cmd.group == ROLLOUT:  # a new process: in no group, holding its launch weights
+            w = _Flag("torn", cmd.engine, False)(_Flag("grouped", cmd.engine, False)(w))
+        return w
     if cmd.effect == "kill_engine" and w.group(cmd.group)[cmd.engine] != DEAD_NOTIFIED:
         return _set_proc(cmd.group, cmd.engine, KILLING)(w)
     return w
@@ -363,6 +418,11 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
     """Engines sorted by (state, facts, process health); commands and programs renamed to match."""
     job, world = _normal(job, world)
     engines, procs = job.engines, world.procs
+    if world.grouped:  # broadcast mode: a process's group membership and torn weights travel with it
+        procs = tuple(
+            f"{p}{'+g' if g else ''}{'+t' if t else ''}"
+            for p, g, t in zip(world.procs, world.grouped, world.torn, strict=True)
+        )
     if len(engines) < 2 or (len(engines) == 2 and not (engines[1], procs[1]) < (engines[0], procs[0])):
         return job, world  # already in order (the common case, without building the sort)
     pairs = list(zip(engines, procs, strict=True))
@@ -385,7 +445,11 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
             awaiting=tuple(rename(c) for c in job.awaiting),
             rollout_program=program(job.rollout_program),
         ),
-        world._replace(procs=tuple(procs[i] for i in order)),
+        world._replace(
+            procs=tuple(world.procs[i] for i in order),
+            grouped=tuple(world.grouped[i] for i in order) if world.grouped else (),
+            torn=tuple(world.torn[i] for i in order) if world.torn else (),
+        ),
     )
 
 

@@ -57,6 +57,8 @@ class InferenceController:
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        # the receiving side of a broadcast update, bound by the group's owner (trainer.broadcast)
+        self.receive_broadcast: Callable[[Engine], Awaitable[Outcome]] | None = None
         # where each group's requests go: a real sglang-router per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -294,8 +296,13 @@ class InferenceController:
         return await engine.kill()
 
     async def _load(self, cmd: Command) -> Outcome:
-        """A rollout engine in the trainer's update gets the new weights; everyone else the committed ones."""
+        """A rollout engine in the trainer's update gets the new weights (by broadcast while the core's group
+        broadcasts); everyone else the committed ones, from their checkpoint."""
         runner = self.runner
+        if cmd.lane == "trainer" and runner.core.broadcasting(runner.state):
+            if self.receive_broadcast is None:
+                return Outcome("refused", reason="broadcast mode, but no weight-update group is bound")
+            return await self.receive_broadcast(self.slot(cmd))
         weights = runner.pending if cmd.lane == "trainer" and cmd.group == ROLLOUT else runner.committed
         if weights is None:
             return Outcome("refused", reason="no weights to load: the job committed none yet")

@@ -105,12 +105,15 @@ ENGINE_SPECS: dict[str, dict[str, Any]] = {
     "keyed": {"seed": 1, "api_key": API_KEY},
     "victim": {"seed": 2},  # SIGKILLed
     "graceful": {"seed": 3, "step_delay_s": 0.01},  # SIGTERMed with a request in flight
+    "receiver_a": {"seed": 11, "weight_group_timeout_s": 20.0},  # weight-update group members
+    "receiver_b": {"seed": 12, "weight_group_timeout_s": 20.0},  # (b is SIGKILLed mid-broadcast)
 }
 FIXTURE_ENGINES = {
     "main_engine": ("main",),
     "slow_engine": ("slow",),
     "keyed_engine": ("keyed",),
     "doomed_engines": ("victim", "graceful"),
+    "receivers": ("receiver_a", "receiver_b"),
 }
 
 
@@ -201,6 +204,12 @@ def keyed_engine(engine_pool: EnginePool) -> Iterator[ServerProcess]:
 def doomed_engines(engine_pool: EnginePool) -> Iterator[list[ServerProcess]]:
     """Two engines a test kills (SIGKILL) and terminates (SIGTERM)."""
     yield from _module_engines(engine_pool, "doomed_engines")
+
+
+@pytest.fixture(scope="module")
+def receivers(engine_pool: EnginePool) -> Iterator[list[ServerProcess]]:
+    """Two engines that join a weight-update group with the test as rank 0 (the second one is killed)."""
+    yield from _module_engines(engine_pool, "receivers")
 
 
 class Support:

@@ -70,6 +70,10 @@ class GRPOBackend:
     def save_checkpoint(self, directory: str) -> str:
         return str(self.model.save_pretrained(directory))
 
+    def named_weights(self) -> dict[str, Any]:
+        """The tensors a checkpoint holds, by its names (what a broadcast update sends)."""
+        return {name: p.detach() for name, p in self.model.named_parameters()}
+
     def load_checkpoint(self, directory: str) -> None:
         self.model.load_pretrained(directory)
 

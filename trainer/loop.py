@@ -179,6 +179,7 @@ class Progress:
 async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:
     """The loop (sync, or async with ``opts.async_mode``). Starts Ray (or connects to ``ray_address``)."""
     from engines.actor import init_local_cluster
+    from trainer.broadcast import WeightBroadcast
     from trainer.group import TrainerGroup
 
     check_options(config, opts)
@@ -228,6 +229,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         router=router_available() if opts.router is None else opts.router,
         log_dir=str(run_dir),
     )
+    WeightBroadcast(runner, manager.controller, trainer)  # the weight_sync machine's shell (broadcast mode)
     rewards: list[float] = []
     metrics: list[dict[str, Any]] = []
     progress = Progress(opts.steps, out, quiet=opts.quiet)

@@ -68,6 +68,48 @@ class TrainerWorker:
     def onload(self) -> None:
         self.backend.onload()
 
+    # -- the weight-update group: this worker is rank 0 and broadcasts --------------------------------
+    def weight_metas(self) -> list[tuple[str, str, list[int]]]:
+        """(name, dtype, shape) of every tensor the engines hold, in checkpoint naming."""
+        from models.weight_group import dtype_name
+
+        return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in self._named_weights().items()]
+
+    def _named_weights(self) -> dict[str, Any]:
+        named = getattr(self.backend, "named_weights", None)
+        if named is None:
+            raise BackendError(
+                f"trainer backend {self.spec.factory}: --update-weight-transfer-mode broadcast needs a "
+                "named_weights() method (name -> tensor, the checkpoint's names); add it, or use disk"
+            )
+        return dict(named())
+
+    def join_weight_group(self, address: str, port: int, world_size: int, name: str, timeout: float) -> None:
+        from models.weight_group import WeightGroup
+
+        self.leave_weight_group()
+        self._group: WeightGroup | None = WeightGroup(address, port, 0, world_size, timeout=timeout, name=name)
+
+    def broadcast_bucket(self, names: list[str]) -> str:
+        """Broadcast these tensors; "" or why it failed (a failed collective is not a crashed worker)."""
+        from models.weight_group import WeightGroupError
+
+        group = getattr(self, "_group", None)
+        if group is None:
+            return "no weight-update group: join_weight_group first"
+        weights = self._named_weights()
+        try:
+            group.broadcast([weights[n].detach().contiguous() for n in names])
+        except WeightGroupError as exc:
+            return str(exc)
+        return ""
+
+    def leave_weight_group(self) -> None:
+        group = getattr(self, "_group", None)
+        if group is not None:
+            group.close()
+            self._group = None
+
     def crash(self) -> None:
         os._exit(1)
 

@@ -40,8 +40,21 @@ from lifecycle.predicates import eval_fleet_enabled
 from lifecycle.spec import Blocked, CompiledSpec, MachineSpec, Step
 
 # How the job's parts are called in JobState, and the spec each one runs.
-PARTS = {"rollout": "rollout", "trainer": "trainer", "monitor": "monitor", "fleet": "eval_fleet", "engine": "engine"}
-INSTANCE = {"rollout": "rollout", "trainer": "trainer", "monitor": "monitor", "fleet": "eval_fleet"}
+PARTS = {
+    "rollout": "rollout",
+    "trainer": "trainer",
+    "monitor": "monitor",
+    "fleet": "eval_fleet",
+    "engine": "engine",
+    "sync": "weight_sync",
+}
+INSTANCE = {
+    "rollout": "rollout",
+    "trainer": "trainer",
+    "monitor": "monitor",
+    "fleet": "eval_fleet",
+    "sync": "weight-sync",
+}
 # Effects the core carries out itself, by moving another machine or changing a fact: never a command.
 COUPLED: dict[tuple[str, str], str] = {
     ("rollout", "start_servers"): "every engine's start",
@@ -218,6 +231,14 @@ class Core:
         """A monitor exists (created, paused or running): every live engine is one of its members."""
         return s.monitor in self.monitor_live
 
+    def broadcasting(self, s: JobState) -> bool:
+        """The weight-update group is broadcasting: the engines of the update receive from it, not from disk."""
+        return s.sync == "Broadcasting"
+
+    def group_members(self, s: JobState) -> tuple[int, ...]:
+        """The rollout engines the weight-update group joins (or joined), in rank order."""
+        return tuple(i for i, e in enumerate(s.engines) if e.joined)
+
     def routable(self, s: JobView, group: str = ROLLOUT) -> tuple[int, ...]:
         """The engines requests may go to: Serving only (invariant 4)."""
         return tuple(i for i, e in enumerate(s.group(group)) if e.state == "Serving")
@@ -270,6 +291,7 @@ class _Tx:
             self.trainer_program,
             self.awaiting,
             self.failed,
+            self.sync,
         ) = state
         self.s = self  # the step reads "the state so far" as self.s, like a JobState
         self.core = core
@@ -302,6 +324,7 @@ class _Tx:
             self.trainer_program,
             self.awaiting,
             self.failed,
+            self.sync,
         )
 
     def upd(self, **values: Any) -> _Tx:
@@ -372,13 +395,15 @@ class _Tx:
         if group is not None and i is not None:
             e = self.s.group(group)[i]
             dest: Any = out.dest  # a name from the engine spec (the typed names are checked against the specs)
-            if fx.launch:  # a new process holds nothing
+            if fx.launch:  # a new process holds nothing (and is in no process group)
                 new = EngineState(dest, False, False, fx.add, e.restarts)
             elif fx.add or fx.drop:
-                new = EngineState(dest, e.current, e.fresh, (e.released - fx.drop) | fx.add, e.restarts)
+                new = EngineState(dest, e.current, e.fresh, (e.released - fx.drop) | fx.add, e.restarts, e.joined)
             else:
-                new = EngineState(dest, e.current, e.fresh, e.released, e.restarts)
+                new = EngineState(dest, e.current, e.fresh, e.released, e.restarts, e.joined)
             self.set_engine(group, i, new)
+            if e.joined and (fx.launch or dest not in self.core.live):
+                self.left_group(group, i)
         else:
             self.set_machine(part, out.dest)
         names: tuple[Any, ...] = (machine, trigger, src, out.dest)  # spec names: see lifecycle.names
@@ -456,12 +481,54 @@ class _Tx:
         if not isinstance(self.fire("engine", "fail", group, i), Step):
             self.fire("engine", "detach", group, i)
 
+    def left_group(self, group: str, i: int) -> None:
+        """A member's process left (died, was stopped, restarted): the weight-update group is stale."""
+        self.set_engine(group, i, self.s.group(group)[i]._replace(joined=False))
+        if self.s.sync == "Connected":
+            self.fire("sync", "membership_changed")
+
+    def set_joined(self, members: frozenset[int]) -> None:
+        self.upd(engines=tuple(e._replace(joined=j in members) for j, e in enumerate(self.s.engines)))
+
+    def group_ready(self) -> bool:
+        """Broadcast mode: the group holds exactly the snapshot's engines, else it is destroyed (stale) or
+        connected (again) first -- and the update's ``begin_update`` runs once that command is back."""
+        wanted = frozenset(i for i, e in enumerate(self.s.engines) if e.state not in self.core.gone)
+        joined = frozenset(i for i, e in enumerate(self.s.engines) if e.joined)
+        if self.s.sync == "Connected" and joined != wanted:
+            self.fire("sync", "membership_changed")
+        if self.s.sync == "Stale" and isinstance(self.fire("sync", "destroy"), Step):
+            self.set_joined(frozenset())
+            self.prepend(self.lane, ("begin_update",))
+            return False
+        if self.s.sync in ("Init", "Disconnected"):
+            self.set_joined(wanted)  # the members the connect command joins (the shell reads them here)
+            if isinstance(self.fire("sync", "connect", log=True), Step):
+                self.prepend(self.lane, ("begin_update",))
+            return False
+        return self.s.sync == "Connected"
+
+    def broadcast_failed(self, reason: str) -> None:
+        """A broadcast that failed or ran out of time: every engine of the snapshot may hold a mix of two
+        versions, so none holds the committed one any more (each reloads it, or stays out); the group is
+        destroyed and the trainer's update ends with nothing committed."""
+        self.engines_do(ROLLOUT, "abort_update", self.core.updating_engine)
+        self.upd(engines=tuple(e._replace(current=e.current and not e.joined, fresh=False) for e in self.s.engines))
+        self.fire("rollout", "update_failed")
+        lane = self.lane
+        self.upd(awaiting=tuple(c for c in self.s.awaiting if c.lane != lane))
+        self.set_lane(lane, program=())
+        self.fire("trainer", "update_done")
+        if isinstance(self.fire("sync", "broadcast_failed"), Step):
+            self.set_joined(frozenset())
+
     def prepend(self, lane: str, phases: tuple[str, ...]) -> None:
         if lane in LANES:
             self.set_lane(lane, program=(*phases, *self.program(lane)))
 
-    def composite(self, trigger: str, *, log: bool = False) -> Step | Blocked | None:
-        """A rollout-manager move with the engine moves ``ENGINE_PLAN`` attaches to it."""
+    def composite(self, trigger: str, *, log: bool = False, broadcast: bool = False) -> Step | Blocked | None:
+        """A rollout-manager move with the engine moves ``ENGINE_PLAN`` attaches to it (``broadcast``: the
+        group's broadcast goes out between the two, so its result is the first to come back)."""
         out = self.core.c["rollout"].table.get((self.s.rollout, trigger))
         if not isinstance(out, Step):
             return self.fire("rollout", trigger, log=log)
@@ -470,6 +537,8 @@ class _Tx:
             if when == "before":
                 self.engines_do(ROLLOUT, engine_trigger, states)
         out = self.fire("rollout", trigger)
+        if broadcast:
+            self.fire("sync", "broadcast")
         for when, engine_trigger, states in plan:
             if when == "after":
                 self.engines_do(ROLLOUT, engine_trigger, states)
@@ -477,7 +546,8 @@ class _Tx:
 
     def engines_do(self, group: str, trigger: str, states: frozenset[str]) -> None:
         for j, e in enumerate(self.s.group(group)):
-            if e.state in states:
+            # only an engine holding the committed weights goes back into routing (invariant 4)
+            if e.state in states and (trigger != "resume" or e.current or group != ROLLOUT):
                 self.fire("engine", trigger, group, j)
 
     # -- operations -----------------------------------------------------------------------------------------------
@@ -615,9 +685,14 @@ class _Tx:
     def ph_catch_up(self) -> None:
         """Restarted engines (PendingWeights) receive the committed weights before they serve."""
         s = self.s
-        if s.rollout != "Ready" or not s.committed or not any(e.state == "PendingWeights" for e in s.engines):
+        behind = [j for j, e in enumerate(s.engines) if e.state == "Quiesced" and not e.current and not s.dirty]
+        if s.rollout != "Ready" or not s.committed:
+            return
+        if not behind and not any(e.state == "PendingWeights" for e in s.engines):
             return
         if isinstance(self.composite("catch_up"), Step):
+            for j in behind:  # a failed broadcast left them with mixed weights: they reload the committed ones
+                self.fire("engine", "begin_update", ROLLOUT, j)
             self.prepend(self.lane, ("catch_up_done",))
 
     def ph_catch_up_done(self) -> None:
@@ -633,7 +708,10 @@ class _Tx:
             states = ", ".join(e.state for e in self.s.engines)
             self.fail_run(f"weight update: engines not updatable ({states})")
             return
-        if isinstance(self.composite("begin_update", log=True), Step):
+        broadcast = self.core.p["broadcasts_weights"] and self.lane == "trainer"
+        if broadcast and not self.group_ready():
+            return
+        if isinstance(self.composite("begin_update", log=True, broadcast=broadcast), Step):
             self.prepend(self.lane, ("rollout.update_done",))
 
     def ph_ci_inject(self) -> None:
@@ -789,6 +867,20 @@ class _Tx:
                     self.fire("engine", "mark_unhealthy", group, i)
             elif o.name in ("request_failed", "probe_failed") and state in core.markable:
                 self.fire("engine", "mark_unhealthy", group, i)
+        elif cmd.machine == "weight_sync":
+            if cmd.effect == "init_weight_group" and self.s.sync == "Connecting":
+                if o.name == "done":
+                    self.fire("sync", "connected")
+                else:
+                    self.group_failed(o.reason or "the weight-update group did not connect")
+            elif cmd.effect == "broadcast_weights" and self.s.sync == "Broadcasting":
+                if o.name == "done":
+                    self.fire("sync", "broadcast_done")
+                elif o.name == "worker_crashed":
+                    self.broadcast_failed(o.reason)
+                    self.crashed(o.reason)
+                else:
+                    self.broadcast_failed(o.reason)
         elif cmd.machine == "trainer":
             if o.name == "trained":
                 self.fire("trainer", "train_done")
@@ -807,6 +899,10 @@ class _Tx:
         if cmd.machine == "trainer":
             self.crashed(reason)
             return
+        if cmd.machine == "weight_sync":  # a group call that raised (not one that failed): the run cannot go on
+            self.result(cmd, Outcome("failed", reason=reason))
+            self.fail_run(reason)
+            return
         if cmd.machine != "engine" or cmd.group is None or cmd.engine is None:
             self.fail_run(reason)  # building the rollout function, the monitor, ...: the run cannot go on
             return
@@ -820,6 +916,15 @@ class _Tx:
             self.abort_update()
         elif state in self.core.markable:
             self.fire("engine", "mark_unhealthy", group, i)
+
+    def group_failed(self, reason: str) -> None:
+        """The group did not connect: nothing was transferred, every engine keeps the committed weights; the
+        trainer's update ends (the next one connects again)."""
+        if isinstance(self.fire("sync", "connect_failed"), Step):
+            self.set_joined(frozenset())
+        if self.s.trainer_op:
+            self.set_lane("trainer", program=())
+            self.fire("trainer", "update_done")
 
     def relaunch(self, group: str, i: int) -> None:
         """A recovered engine's old process is gone: start it again within the budget, or give up."""

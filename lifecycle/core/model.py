@@ -19,6 +19,7 @@ from lifecycle.names import (
     StateName,
     TrainerStateName,
     Trigger,
+    WeightSyncStateName,
 )
 
 ROLLOUT, EVAL = "rollout", "eval"  # the two engine groups: rollout engines and the eval fleet's
@@ -33,6 +34,7 @@ class EngineState(NamedTuple):
     fresh: bool = False  # took the weight update now in flight (becomes current when it is committed)
     released: frozenset[str] = frozenset()  # memory tags released and not yet resumed
     restarts: tuple[float, ...] = ()  # when its restarts happened, for the budget window
+    joined: bool = False  # its current process is a member of the weight-update group (broadcast mode)
 
 
 class Command(NamedTuple):
@@ -66,6 +68,7 @@ class JobState(NamedTuple):
     trainer_program: tuple[str, ...] = ()
     awaiting: tuple[Command, ...] = ()  # commands given to the shells whose results have not come back
     failed: str = ""  # non-empty: the run stopped fast, with this reason
+    sync: WeightSyncStateName = "Init"  # the weight-update process group (broadcast mode)
 
     def group(self, group: str) -> tuple[EngineState, ...]:
         return self.engines if group == ROLLOUT else self.evals

@@ -87,7 +87,7 @@ OPERATIONS: dict[str, Operation] = {
     "update_weights": Operation(
         "trainer", ("trainer.update_weights", "trainer.update_done"), holds=("rollout",), when="trains"
     ),
-    "trainer.dispose": Operation("trainer", ("trainer.dispose",), optional=True, when="trains"),
+    "trainer.dispose": Operation("trainer", ("sync.dispose", "trainer.dispose"), optional=True, when="trains"),
 }
 
 # Phases an effect adds in front of the rest of its operation (the couplings that span operations).
@@ -102,6 +102,9 @@ RESULTS: dict[str, frozenset[str]] = {
     "launch_engine": frozenset({"ready", "start_failed"}),
     "kill_engine": frozenset({"dead", "alive"}),
     "transfer_weights": frozenset({"loaded", "refused", "request_failed", "done", "worker_crashed"}),
+    "init_weight_group": frozenset({"done", "failed"}),
+    "broadcast_weights": frozenset({"done", "failed", "worker_crashed"}),
+    "destroy_weight_group": frozenset({"done"}),
     "continue_generation": frozenset({"done", "request_failed"}),
     "route_traffic": frozenset({"done", "request_failed"}),
     "stop_routing": frozenset({"done", "request_failed"}),

@@ -31,6 +31,10 @@ MODELS: dict[str, type[BaseModel]] = {
     "/resume_memory_occupation": protocol.ResumeMemoryOccupationReqInput,
     "/pause_generation": protocol.PauseGenerationReqInput,
     "/continue_generation": protocol.ContinueGenerationReqInput,
+    "/init_weights_update_group": protocol.InitWeightsUpdateGroupReqInput,
+    "/update_weights_from_distributed": protocol.UpdateWeightsFromDistributedReqInput,
+    "/destroy_weights_update_group": protocol.DestroyWeightsUpdateGroupReqInput,
+    "/get_weights_by_name": protocol.GetWeightsByNameReqInput,
     "/abort_request": protocol.AbortReq,
 }
 BODYLESS = {"/health": {"GET"}, "/health_generate": {"GET"}, "/server_info": {"GET"}, "/model_info": {"GET"}}
