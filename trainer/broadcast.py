@@ -96,13 +96,16 @@ class WeightBroadcast:
     async def _broadcast(self, cmd: Command) -> Outcome:
         """Rank 0's side: every bucket, each a bounded collective (the engines receive it meanwhile)."""
         try:
-            for bucket in await self.buckets():
+            buckets = await self.buckets()
+            for k, bucket in enumerate(buckets):
                 problem = await self.sender.call(
                     "broadcast_bucket", [n for n, _, _ in bucket], timeout=self.timeout + MARGIN
                 )
                 if problem:
                     return Outcome("failed", reason=f"broadcast failed: {problem}")
+                self.runner.log.emit("weight_sync.bucket", index=k, of=len(buckets), tensors=len(bucket))
         except WorkerCrashed as exc:
+            self.trainer.crashed_in_broadcast(exc)
             return Outcome("worker_crashed", reason=f"trainer worker 0 crashed mid-broadcast: {exc}")
         self.broadcasts += 1
         return Outcome("done")

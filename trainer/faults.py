@@ -11,8 +11,11 @@ Seven faults, each a *real* failure of a real part (no mocked errors):
 ``crash-during-update``   the server is SIGKILLed the moment its engine machine enters a weight
                           update (a ``live`` and ``transient`` state), before the HTTP call
 ``crash-during-offload``  the same when its weights are released (needs ``--offload-rollout``)
+``crash-during-broadcast`` the server is SIGKILLed between two buckets of a broadcast update (needs
+                          ``--update-weight-transfer-mode broadcast`` and more than one bucket)
 ``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
 ``crash-trainer``         a trainer worker actor's process dies
+``crash-trainer-in-broadcast`` trainer worker 0 (the broadcast's rank 0) is SIGKILLed between two buckets
 ``kill-router``           the rollout group's sglang-router process is SIGKILLed (INDEX is 0); its
                           watcher reports it, and it comes back empty
 ========================  ==========================================================================
@@ -40,7 +43,7 @@ from engines.launcher import Launcher
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
-from lifecycle.predicates import heals_trainer, offloads_rollout, rollout_ft
+from lifecycle.predicates import broadcasts_weights, heals_trainer, offloads_rollout, rollout_ft
 from lifecycle.presets import FT_PRESETS
 from lifecycle.runner import Runner
 
@@ -50,19 +53,25 @@ FAULTS = (
     "kill-http",
     "crash-during-update",
     "crash-during-offload",
+    "crash-during-broadcast",
     "lose-node",
     "crash-trainer",
+    "crash-trainer-in-broadcast",
     "kill-router",
 )
-ENGINE_FAULTS = FAULTS[:-2]
+ENGINE_FAULTS = FAULTS[:7]
+TRAINER_FAULTS = ("crash-trainer", "crash-trainer-in-broadcast")
+BROADCAST_FAULTS = ("crash-during-broadcast", "crash-trainer-in-broadcast")  # they need broadcast mode
 FAULT_DOCS = {
     "kill-engine": "engine actor process SIGKILL (Ray reports the actor dead)",
     "hang-engine": "engine server SIGSTOP: health and generate stall, nothing dies",
     "kill-http": "HTTP server process SIGKILL, the Ray actor stays alive",
     "crash-during-update": "server SIGKILL on entering a weight update, before the HTTP call",
     "crash-during-offload": "server SIGKILL on entering Offloaded (--offload-rollout)",
+    "crash-during-broadcast": "server SIGKILL between two buckets of a broadcast weight update",
     "lose-node": "the Ray worker node hosting the engine is removed (--ray-nodes 3)",
     "crash-trainer": "trainer worker actor process dies",
+    "crash-trainer-in-broadcast": "trainer worker 0 (the broadcast's rank 0) SIGKILL between two buckets",
     "kill-router": "the rollout sglang-router process SIGKILL (it restarts empty)",
 }
 # The four FT configurations of the matrix, by their column names (the flags are the presets').
@@ -129,7 +138,11 @@ def check_faults(
             )
         if f.on_engine and not 0 <= f.index < engines:
             raise ConfigError("--inject", str(f), f"there are {engines} rollout engines", "use a valid engine index")
-        if f.kind == "crash-trainer" and not 0 <= f.index < workers:
+        if f.kind in BROADCAST_FAULTS and not broadcasts_weights(config):
+            raise ConfigError(
+                "--inject", str(f), "the weights are never broadcast", "add --update-weight-transfer-mode broadcast"
+            )
+        if f.kind in TRAINER_FAULTS and not 0 <= f.index < workers:
             raise ConfigError("--inject", str(f), f"there are {workers} trainer workers", "use a valid worker rank")
         if f.kind == "crash-during-offload" and not offloads_rollout(config):
             raise ConfigError("--inject", str(f), "rollout engines are never offloaded", "add --offload-rollout")
@@ -151,8 +164,13 @@ class Expected:
         return f"{self.outcome}: {self.text}"
 
 
-# The run modes the matrix covers, as flags: the normal loop, and generation without a trainer.
-MODES: dict[str, dict[str, object]] = {"normal": {}, "rollout-only": {"debug_rollout_only": True}}
+# The run modes the matrix covers, as flags: the normal loop, generation without a trainer, and the loop
+# with broadcast weight updates (small buckets, so that a fault can land between two of them).
+MODES: dict[str, dict[str, object]] = {
+    "normal": {},
+    "rollout-only": {"debug_rollout_only": True},
+    "broadcast": {"update_weight_transfer_mode": "broadcast", "update_weight_buffer_size": 64 * 1024},
+}
 
 
 def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleConfig:
@@ -163,10 +181,27 @@ def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleCon
 def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
     config = ft_config(ft, mode=mode)
+    if kind == "crash-trainer-in-broadcast":
+        if heals_trainer(config):
+            return Expected(
+                "recovers",
+                "the broadcast fails, every engine of the snapshot is taken out; the worker is replaced and restored, "
+                "the update runs again over a new group; run completes",
+            )
+        return Expected("stops", "TrainerFailed names the worker and the state (UpdatingWeights); train FT off")
     if kind == "crash-trainer":
         if heals_trainer(config):
             return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
         return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
+    if kind == "crash-during-broadcast":
+        if rollout_ft(config):
+            return Expected(
+                "recovers",
+                "the broadcast fails within --update-weight-timeout and the group is destroyed; the engine is "
+                "relaunched, the survivor reloads the committed checkpoint before it is routed, the next update "
+                "reconnects; run completes",
+            )
+        return Expected("stops", "EngineFailed names the engine, the state it was in and the reason; rollout FT off")
     if kind == "kill-router":
         if rollout_ft(config):
             return Expected(
@@ -205,6 +240,8 @@ class Workers(Protocol):
     def size(self) -> int: ...
 
     async def crash_worker(self, rank: int) -> None: ...
+
+    async def worker_pid(self, rank: int) -> int: ...
 
 
 class Controller(Protocol):
@@ -257,6 +294,14 @@ class FaultInjector:
 
     async def _inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         now = time.monotonic() - self._t0
+        if fault.kind == "crash-trainer-in-broadcast":
+            if controller is None or controller.log is None:
+                raise FaultError(f"{fault}: there is no event log to arm the fault on")
+            worker = await trainer.worker_pid(fault.index)
+            record = Injection(fault, f"trainer worker {fault.index}", at=now, detail={"pid": worker})
+            self.injections.append(record)
+            self._arm_bucket(controller.log, worker, record)
+            return record
         if fault.kind == "crash-trainer":
             if not 0 <= fault.index < trainer.size:
                 raise ConfigError(
@@ -317,6 +362,19 @@ class FaultInjector:
                 raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
             record.detail["server_pid"] = pid
             self._arm(controller.log, engine.id, targets, pid, record)
+        elif fault.kind == "crash-during-broadcast":
+            if not broadcasts_weights(controller.config):
+                raise ConfigError(
+                    "--inject",
+                    str(fault),
+                    "the weights are never broadcast",
+                    "add --update-weight-transfer-mode broadcast",
+                )
+            server = await launcher.server_pid()
+            if server is None or controller.log is None:
+                raise FaultError(f"{fault}: {engine.id} has no server process, or there is no event log")
+            record.detail["server_pid"] = server
+            self._arm_bucket(controller.log, server, record, group=True)
         elif fault.kind == "lose-node":
             from engines.actor import remove_node
 
@@ -347,6 +405,35 @@ class FaultInjector:
             def after() -> None:  # outside the dispatch loop that is calling us
                 log.remove_sink(sink)
                 log.emit("fault.fired", fault=str(record.fault), target=instance, state=event.get("dst"), pid=pid)
+
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon(after)
+
+        log.add_sink(sink)
+
+    def _arm_bucket(self, log: EventLog, pid: int, record: Injection, *, group: bool = False) -> None:
+        """One-shot sink: SIGKILL ``pid`` (its process group too, for a server) when the first bucket of a
+        broadcast that has more is through -- so the next bucket finds it dead."""
+        fired = False
+
+        def sink(event: dict[str, Any]) -> None:
+            nonlocal fired
+            if fired or event.get("event") != "weight_sync.bucket" or event.get("index") != 0:
+                return
+            if int(event.get("of", 1)) < 2:
+                return  # a one-bucket broadcast has no "between": wait for one with more
+            fired = True
+            if group:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            record.fired_at = time.monotonic() - self._t0
+            record.detail["fired_in"] = "broadcast"
+
+            def after() -> None:
+                log.remove_sink(sink)
+                log.emit("fault.fired", fault=str(record.fault), target=record.target, state="Broadcasting", pid=pid)
 
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon(after)

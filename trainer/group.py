@@ -138,6 +138,10 @@ class TrainerGroup:
         await self.runner.operate("onload_train", allow=_NOT_NOW)
         self.check()
 
+    async def worker_pid(self, rank: int) -> int:
+        """The worker's process id (fault injection kills it at an exact moment)."""
+        return int(await self.workers[rank].call("pid"))
+
     async def crash_worker(self, rank: int) -> None:
         """Fault injection: the worker's process dies."""
         self.workers[rank].crash()
@@ -168,6 +172,10 @@ class TrainerGroup:
     # -- the handlers of the trainer's effects -----------------------------------------------------------------
     def _worker(self, rank: int) -> WorkerHandle:
         return WorkerHandle(rank, self.backend, call_timeout=self.call_timeout)
+
+    def crashed_in_broadcast(self, exc: WorkerCrashed) -> None:
+        """The group's broadcast lost worker 0: the failure names it and the state (as for any crash)."""
+        self._crashed(exc)
 
     def _crashed(self, exc: WorkerCrashed) -> Outcome:
         self._crash = (self.runner.state.trainer, str(exc))

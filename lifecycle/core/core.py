@@ -508,7 +508,7 @@ class _Tx:
             return False
         return self.s.sync == "Connected"
 
-    def broadcast_failed(self, reason: str) -> None:
+    def broadcast_failed(self, reason: str, *, crashed: bool = False) -> None:
         """A broadcast that failed or ran out of time: every engine of the snapshot may hold a mix of two
         versions, so none holds the committed one any more (each reloads it, or stays out); the group is
         destroyed and the trainer's update ends with nothing committed."""
@@ -518,7 +518,8 @@ class _Tx:
         lane = self.lane
         self.upd(awaiting=tuple(c for c in self.s.awaiting if c.lane != lane))
         self.set_lane(lane, program=())
-        self.fire("trainer", "update_done")
+        if not crashed:  # a crashed worker's trainer moves by its crash (heal or fail), not by the update's end
+            self.fire("trainer", "update_done")
         if isinstance(self.fire("sync", "broadcast_failed"), Step):
             self.set_joined(frozenset())
 
@@ -877,7 +878,7 @@ class _Tx:
                 if o.name == "done":
                     self.fire("sync", "broadcast_done")
                 elif o.name == "worker_crashed":
-                    self.broadcast_failed(o.reason)
+                    self.broadcast_failed(o.reason, crashed=True)
                     self.crashed(o.reason)
                 else:
                     self.broadcast_failed(o.reason)

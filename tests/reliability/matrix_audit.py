@@ -33,11 +33,18 @@ class AuditedRollout:
         # the loop pushes version k+1 at the end of step k; without a trainer the seed's version 0 stays
         trainer_version = "0" if controller.config.debug_rollout_only else str(rollout_id)
         committed = controller.committed[1] if controller.committed else None
+        if controller.config.update_weight_transfer_mode == "broadcast" and committed is not None:
+            # a failed broadcast commits nothing: the engines serve the last committed version until the next
+            # update goes through (the cells check that it does); they must all agree on it
+            trainer_version = committed
         versions: dict[str, str | None] = {}
         nodes: dict[str, str] = {}
         for engine in controller.routable():
             assert engine.client is not None
             versions[engine.id] = (await engine.client.model_info()).weight_version
+            memory = (await engine.client.server_info()).internal_states[0]
+            if memory.get("weights_torn"):  # the CPU engine says it holds a mix of two versions
+                versions[engine.id] = f"{versions[engine.id]} (torn: a failed broadcast's mix)"
             info = getattr(engine.launcher, "info", None)
             if callable(info):
                 nodes[engine.id] = str((await info()).get("node_id"))

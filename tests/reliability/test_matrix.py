@@ -34,7 +34,18 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.events import read_jsonl
 from lifecycle.machines import ENGINE as ENGINE_SPEC
-from trainer.faults import FAULTS, FT_CONFIGS, MODES, Fault, check_faults, expected, ft_config, parse_fault
+from trainer.faults import (
+    BROADCAST_FAULTS,
+    FAULTS,
+    FT_CONFIGS,
+    MODES,
+    TRAINER_FAULTS,
+    Fault,
+    check_faults,
+    expected,
+    ft_config,
+    parse_fault,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -43,7 +54,7 @@ STEPS, AT, ENGINE = 3, 1, 1  # 3 steps, fault at the start of step 1, on engine-
 
 def steps_for(kind: str) -> int:
     """One more step when recovery lands in the last step's update (so the recovered engine serves again)."""
-    return STEPS + 1 if kind == "crash-during-update" else STEPS
+    return STEPS + 1 if kind in ("crash-during-update", "crash-during-broadcast") else STEPS
 
 
 CELL = {
@@ -177,13 +188,16 @@ def check_nothing_lost(run: Run) -> None:
 
 
 def check_weights_before_routing(run: Run) -> None:
-    """Per engine: after every (re)start, the weights are loaded before it is resumed (routed)."""
+    """Per engine: after every (re)start -- and, broadcasting, after every aborted update (its weights may be
+    a mix of two versions) -- the weights are loaded before it is resumed (routed)."""
     for instance in ("engine-0", "engine-1"):
         loaded = False
         for t in run.transitions(instance):
-            if t["dst"] == "PendingWeights" and t["trigger"] == "ready":
+            if (t["dst"] == "PendingWeights" and t["trigger"] == "ready") or (
+                t["trigger"] == "abort_update" and run.mode == "broadcast"
+            ):
                 loaded = False
-            elif t["src"] == "LoadingWeights" and t["trigger"] == "finish_update":
+            elif t["trigger"] == "finish_update" and (t["src"] == "LoadingWeights" or run.mode == "broadcast"):
                 loaded = True
             elif t["dst"] == "Serving":
                 assert loaded, f"{instance} routed before it loaded the weights: {t}"
@@ -202,6 +216,10 @@ def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
     if kind == "crash-during-update":
         assert mark["src"] in UPDATE_STATES, mark
         assert run.first("fault.fired")["state"] in UPDATE_STATES
+    if kind == "crash-during-broadcast":
+        assert run.first("fault.fired")["state"] == "Broadcasting"
+        syncs = [t["trigger"] for t in run.transitions("weight-sync")]
+        assert "broadcast_failed" in syncs, syncs  # the broadcast failed (bounded), it did not hang
     if kind == "crash-during-offload":
         assert mark["src"] == "Offloaded", mark
         assert run.first("fault.fired")["state"] == "Offloaded"
@@ -216,9 +234,11 @@ def check_recovered(run: Run) -> str:
     assert run.error is None, f"expected recovery, the run stopped: {run.error}"
     steps = steps_for(run.fault.kind)
     assert run.steps_done == steps
-    if run.fault.kind == "crash-trainer":
+    if run.fault.kind in TRAINER_FAULTS:
         path = [t["trigger"] for t in run.transitions("trainer")]
         assert [p for p in path if p in ("worker_crashed", "heal", "healed")] == ["worker_crashed", "heal", "healed"]
+        if run.fault.kind == "crash-trainer-in-broadcast":
+            return check_broadcast_redone(run, steps)
         return f"recovers: {steps}/{steps} steps; trainer worker_crashed -> heal -> healed, step retried"
     if run.fault.kind == "kill-router":
         return check_router_recovered(run, steps)
@@ -240,6 +260,19 @@ def check_recovered(run: Run) -> str:
     return (
         f"recovers: {steps}/{steps} steps; {target} {' -> '.join(want)}{where}; "
         f"served v{served} in the last step; reason: {mark.get('reason')}"
+    )
+
+
+def check_broadcast_redone(run: Run, steps: int) -> str:
+    """The crash failed the broadcast; after the heal the update connected a new group and went through."""
+    syncs = [t["trigger"] for t in run.transitions("weight-sync")]
+    failed = syncs.index("broadcast_failed")
+    assert syncs[failed + 1 : failed + 5] == ["connect", "connected", "broadcast", "broadcast_done"], syncs
+    last = run.audit[-1]
+    assert set(last["serving_versions"].values()) == {str(steps - 1)}, last
+    return (
+        f"recovers: {steps}/{steps} steps; broadcast_failed, trainer worker_crashed -> heal -> healed, "
+        "the update redone over a new group (connect -> broadcast_done)"
     )
 
 
@@ -267,9 +300,10 @@ def check_stopped(run: Run) -> str:
     assert run.stopped_at - injected_at < STOP_WITHIN, run.stopped_at - injected_at
     if run.fault.kind == "kill-router":
         assert "router-rollout died" in message and "--ft-components rollout" in message, message
-    elif run.fault.kind == "crash-trainer":
+    elif run.fault.kind in TRAINER_FAULTS:
         assert "TrainerFailed" in message or type(run.error).__name__ == "TrainerFailed", message
-        assert f"trainer worker {run.fault.index} crashed in state Training" in message, message
+        state = "UpdatingWeights" if run.fault.kind == "crash-trainer-in-broadcast" else "Training"
+        assert f"trainer worker {run.fault.index} crashed in state {state}" in message, message
         assert "train fault tolerance is off" in message, message
         path = [t["trigger"] for t in run.transitions("trainer")]
         assert path[-2:] == ["worker_crashed", "fail"], path
@@ -300,7 +334,7 @@ def test_cell(
 ) -> None:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
-    index = 0 if kind in ("crash-trainer", "kill-router") else ENGINE
+    index = 0 if kind in (*TRAINER_FAULTS, "kill-router") else ENGINE
     fault = Fault(kind, index, AT)
     if kind == "lose-node":
         run = run_subprocess(fault, ft, tmp_path)
@@ -354,7 +388,7 @@ def test_expected_follows_the_predicates() -> None:
     train FT."""
     for kind, mode, ft in CELLS:
         comps = set(FT_CONFIGS[ft].get("ft_components", []))
-        heals = ("train" in comps) if kind == "crash-trainer" else ("rollout" in comps)
+        heals = ("train" in comps) if kind in TRAINER_FAULTS else ("rollout" in comps)
         assert expected(kind, ft, mode).outcome == ("recovers" if heals else "stops"), (kind, mode, ft)
 
 
@@ -373,6 +407,10 @@ def test_fault_specs_and_refusals() -> None:
     with pytest.raises(ConfigError, match="worker rank"):
         check_faults([parse_fault("crash-trainer:1@1")], config)
     check_faults([parse_fault("lose-node:1@1")], two, ray_nodes=3)
+    for kind in BROADCAST_FAULTS:
+        with pytest.raises(ConfigError, match="--update-weight-transfer-mode broadcast"):
+            check_faults([parse_fault(f"{kind}:0@1")], two)
+        check_faults([parse_fault(f"{kind}:0@1")], ft_config("rollout", mode="broadcast"))
 
 
 def test_audit_catches_loss_duplicates_and_stale_weights() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,37 @@ def test_a_model_and_an_hf_checkpoint_together_are_refused(tmp_path: Path) -> No
         check_options(LifecycleConfig.from_mapping(CPU), opts)
     with pytest.raises(ConfigError, match="unknown model"):
         check_options(LifecycleConfig.from_mapping(CPU), RunOptions(run_dir=tmp_path, model="gpt"))
+
+
+@pytest.mark.weight_update
+def test_broadcast_updates_learn_exactly_like_disk_and_every_engine_holds_the_trainers_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--update-weight-transfer-mode broadcast``: the same seed gives the same rewards as disk, bit for bit,
+    because every Serving engine holds exactly the trainer's tensors (read back and compared before every
+    rollout); one group is connected once and broadcast to at every update."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    steps = 4
+    results = {}
+    for mode in ("disk", "broadcast"):
+        check = tmp_path / f"{mode}.jsonl"
+        monkeypatch.setenv("LIFECYCLE_WEIGHTS_CHECK", str(check))
+        config = LifecycleConfig.from_mapping(
+            {**CPU, "update_weight_transfer_mode": mode, "update_weight_buffer_size": 64 * 1024}
+        )
+        results[mode] = _run(config, tmp_path / mode, steps, rollout_fn="weights_check:factory")
+        rows = [json.loads(line) for line in check.read_text().splitlines()]
+        assert [r["version"] for r in rows] == [str(k) for k in range(steps)]
+        assert all(
+            r["engines"] == {"engine-0": r["engines"]["engine-0"], "engine-1": r["engines"]["engine-1"]} for r in rows
+        )
+        assert all(not r["mismatches"] for r in rows)
+    assert results["broadcast"].rewards == results["disk"].rewards
+    events = read_jsonl(tmp_path / "broadcast" / "events.jsonl")
+    syncs = [e["trigger"] for e in events if e.get("instance") == "weight-sync" and e.get("event") == TRANSITION]
+    assert syncs[:2] == ["connect", "connected"] and syncs.count("connect") == 1
+    assert syncs.count("broadcast_done") == steps
+    buckets = [e for e in events if e.get("event") == "weight_sync.bucket"]
+    assert len({e["of"] for e in buckets}) == 1 and buckets[0]["of"] >= 2  # several buckets per update
+    disk_events = read_jsonl(tmp_path / "disk" / "events.jsonl")
+    assert not [e for e in disk_events if e.get("instance") == "weight-sync" and e.get("event") == TRANSITION]
