@@ -45,6 +45,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_engines.py
 	$(BIN)/python benchmarks/bench_loop.py
 	$(BIN)/python benchmarks/bench_fleet.py
+	$(BIN)/python benchmarks/bench_weights.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts

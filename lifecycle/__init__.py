@@ -7,7 +7,7 @@ from lifecycle.config import ConfigWarning, LifecycleConfig, add_lifecycle_argum
 from lifecycle.errors import ConfigError, IllegalTransition, LifecycleError, SpecError
 from lifecycle.events import EventLog, bind_context, capture
 from lifecycle.ledger import EffectLedger
-from lifecycle.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER
+from lifecycle.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER, WEIGHT_SYNC
 from lifecycle.predicates import PREDICATES, evaluate
 from lifecycle.runtime import AsyncLifecycleMachine, FireResult, LifecycleMachine
 from lifecycle.spec import MachineSpec, StateSpec, T
@@ -20,6 +20,7 @@ __all__ = [
     "PREDICATES",
     "ROLLOUT",
     "TRAINER",
+    "WEIGHT_SYNC",
     "AsyncLifecycleMachine",
     "ConfigError",
     "ConfigWarning",

@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainer.broadcast import WeightBroadcast
     from trainer.group import TrainerFailed, TrainerGroup
     from trainer.loop import RunOptions, RunResult, run_loop
 
@@ -23,12 +24,14 @@ _EXPORTS = {
     "RunOptions": "trainer.loop",
     "RunResult": "trainer.loop",
     "run_loop": "trainer.loop",
+    "WeightBroadcast": "trainer.broadcast",
 }
 __all__ = [
     "RunOptions",
     "RunResult",
     "TrainerFailed",
     "TrainerGroup",
+    "WeightBroadcast",
     "run_loop",
 ]
 

@@ -101,6 +101,9 @@ class TrainerWorker:
         try:
             group.broadcast([weights[n].detach().contiguous() for n in names])
         except WeightGroupError as exc:
+            # leave at once: members blocked in this bucket's collective then fail now ("connection closed by
+            # peer") instead of at their own deadline, so the whole update ends as soon as rank 0 knows
+            self.leave_weight_group()
             return str(exc)
         return ""
 

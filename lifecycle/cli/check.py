@@ -27,8 +27,9 @@ def register(sub: Any) -> None:
             "Breadth-first exploration of the lifecycle core -- Core.step, the function the runtime executes "
             "-- driven by every operation a loop may call in any order, every answer the shells may give and "
             "the world's faults (kill, hang, HTTP death, refused loads, worker crashes), over every machine of "
-            "one job (rollout manager, monitor, N engines, eval fleet, trainer), for every valid config of the "
-            "lattice (FT x components x mode x ci-test x eval fleet x offload), or for one config when --config "
+            "one job (rollout manager, monitor, N engines, eval fleet, trainer, weight-update group), for every "
+            "valid config of the lattice (FT x components x mode x ci-test x eval fleet x offload; external "
+            "engines; broadcast weight updates), or for one config when --config "
             "or any lifecycle flag is given. Prints states/s. Exits 1 with the shortest counterexample on a "
             "violation."
         ),

@@ -115,3 +115,20 @@ def test_a_trainer_crash_mid_broadcast_heals_and_redoes_the_update_or_stops(ft, 
         # it crashed while UpdatingWeights (the abort of the broadcast does not move the trainer first)
         crash = next(m for m in d.moves if m.trigger == "worker_crashed")
         assert crash.src == "UpdatingWeights" and trainer[-2:] == ["worker_crashed", "fail"] and d.s.failed
+
+
+def test_the_mixed_weights_invariant_reads_the_world_not_the_cores_bookkeeping():
+    """It fails for a Serving engine whose process holds a failed broadcast's mix, whatever the core believes
+    (even that the engine is current), and passes once the process is whole again."""
+    from lifecycle.invariants import no_engine_routed_with_mixed_weights
+    from lifecycle.world import Checker, Node
+
+    checker = Checker(cfg(**RFT, **BROADCAST))
+    d = Drive(cfg(**RFT, **BROADCAST)).start()
+    d.op("generate")
+    assert d.engines() == ["Serving", "Serving"] and all(e.current for e in d.s.engines)
+    world = checker.initial().world
+    assert no_engine_routed_with_mixed_weights(checker, Node(d.s, world)) is None
+    torn = world._replace(torn=(False, True))
+    problem = no_engine_routed_with_mixed_weights(checker, Node(d.s, torn))
+    assert problem is not None and "engine-1" in problem
