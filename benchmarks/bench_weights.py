@@ -9,7 +9,8 @@ it, and the benchmark process plays the trainer: new weights, then
   (``/init_weights_update_group``, timed apart) and broadcasts every tensor over gloo while both receive it
   bucket by bucket (``/update_weights_from_distributed``, ``--update-weight-buffer-size`` buckets).
 
-Both are measured in the same run on the same engines, each the median of ``--repeat`` updates; printed:
+Both are measured in the same run on the same engines, each the median of ``--repeat`` updates (disk's write and
+load are those of its median update); printed:
 seconds per update for each path, disk's write and load apart, and the ratio disk / broadcast. On a GPU host
 broadcast goes over nccl and disk over a real file system: the ratio there is not this one.
 
@@ -75,7 +76,7 @@ async def measure(root: Path, size: str, repeat: int, bucket_bytes: int) -> dict
             with torch.no_grad():
                 for p in trainer.parameters():
                     p.add_(0.01)
-            state = {n: p.detach().contiguous() for n, p in trainer.named_parameters()}
+            state = {n: p.detach().contiguous() for n, p in trainer.checkpoint_tensors().items()}
             plan = buckets(metas_of(state), bucket_bytes)
             t0 = time.perf_counter()
             for k, bucket in enumerate(plan):
@@ -94,11 +95,12 @@ async def measure(root: Path, size: str, repeat: int, bucket_bytes: int) -> dict
             await c.close()
         group.close()
         med = statistics.median
+        mid = sorted(range(repeat), key=disk.__getitem__)[repeat // 2]  # the median disk update, split in two
         return {
             "mb": nbytes / 1e6,
-            "disk": med(disk),
-            "write": med(write),
-            "load": med(load),
+            "disk": disk[mid],
+            "write": write[mid],
+            "load": load[mid],
             "broadcast": med(cast),
             "connect": connect,
             "buckets": float(len(plan)),

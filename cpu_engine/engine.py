@@ -242,7 +242,7 @@ class TorchEngine:
         return 200, {"success": True, "message": "Succeeded to update parameter online."}
 
     def get_weights_by_name(self, name: str, truncate_size: int) -> list[Any]:
-        params = dict(self.memory.model.named_parameters())
+        params = self.memory.model.checkpoint_tensors()
         if name not in params:
             raise EngineRequestError(400, f"no parameter named {name!r}")
         if not self.memory.model.weights_resident:

@@ -116,7 +116,7 @@ class ModelMemory:
     def assign_received(self, tensors: Mapping[str, torch.Tensor], *, last: bool) -> None:
         """Copy one broadcast bucket into the model as it arrives (as SGLang does: until the last bucket the
         model holds a mix of versions -- ``torn`` -- which is why the lifecycle never routes it then)."""
-        params = dict(self.model.named_parameters())
+        params = self.model.checkpoint_tensors()
         for name, tensor in tensors.items():
             params[name].copy_(tensor)
         self.weights_file, self.weights_sha256, self.load_format = None, None, "distributed"
@@ -158,7 +158,7 @@ class ModelMemory:
             )
         if TAG_WEIGHTS in chosen:
             if self.load_format == "distributed":
-                self.backup = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+                self.backup = {n: p.detach().clone() for n, p in self.model.checkpoint_tensors().items()}
             self.model.release_weights()
         if TAG_KV_CACHE in chosen:
             self.kv.release()

@@ -255,6 +255,9 @@ class HFCausalLM(nn.Module):
                 param.data = torch.empty(self._released_shapes[name])
             self._released_shapes = None
 
+    def checkpoint_tensors(self) -> dict[str, nn.Parameter]:
+        return dict(self.net.named_parameters())  # transformers' names, tied weights once
+
     def expected_tensors(self) -> dict[str, tuple[int, ...]]:
         """The checkpoint's tensor names (transformers' own: ``model.layers.0...``; tied weights once)."""
         if self._released_shapes is not None:

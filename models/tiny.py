@@ -181,6 +181,9 @@ class TinyCausalLM(nn.Module):
             return dict(self._released_shapes)
         return {name: tuple(p.shape) for name, p in self.named_parameters()}
 
+    def checkpoint_tensors(self) -> dict[str, nn.Parameter]:
+        return dict(self.named_parameters())
+
     @torch.no_grad()
     def assign_weights(self, state: Mapping[str, Tensor]) -> None:
         """Copy a state already checked by :func:`read_weights_file` into the model (re-allocating if released)."""

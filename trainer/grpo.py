@@ -72,7 +72,7 @@ class GRPOBackend:
 
     def named_weights(self) -> dict[str, Any]:
         """The tensors a checkpoint holds, by its names (what a broadcast update sends)."""
-        return {name: p.detach() for name, p in self.model.named_parameters()}
+        return {name: p.detach() for name, p in self.model.checkpoint_tensors().items()}
 
     def load_checkpoint(self, directory: str) -> None:
         self.model.load_pretrained(directory)
