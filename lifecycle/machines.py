@@ -285,7 +285,7 @@ WEIGHT_SYNC = MachineSpec(
         T("broadcast", "Connected", "Broadcasting", effects=["broadcast_weights"]),
         T("broadcast_done", "Broadcasting", "Connected"),
         T("broadcast_failed", "Broadcasting", "Disconnected", effects=["destroy_weight_group"]),
-        T("dispose", ("Init", "Disconnected"), "Disposed"),
+        T("dispose", "Disconnected", "Disposed"),
         T("dispose", ("Connected", "Stale"), "Disposed", effects=["destroy_weight_group"]),
     ),
     environment=frozenset({"membership_changed", "connect_failed", "broadcast_failed"}),

@@ -469,7 +469,7 @@ def _normal(job: JobState, world: World) -> tuple[JobState, World]:
         if e.state in _FINISHED:
             if p != DEAD_NOTIFIED or e.current or e.fresh or e.released or e.restarts:
                 break
-        elif e.state in _IDLE and (e.current or e.fresh or e.released):
+        elif e.state in _IDLE and (e.current or e.fresh or e.released or e.mixed):
             break
     else:
         return job, world
@@ -478,7 +478,7 @@ def _normal(job: JobState, world: World) -> tuple[JobState, World]:
         if e.state in _FINISHED:
             e, p = EngineState(e.state), DEAD_NOTIFIED
         elif e.state in _IDLE:
-            e = e._replace(current=False, fresh=False, released=frozenset())
+            e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
         new_engines.append(e)
         new_procs.append(p)
     return job._replace(engines=tuple(new_engines)), world._replace(procs=tuple(new_procs))

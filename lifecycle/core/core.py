@@ -398,9 +398,9 @@ class _Tx:
             if fx.launch:  # a new process holds nothing (and is in no process group)
                 new = EngineState(dest, False, False, fx.add, e.restarts)
             elif fx.add or fx.drop:
-                new = EngineState(dest, e.current, e.fresh, (e.released - fx.drop) | fx.add, e.restarts, e.joined)
+                new = e._replace(state=dest, released=(e.released - fx.drop) | fx.add)
             else:
-                new = EngineState(dest, e.current, e.fresh, e.released, e.restarts, e.joined)
+                new = e._replace(state=dest)
             self.set_engine(group, i, new)
             if e.joined and (fx.launch or dest not in self.core.live):
                 self.left_group(group, i)
@@ -513,7 +513,12 @@ class _Tx:
         versions, so none holds the committed one any more (each reloads it, or stays out); the group is
         destroyed and the trainer's update ends with nothing committed."""
         self.engines_do(ROLLOUT, "abort_update", self.core.updating_engine)
-        self.upd(engines=tuple(e._replace(current=e.current and not e.joined, fresh=False) for e in self.s.engines))
+        self.upd(
+            engines=tuple(
+                e._replace(current=e.current and not e.joined, fresh=False, mixed=e.mixed or e.joined)
+                for e in self.s.engines
+            )
+        )
         self.fire("rollout", "update_failed")
         lane = self.lane
         self.upd(awaiting=tuple(c for c in self.s.awaiting if c.lane != lane))
@@ -547,8 +552,7 @@ class _Tx:
 
     def engines_do(self, group: str, trigger: str, states: frozenset[str]) -> None:
         for j, e in enumerate(self.s.group(group)):
-            # only an engine holding the committed weights goes back into routing (invariant 4)
-            if e.state in states and (trigger != "resume" or e.current or group != ROLLOUT):
+            if e.state in states:
                 self.fire("engine", trigger, group, j)
 
     # -- operations -----------------------------------------------------------------------------------------------
@@ -664,7 +668,9 @@ class _Tx:
         self.upd(
             committed=True,
             dirty=False,
-            engines=tuple(e._replace(current=e.fresh, fresh=False) for e in self.s.engines),
+            engines=tuple(
+                e._replace(current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in self.s.engines
+            ),
         )
 
     # -- the core's own phases -------------------------------------------------------------------------------------
@@ -686,7 +692,7 @@ class _Tx:
     def ph_catch_up(self) -> None:
         """Restarted engines (PendingWeights) receive the committed weights before they serve."""
         s = self.s
-        behind = [j for j, e in enumerate(s.engines) if e.state == "Quiesced" and not e.current and not s.dirty]
+        behind = [j for j, e in enumerate(s.engines) if e.state == "Quiesced" and e.mixed]
         if s.rollout != "Ready" or not s.committed:
             return
         if not behind and not any(e.state == "PendingWeights" for e in s.engines):
@@ -699,7 +705,12 @@ class _Tx:
     def ph_catch_up_done(self) -> None:
         """The catch-up pushed nothing new: engines that took the committed weights now hold them."""
         if isinstance(self.fire("rollout", "update_done"), Step):
-            self.upd(engines=tuple(e._replace(current=e.current or e.fresh, fresh=False) for e in self.s.engines))
+            self.upd(
+                engines=tuple(
+                    e._replace(current=e.current or e.fresh, fresh=False, mixed=e.mixed and not e.fresh)
+                    for e in self.s.engines
+                )
+            )
 
     def ph_begin_update(self) -> None:
         """The trainer's push: one snapshot of every engine still in play, under the engine lock."""
@@ -740,6 +751,11 @@ class _Tx:
                     stopping = True
         if stopping:
             self.prepend(self.lane, ("dispose_engines",))
+
+    def ph_sync_dispose(self) -> None:
+        """The weight-update group is destroyed with the trainer; one that never connected has nothing to do."""
+        if self.s.sync != "Init":
+            self.fire("sync", "dispose")
 
     def ph_fleet_dispose(self) -> None:
         self.fire("fleet", "release")  # a pin or a skip still held (a no-op where the spec has no release)
@@ -967,7 +983,12 @@ class _Tx:
         if not isinstance(self.fire("rollout", "update_failed"), Step):
             pass
         elif before == "CatchingUp":  # a catch-up loads the committed version: who took it holds it
-            self.upd(engines=tuple(e._replace(current=e.current or e.fresh, fresh=False) for e in self.s.engines))
+            self.upd(
+                engines=tuple(
+                    e._replace(current=e.current or e.fresh, fresh=False, mixed=e.mixed and not e.fresh)
+                    for e in self.s.engines
+                )
+            )
         else:
             self.upd(
                 dirty=True,

@@ -35,6 +35,7 @@ class EngineState(NamedTuple):
     released: frozenset[str] = frozenset()  # memory tags released and not yet resumed
     restarts: tuple[float, ...] = ()  # when its restarts happened, for the budget window
     joined: bool = False  # its current process is a member of the weight-update group (broadcast mode)
+    mixed: bool = False  # a failed broadcast left it a mix of two versions: it reloads the committed ones first
 
 
 class Command(NamedTuple):

@@ -87,7 +87,7 @@ OPERATIONS: dict[str, Operation] = {
     "update_weights": Operation(
         "trainer", ("trainer.update_weights", "trainer.update_done"), holds=("rollout",), when="trains"
     ),
-    "trainer.dispose": Operation("trainer", ("sync.dispose", "trainer.dispose"), optional=True, when="trains"),
+    "trainer.dispose": Operation("trainer", ("sync_dispose", "trainer.dispose"), optional=True, when="trains"),
 }
 
 # Phases an effect adds in front of the rest of its operation (the couplings that span operations).
