@@ -333,6 +333,7 @@ class RuntimeVsModelBase(JobModelBase):
         self.runtime = {}
         core = self.job.core
         instances = [(name, name) for name in ("rollout", "trainer", "monitor", "eval_fleet")]
+        instances.append(("weight_sync", "weight-sync"))
         instances += [("engine", f"engine-{i}") for i in range(core.engines)]
         instances += [("engine", f"eval-{i}") for i in range(core.evals)]
         for name, instance in instances:
@@ -382,6 +383,7 @@ def make_runtime_machine(
             assert self.state is not None
             s = self.state.job
             predicted = {"rollout": s.rollout, "trainer": s.trainer, "monitor": s.monitor, "eval_fleet": s.fleet}
+            predicted["weight-sync"] = s.sync
             predicted |= {f"engine-{i}": e.state for i, e in enumerate(s.engines)}
             predicted |= {f"eval-{i}": e.state for i, e in enumerate(s.evals)}
             actual = {name: m.state for name, m in self.runtime.items()}
