@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from engines.client import EngineClient
@@ -110,19 +110,10 @@ class Engine:
     # -- weights ----------------------------------------------------------------------------------------
     async def load(self, path: str, version: str) -> Outcome:
         """``/update_weights_from_disk``, then ``/model_info`` must report ``version``: ``loaded`` or why not."""
-        if self.client is None:
+        client = self.client
+        if client is None:
             return self._failed("request_failed", "no server process")
-        try:
-            await self.client.update_weights_from_disk(path, weight_version=version)
-            got = (await self.client.model_info()).weight_version
-        except EngineHTTPError as exc:  # it answered and said no: the old weights stay, it must not serve
-            return self._failed("refused", f"refused the weights: {exc}")
-        except EngineError as exc:
-            return self._failed("request_failed", f"weight update failed: {exc}")
-        if got != version:
-            return self._failed("refused", f"loaded weight version {got!r}, expected {version!r}")
-        self.weight_version = version
-        return Outcome("loaded")
+        return await self._verified(client.update_weights_from_disk(path, weight_version=version), version, "disk")
 
     # -- the weight-update group (broadcast mode) ---------------------------------------------------------
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
@@ -140,25 +131,37 @@ class Engine:
     async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> Outcome:
         """Every bucket by ``/update_weights_from_distributed`` (the last one names ``version``), each within
         ``timeout``, while the trainer broadcasts them; then ``/model_info`` must report ``version``."""
-        if self.client is None:
+        client = self.client
+        if client is None:
             return self._failed("request_failed", "no server process")
-        try:
+
+        async def every_bucket() -> None:
             for k, bucket in enumerate(buckets):
-                last = k == len(buckets) - 1
-                await self.client.update_weights_from_distributed(
+                await client.update_weights_from_distributed(
                     [n for n, _, _ in bucket],
                     [d for _, d, _ in bucket],
                     [list(shape) for _, _, shape in bucket],
-                    weight_version=version if last else None,
+                    weight_version=version if k == len(buckets) - 1 else None,
                     timeout=timeout,
                 )
+
+        return await self._verified(every_bucket(), version, "broadcast")
+
+    async def _verified(self, transfer: Awaitable[object], version: str, how: str) -> Outcome:
+        """A weight transfer, then ``/model_info`` must report ``version``: ``loaded``, or ``refused`` (it answered
+        no, or holds another version: it must not serve), or ``request_failed`` (no answer)."""
+        assert self.client is not None
+        try:
+            await transfer
             got = (await self.client.model_info()).weight_version
-        except EngineHTTPError as exc:  # it answered and said no (its group broke): it must not serve
-            return self._failed("refused", f"broadcast update failed: {exc}")
+        except EngineHTTPError as exc:
+            verb = "refused the weights" if how == "disk" else "broadcast update failed"
+            return self._failed("refused", f"{verb}: {exc}")
         except EngineError as exc:
-            return self._failed("request_failed", f"broadcast update failed: {exc}")
+            return self._failed("request_failed", f"{'weight' if how == 'disk' else 'broadcast'} update failed: {exc}")
         if got != version:
-            return self._failed("refused", f"received weight version {got!r}, expected {version!r}")
+            word = "loaded" if how == "disk" else "received"
+            return self._failed("refused", f"{word} weight version {got!r}, expected {version!r}")
         self.weight_version = version
         return Outcome("loaded")
 

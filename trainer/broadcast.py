@@ -17,6 +17,7 @@ import socket
 from engines.engine import Bucket, Engine
 from lifecycle.core import Command, Outcome
 from lifecycle.runner import Runner
+from models.weight_group import TensorMeta, buckets
 from rollout.controller import InferenceController
 from trainer.group import TrainerGroup
 from trainer.workers import WorkerCrashed, WorkerHandle
@@ -60,18 +61,8 @@ class WeightBroadcast:
         """The tensors in buckets of at most ``--update-weight-buffer-size`` bytes (the same every update)."""
         if self._buckets is None:
             metas = await self.sender.call("weight_metas", timeout=self.timeout + MARGIN)
-            out: list[list[tuple[str, str, list[int]]]] = []
-            size = 0
-            for name, dtype, shape in metas:
-                n = _itemsize(dtype)
-                for d in shape:
-                    n *= d
-                if not out or (size + n > self.bucket_bytes and out[-1]):
-                    out.append([])
-                    size = 0
-                out[-1].append((name, dtype, shape))
-                size += n
-            self._buckets = list(out)
+            plan = buckets([TensorMeta(name, dtype, tuple(shape)) for name, dtype, shape in metas], self.bucket_bytes)
+            self._buckets = [[(m.name, m.dtype, m.shape) for m in bucket] for bucket in plan]
         return self._buckets
 
     # -- the three commands ---------------------------------------------------------------------------
@@ -124,7 +115,3 @@ class WeightBroadcast:
         if pending is None:
             return Outcome("refused", reason="no weights pending: the trainer wrote none for this update")
         return await engine.receive(await self.buckets(), pending[1], self.timeout + MARGIN)
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 4)
