@@ -17,13 +17,13 @@ venv: $(BIN)/python
 ## run: install the package and run the main job (the RL loop) on the embedded CPU defaults
 run: venv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[engines,ray,plot,hf,router]'
+	$(BIN)/pip install -q -e '.[engines,ray,plot,hf,router,metrics]'
 	$(BIN)/lifecycle run
 
 ## test: install dev extras and test tools, then run the whole test suite
 test: venv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,engines,ray,plot,hf,router]' playwright
+	$(BIN)/pip install -q -e '.[dev,engines,ray,plot,hf,router,metrics]' playwright
 	./scripts/install-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -19,8 +19,9 @@ from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError
 from engines.launcher import Launcher
 from engines.protocol import PauseMode
-from lifecycle.core import Outcome
+from lifecycle.core import Fact, Outcome
 from lifecycle.errors import LifecycleError
+from lifecycle.events import MEMORY, WEIGHTS
 
 Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 
@@ -161,9 +162,10 @@ class Engine:
             return self._failed("request_failed", f"{'weight' if how == 'disk' else 'broadcast'} update failed: {exc}")
         if got != version:
             word = "loaded" if how == "disk" else "received"
-            return self._failed("refused", f"{word} weight version {got!r}, expected {version!r}")
+            failed = self._failed("refused", f"{word} weight version {got!r}, expected {version!r}")
+            return failed._replace(facts=(self._fact(WEIGHTS, weight_version=got, transfer=how, outcome="refused"),))
         self.weight_version = version
-        return Outcome("loaded")
+        return Outcome("loaded", facts=(self._fact(WEIGHTS, weight_version=version, transfer=how, outcome="loaded"),))
 
     # -- traffic and memory -----------------------------------------------------------------------------
     async def continue_generation(self) -> Outcome:
@@ -173,10 +175,16 @@ class Engine:
         return await self._request("pause_generation", mode=mode)
 
     async def release(self, tag: str) -> Outcome:
-        return await self._request("release_memory_occupation", tags=[tag])
+        outcome = await self._request("release_memory_occupation", tags=[tag])
+        return outcome._replace(facts=(self._fact(MEMORY, op="release", tag=tag, outcome=outcome.name),))
 
     async def resume(self, tag: str) -> Outcome:
-        return await self._request("resume_memory_occupation", tags=[tag])
+        outcome = await self._request("resume_memory_occupation", tags=[tag])
+        return outcome._replace(facts=(self._fact(MEMORY, op="resume", tag=tag, outcome=outcome.name),))
+
+    def _fact(self, event: str, **fields: object) -> Fact:
+        """What the server did, for the event log (the runner logs it with the result, in the core's order)."""
+        return Fact.of(event, instance=self.id, **fields)
 
     async def probe(self, timeout: float) -> Outcome:
         """One liveness probe, bounded: ``/health_generate`` (a real 1-token generation) by default;

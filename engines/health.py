@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command, Outcome
+from lifecycle.core import Command, Outcome, instance_name
+from lifecycle.events import PROBE, EventLog
 
 Probe = Callable[[float], Awaitable[Outcome]]  # called with the per-probe timeout: probe_ok or probe_failed
 Report = Callable[[Outcome], Awaitable[None]]
@@ -52,8 +53,10 @@ class HealthMonitor:
         *,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        log: EventLog | None = None,
     ) -> None:
         self.config = config
+        self.log = log  # every probe result, and whether it was acted on (metrics, the live invariant monitor)
         self._report = report
         self._engines: dict[Slot, EngineHealth] = {}
         self._rng = random.Random(seed)
@@ -133,18 +136,22 @@ class HealthMonitor:
 
     async def _probe_one(self, slot: Slot, h: EngineHealth, epoch: int) -> None:
         timeout = float(self.config.rollout_health_check_timeout or 0)
+        sent = time.monotonic()
         try:
             result = await asyncio.wait_for(h.probe(timeout), timeout)
         except TimeoutError:
             result = Outcome("probe_failed", reason=f"no answer within {timeout:g}s")
         h.probes += 1
         group, index = slot
+        seconds = round(time.monotonic() - sent, 6)
         if self._engines.get(slot) is not h:
             return  # removed while the probe was out (marked, stopped, restarted)
         if epoch != self._epoch or not self._running:  # the monitor was paused while this probe was out
+            self._logged(slot, result, seconds, stale=True)
             if result.name != "probe_ok":
                 await self._report(Outcome("stale_result", group, index, result.reason))
             return
+        self._logged(slot, result, seconds, stale=False)
         if result.name == "probe_ok":
             h.failures = 0
             return
@@ -156,3 +163,9 @@ class HealthMonitor:
         self._engines.pop(slot, None)
         reason = f"{h.failures} consecutive failed probes, last: {result.reason}"
         await self._report(Outcome("threshold_reached", group, index, reason))
+
+    def _logged(self, slot: Slot, result: Outcome, seconds: float, *, stale: bool) -> None:
+        if self.log is not None and self.log.enabled:
+            outcome = "ok" if result.name == "probe_ok" else "failed"
+            instance = instance_name(*slot)
+            self.log.emit(PROBE, instance=instance, by="monitor", outcome=outcome, seconds=seconds, stale=stale)

@@ -25,6 +25,16 @@ from structlog.contextvars import bound_contextvars, merge_contextvars
 
 TRANSITION = "lifecycle.transition"
 BLOCKED = "lifecycle.blocked"
+# The facts the shells report next to the machines' moves: what the I/O did (the live invariant monitor, the
+# metrics and the timeline read them; lifecycle.monitor names which invariant each one feeds).
+STARTED = "lifecycle.started"  # the log's first line: the validated config, so a finished log can be judged
+VIOLATED = "lifecycle.invariant_violated"
+COMMITTED = "weights.committed"  # the version every engine of the job must serve from now on
+PROBE = "engine.probe"  # one liveness probe sent to a server: outcome, seconds
+WEIGHTS = "engine.weights"  # a weight transfer verified (or not) against the server's /model_info
+MEMORY = "engine.memory"  # a release/resume of one memory tag, as sent to the server
+ROUTED, UNROUTED = "engine.routed", "engine.unrouted"  # router membership as published
+ROLLOUT_SOURCE = "rollout.source"  # where a rollout's samples come from: "replay" or "rollout_fn"
 VOLATILE_KEYS = frozenset({"ts", "timestamp"})
 
 Sink = Callable[[dict[str, Any]], None]

@@ -36,7 +36,7 @@ from lifecycle.core import (
 )
 from lifecycle.core.plan import ERROR
 from lifecycle.errors import IllegalTransition, LifecycleError
-from lifecycle.events import DEFAULT_LOG, EventLog, bind_context
+from lifecycle.events import COMMITTED, DEFAULT_LOG, STARTED, EventLog, bind_context
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import OperationName
 from lifecycle.runtime import LifecycleMachine
@@ -125,6 +125,8 @@ class Runner:
                 "Runner.provide, or declare the effect ledger-only in lifecycle.core.core)"
             )
         self._checked = True
+        if self.log.enabled:  # the log judges itself: `lifecycle trace check` reads the config from here
+            self.log.emit(STARTED, config=self.config.to_dict(), engines=self.core.engines, evals=self.core.evals)
 
     # -- driving ----------------
     async def operate(
@@ -209,6 +211,9 @@ class Runner:
         ``why`` (instance -> reason) is the news that caused the step; it travels with that instance's moves
         in the event log, so a ``mark_unhealthy`` says what the probe, the request or the death was."""
         self.state = result.state
+        if result.commits and self.log.enabled:  # before the moves: the engines they route must hold it
+            served = self.pending or self.committed
+            self.log.emit(COMMITTED, weight_version=served[1] if served else None)
         if result.commits and self.pending is not None:  # the core committed the update: these are served now
             self.committed, self.pending = self.pending, None
         commands, moves, blocked = result.commands, result.moves, result.blocked
@@ -250,6 +255,9 @@ class Runner:
             seq, trigger, src, dst = self._issued.pop(cmd, (m.seq, "", m.state, m.state))
             status = "failed" if outcome.name == ERROR or outcome.name in FAILED_RESULTS else "done"
             self.ledger.record(cmd.machine, cmd.instance, seq, trigger, src, dst, (cmd.effect,), status)
+            if outcome.facts and self.log.enabled:  # what the I/O did, in the core's order (deterministic logs)
+                for fact in outcome.facts:
+                    self.log.emit(fact.event, **dict(fact.fields))
 
     # -- views ----------------
     def states(self, group: str = "rollout") -> dict[str, str]:

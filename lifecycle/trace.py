@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.events import canonical, is_torn_line, read_jsonl
+from lifecycle.events import STARTED, canonical, is_torn_line, read_jsonl
 
 Event = dict[str, Any]
 
@@ -63,6 +63,12 @@ def line(e: Event) -> str:
         core = f"{e.get('machine')}[{e.get('instance')}] {e.get('src')} --{e.get('trigger')}--> {e.get('dst')}"
         if e.get("effects"):
             core += f"  effects={','.join(e['effects'])}"
+    elif e.get("event") == STARTED:
+        settings = len(e.get("config") or {})
+        core = f"{STARTED}: {e.get('engines')} engines, {e.get('evals')} eval engines, {settings} settings"
+    elif isinstance(e.get("event"), str) and "machine" not in e:  # a shell's fact: engine.weights engine-0 ...
+        rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "instance", "step", "rollout_id"))
+        core = " ".join(str(x) for x in (e["event"], e.get("instance"), rest) if x)
     else:
         core = json.dumps(e, sort_keys=True)
     return f"{ctx + '  ' if ctx else ''}{core}"

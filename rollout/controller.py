@@ -20,9 +20,9 @@ from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
-from lifecycle.core import EVAL, ROLLOUT, Command, Move, Outcome, instance_name
+from lifecycle.core import EVAL, ROLLOUT, Command, Fact, Move, Outcome, instance_name
 from lifecycle.errors import LifecycleError
-from lifecycle.events import EventLog
+from lifecycle.events import PROBE, ROUTED, UNROUTED, EventLog
 from lifecycle.names import EngineStateName
 from lifecycle.runner import Runner
 from rollout.routing import LocalRouting, RouterRouting, Routing
@@ -52,7 +52,7 @@ class InferenceController:
         self.seed = seed
         self.engines: list[Engine] = []  # rollout engines, in slot order (created when servers start)
         self.evals: list[Engine] = []  # the eval fleet's engines
-        self.monitor = HealthMonitor(self.config, runner.report, seed=seed)
+        self.monitor = HealthMonitor(self.config, runner.report, seed=seed, log=runner.log)
         self.marked: dict[str, str] = {}  # instance -> the state it was in when it was marked Unhealthy
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
         self._watch_gen: dict[str, int] = {}
@@ -85,8 +85,8 @@ class InferenceController:
                 "engine.release_kv_cache": lambda c: self.slot(c).release("kv_cache"),
                 "engine.resume_weights": lambda c: self.slot(c).resume("weights"),
                 "engine.resume_kv_cache": lambda c: self.slot(c).resume("kv_cache"),
-                "engine.route_traffic": lambda c: self.routings[self._group(c)].publish(self.slot(c)),
-                "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
+                "engine.route_traffic": self._route,
+                "engine.stop_routing": self._unroute,
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -308,9 +308,29 @@ class InferenceController:
             return Outcome("refused", reason="no weights to load: the job committed none yet")
         return await self.slot(cmd).load(*weights)
 
+    async def _route(self, cmd: Command) -> Outcome:
+        routing = self.routings[self._group(cmd)]
+        outcome = await routing.publish(self.slot(cmd))
+        if outcome.name != "done":
+            return outcome
+        return outcome._replace(facts=(Fact.of(ROUTED, instance=cmd.instance, router=routing.name),))
+
+    async def _unroute(self, cmd: Command) -> Outcome:
+        routing = self.routings[self._group(cmd)]
+        outcome = await routing.withdraw(self.slot(cmd))
+        return outcome._replace(
+            facts=(Fact.of(UNROUTED, instance=cmd.instance, router=routing.name, outcome=outcome.name),)
+        )
+
     async def _probe(self, cmd: Command) -> Outcome:
         timeout = float(self.config.rollout_health_check_timeout or 30.0)
-        return await self.slot(cmd).probe(timeout)
+        sent = time.monotonic()
+        outcome = await self.slot(cmd).probe(timeout)
+        ok = "ok" if outcome.name == "probe_ok" else "failed"
+        probe = Fact.of(
+            PROBE, instance=cmd.instance, by="command", outcome=ok, seconds=round(time.monotonic() - sent, 6)
+        )
+        return outcome._replace(facts=(probe,))
 
     async def _inject_ci_fault(self, cmd: Command) -> None:
         """--ci-test: the engine's server is SIGKILLed; its watcher reports the death, recovery follows."""

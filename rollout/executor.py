@@ -28,7 +28,7 @@ from engines.engine import Timeouts
 from engines.launcher import LauncherFactory
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import EVAL, Command
-from lifecycle.events import EventLog
+from lifecycle.events import ROLLOUT_SOURCE, EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import RolloutStateName
 from lifecycle.runner import Runner
@@ -280,7 +280,9 @@ class RolloutExecutor:
         await self.runner.operate("generate")
         self.controller.check()
         if self.state == "Replay":
+            self._source("replay")
             return self._samples
+        self._source("rollout_fn")
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
         try:
@@ -290,6 +292,10 @@ class RolloutExecutor:
             await self.runner.operate("generate_done", allow=_NOT_NOW)
         self.controller.check()
         return self._samples
+
+    def _source(self, source: str) -> None:
+        if self.runner.log.enabled:
+            self.runner.log.emit(ROLLOUT_SOURCE, rollout_id=self._rollout_id, source=source)
 
     @property
     def plugin(self) -> str:

@@ -23,7 +23,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cpu_engine": frozenset({"lifecycle", "models", "engines"}),
     "sim_engine": frozenset({"lifecycle", "models", "engines"}),
     "rollout": frozenset({"lifecycle", "models", "engines"}),
-    "trainer": frozenset({"lifecycle", "models", "engines", "rollout"}),
+    "trainer": frozenset({"lifecycle", "models", "engines", "rollout", "telemetry"}),
+    "telemetry": frozenset({"lifecycle"}),
 }
 # The core imports no runtime code at all (DEVELOPERS.md: no Ray, torch or HTTP in lifecycle/).
 CORE_FORBIDDEN = (

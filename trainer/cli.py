@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
         description=(
             "Train a tiny policy to answer with a pattern, generating on CPU torch engines (SGLang API) and "
             "training on Ray trainer workers; every lifecycle decision is a machine move. Writes events.jsonl, "
-            "metrics.jsonl and reward.png (with matplotlib) into the run directory."
+            "metrics.jsonl, reward.png (with matplotlib) and timeline.html into the run directory."
         ),
     )
     p.add_argument("--steps", type=int, default=30, metavar="N", help="RL steps (default 30)")
@@ -123,6 +123,20 @@ def register(sub: Any) -> None:
         help="route requests in-process instead of through sglang-router (the default where "
         "'rl-lifecycle[router]' is installed; engines are registered only while Serving)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics of every machine at http://HOST:PORT/metrics while the run lasts (0: any free "
+        "port, printed); needs pip install 'rl-lifecycle[metrics]'",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 exposes it to the network)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
     add_config_arguments(p)
@@ -196,6 +210,23 @@ def _check_hf_installed(model: str) -> None:
         )
 
 
+def _check_metrics(port: int, host: str) -> None:
+    """The exporter's extra and its address, before Ray starts: a busy port is a flag error, not a traceback."""
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError(
+            "--metrics-port", port, "needs prometheus_client, not installed", "pip install 'rl-lifecycle[metrics]'"
+        )
+    if not 0 <= port <= 65535:
+        raise ConfigError("--metrics-port", port, "is not a TCP port", "use a port in 1..65535, or 0 for any free one")
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            "--metrics-port", port, f"cannot listen on {host}:{port} ({exc.strerror or exc})", "pick a free port, or 0"
+        ) from None
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
@@ -239,6 +270,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher, router=router
     )
     check_steps(faults, ns.steps)
+    if ns.metrics_port is not None:
+        _check_metrics(ns.metrics_port, ns.metrics_host)
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
     from trainer.loop import RunOptions, run
@@ -262,6 +295,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         router=router,
         hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)

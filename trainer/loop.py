@@ -30,7 +30,9 @@ from engines.router import router_available
 from lifecycle.config import LifecycleConfig
 from lifecycle.events import EventLog, JsonlSink, bind_context
 from lifecycle.ledger import EffectLedger
+from lifecycle.monitor import MonitorSink
 from lifecycle.runner import Runner
+from lifecycle.timeline import write_timeline
 from models.family import is_char_checkpoint
 from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
@@ -83,6 +85,9 @@ class RunOptions:
     model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
     router: bool | None = None  # the real sglang-router in the rollout path; None: where it is installed
     engine_launcher: LauncherFactory | None = None  # engine_id -> Launcher (scripts/gpu_check.py: SGLang servers)
+    metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics at http://metrics_host:PORT/metrics
+    metrics_host: str = "127.0.0.1"
+    timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
 
 
 @dataclass
@@ -202,6 +207,14 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     )
     sink = JsonlSink(run_dir / "events.jsonl")
     log = EventLog([sink])
+    invariants = MonitorSink(log, config)  # the live invariant monitor: violations are logged (fatal: --ci-test)
+    log.add_sink(invariants)
+    exporter = None
+    if opts.metrics_port is not None:
+        from telemetry import serve_metrics
+
+        exporter = serve_metrics(log, opts.metrics_port, host=opts.metrics_host, config=config)
+        say(f"  prometheus: {exporter.url}")
     ledger = EffectLedger()
     metrics_path = run_dir / "metrics.jsonl"
     metrics_path.write_text("")
@@ -252,6 +265,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
             f.write(json.dumps(row) + "\n")
         example = samples[0]["response"] if samples else ""
         progress.step(step, reward, stats.get("loss", 0.0), _states(manager), seconds, example)
+        if config.ci_test:  # --ci-test: a broken invariant ends the run at the step that showed it
+            invariants.raise_if_violated()
 
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
@@ -288,7 +303,12 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
             await manager.dispose()
         finally:
             await trainer.dispose()
+            if exporter is not None:
+                exporter.close()
+            log.remove_sink(invariants)
             log.remove_sink(sink)
+            # also (best effort) when the run failed: the timeline is where a person looks first then
+            timeline = _timeline(sink.path, run_dir, opts, failing=sys.exc_info()[0] is not None)
     seconds = time.monotonic() - t0
     result = RunResult(run_dir, rewards, seconds, metrics)
     png = run_dir / "reward.png"
@@ -300,7 +320,21 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     say(f"  events:  {run_dir / 'events.jsonl'}")
     say(f"  metrics: {metrics_path}")
     say(f"  plot:    {png}" if plotted else "  plot:    (pip install matplotlib for reward.png)")
+    if timeline is not None:
+        say(f"  timeline: {timeline}")
     return result
+
+
+def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -> Path | None:
+    """RUN_DIR/timeline.html; while a failure propagates, a timeline that cannot be drawn must not hide it."""
+    if not opts.timeline:
+        return None
+    try:
+        return write_timeline(events, run_dir / "timeline.html")
+    except (OSError, ValueError):
+        if failing:
+            return None
+        raise
 
 
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:

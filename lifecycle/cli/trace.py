@@ -1,4 +1,5 @@
-"""``lifecycle trace show|diff``: event logs in canonical form (the library is :mod:`lifecycle.trace`)."""
+"""``lifecycle trace show|diff|check|timeline``: event logs read, compared, judged and drawn (libraries:
+:mod:`lifecycle.trace`, :mod:`lifecycle.monitor`, :mod:`lifecycle.timeline`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from lifecycle.cli.args import add_debug_argument
+from lifecycle.cli.trace_check import add_check_parser
 from lifecycle.errors import ConfigError
+from lifecycle.timeline import load_events, output_path, write_page
 from lifecycle.trace import Event, diff, line, load, torn_tail
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("trace", help="show or compare lifecycle event logs (events.jsonl)")
+    p = sub.add_parser("trace", help="show, compare or check lifecycle event logs (events.jsonl)")
     tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
     d = tsub.add_parser("diff", help="first divergence of two event logs in canonical form (no timestamps)")
     d.add_argument("a", metavar="A")
@@ -26,6 +29,8 @@ def register(sub: Any) -> None:
     s.add_argument("--only", action="append", metavar="MACHINE", help="show only this machine (repeatable)")
     add_debug_argument(s)
     s.set_defaults(func=cmd_show)
+    add_check_parser(tsub, _load)
+    add_timeline_parser(tsub)
     p.set_defaults(func=lambda ns: (p.print_help(), 2)[1])
 
 
@@ -64,4 +69,60 @@ def cmd_diff(ns: argparse.Namespace) -> int:
 def cmd_show(ns: argparse.Namespace) -> int:
     for e in _load(ns.file, ns.only):
         print(line(e))
+    return 0
+
+
+# -- lifecycle trace timeline: the run as one offline HTML page (the library is lifecycle.timeline) --
+
+
+def add_timeline_parser(tsub: Any) -> None:
+    t = tsub.add_parser(
+        "timeline",
+        help="write a one-file HTML timeline of a run: a lane per machine instance, faults, guard rejections",
+        description="Draws every machine instance's states over wall time, one lane each, with faults, guard "
+        "rejections, invariant violations and the step axis marked; details on hover. The page is one "
+        "self-contained file (no network), for an incident report or a CI artifact.",
+    )
+    t.add_argument("file", metavar="FILE", help="an events.jsonl (a torn last line is skipped)")
+    t.add_argument("-o", "--output", metavar="OUT", help="the HTML file to write (default: timeline.html next to FILE)")
+    t.add_argument(
+        "--linear", action="store_true", help="draw long quiet gaps at their true width (default: narrow, hatched)"
+    )
+    add_debug_argument(t)
+    t.set_defaults(func=cmd_timeline)
+
+
+def _load_timed(path: str) -> list[Event]:
+    """The raw events (timestamps kept, unlike :func:`_load`), with the same errors and torn-line note."""
+    flag = "trace timeline"
+    try:
+        events = load_events(path)
+        torn = torn_tail(path)
+    except FileNotFoundError:
+        raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file") from None
+    except IsADirectoryError:
+        raise ConfigError(flag, path, "a directory, not an event log", "pass its events.jsonl file") from None
+    except OSError as exc:
+        raise ConfigError(flag, path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
+    except ValueError as exc:
+        raise ConfigError(flag, path, str(exc), "pass an events.jsonl written by lifecycle run") from None
+    if torn:
+        print(
+            f"lifecycle trace: note: {path}: the last line is incomplete (the writer was killed mid-line); "
+            "it was skipped, every complete line before it is drawn",
+            file=sys.stderr,
+        )
+    return events
+
+
+def cmd_timeline(ns: argparse.Namespace) -> int:
+    events = _load_timed(ns.file)
+    out = output_path(ns.file, ns.output)
+    try:
+        written = write_page(events, ns.file, out, compress_gaps=not ns.linear)
+    except OSError as exc:
+        raise ConfigError(
+            "-o", str(out), f"cannot write the page ({exc.strerror or exc})", "pass a writable -o path"
+        ) from None
+    print(written)
     return 0

@@ -7,7 +7,7 @@ carries.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from lifecycle.names import (
     EngineStateName,
@@ -94,6 +94,21 @@ class Op(NamedTuple):
     now: float = 0.0
 
 
+class Fact(NamedTuple):
+    """What a shell's I/O did (the version a server reported, a tag it released), for the event log only.
+
+    The core never reads facts; the runner logs a command's facts when it reports the command's result, in
+    the order the core gave the commands out, so the log stays deterministic however the I/O interleaves.
+    """
+
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, event: str, **fields: Any) -> Fact:
+        return cls(event, tuple(fields.items()))
+
+
 class Outcome(NamedTuple):
     """What a shell reports: a command's result, or news (an engine died, a probe threshold was reached).
 
@@ -105,6 +120,7 @@ class Outcome(NamedTuple):
     engine: int | None = None
     reason: str = ""
     now: float = 0.0
+    facts: tuple[Fact, ...] = ()  # logged with the result, never judged by the core
 
 
 class Completed(NamedTuple):
