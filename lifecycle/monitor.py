@@ -207,10 +207,16 @@ class EventMonitor:
         return ()
 
     def _memory(self, e: Event) -> Iterable[_Found]:
+        instance, tag = str(e.get("instance")), str(e.get("tag"))
+        tags = self.job.released.setdefault(instance, set())
+        out: list[_Found] = []
+        if e.get("op") == "resume" and tag not in tags:  # an onload must restore what the offload released
+            held = ", ".join(sorted(tags)) or "nothing"
+            problem = f"{instance} was asked to resume {tag}, which it had not released (released: {held})"
+            out.append(("onload_restores_what_offload_released", problem, ()))
         if e.get("outcome") == "done":
-            tags = self.job.released.setdefault(str(e.get("instance")), set())
-            (tags.add if e.get("op") == "release" else tags.discard)(str(e.get("tag")))
-        return ()
+            (tags.add if e.get("op") == "release" else tags.discard)(tag)
+        return out
 
     def _routed(self, e: Event) -> Iterable[_Found]:
         instance = str(e.get("instance"))

@@ -1,0 +1,107 @@
+"""``lifecycle trace check`` fails, naming the invariant, on the event log of a run whose runtime carries a bug.
+
+Each case copies the tree, applies one runtime mutant of the mutation harness (:mod:`runtime_mutants`),
+runs a real ``lifecycle run`` on the copy (its own Ray, engines and trainer) and judges the log it wrote
+with the *unmutated* checker. The mutants chosen are those whose bug changes what the shells do or report
+(the weights an engine loads, probes sent while paused, the memory tags resumed, the rollout function
+called in replay); the others break what the core decides, which the fast suite's killers and the
+explorer catch, and leave an event log that looks like a correct run of a different job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lifecycle.cli import main
+from lifecycle.monitor import JUDGED
+
+from .runtime_mutants import BY_NAME, ROOT, mutated_copy
+
+FT = ["--use-fault-tolerance", "--ft-components", "rollout"]
+
+
+@dataclass(frozen=True)
+class Case:
+    mutant: str
+    argv: tuple[str, ...]  # lifecycle run's flags (the run directory is added)
+    invariant: str
+
+
+CASES = (
+    Case(
+        "recovered_engine_gets_old_weights",
+        ("--steps", "4", *FT, "--inject", "kill-engine:1@2"),
+        "serving_engines_hold_current_weights",
+    ),
+    Case(
+        "monitor_never_paused",
+        ("--steps", "6", *FT, "--rollout-health-check-interval", "0.05", "--rollout-health-check-timeout", "0.05"),
+        "monitors_run_only_during_generate_or_eval",
+    ),
+    Case("onload_restores_one_tag", ("--steps", "3", "--offload-rollout"), "onload_restores_what_offload_released"),
+    Case(
+        "replay_generate_calls_rollout_fn",
+        ("--config", "none", "--steps", "2", "--load-debug-rollout-data", "{data}"),
+        "replay_never_constructs",
+    ),
+)
+
+
+def test_every_case_names_a_real_mutant_and_an_invariant_the_monitor_judges() -> None:
+    assert len(CASES) >= 4
+    for case in CASES:
+        assert case.mutant in BY_NAME and case.invariant in JUDGED
+
+
+def _run(tree: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "RAY_DEDUP_LOGS": "0"}
+    cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--quiet", *argv]
+    return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def replay_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Two saved rollouts of the real tree, for the replay case."""
+    root = tmp_path_factory.mktemp("saved")
+    template = str(root / "data" / "{rollout_id}.json")
+    run = _run(ROOT, ["--steps", "2", "--save-debug-rollout-data", template, "--run-dir", str(root / "run")])
+    assert run.returncode == 0, run.stderr[-2000:]
+    return template
+
+
+@pytest.mark.slow  # a tree copy and a real run (its own Ray cluster) per mutant
+@pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
+def test_trace_check_names_the_invariant_a_runtime_mutant_breaks(
+    case: Case, replay_data: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"trace-{case.mutant}-") as tmp:
+        tree = mutated_copy(BY_NAME[case.mutant], Path(tmp) / "tree")
+        log = Path(tmp) / "run" / "events.jsonl"
+        argv = [a.replace("{data}", replay_data) for a in case.argv]
+        run = _run(tree, [*argv, "--run-dir", str(log.parent)])
+        assert log.is_file(), (
+            f"{case.mutant}: the run wrote no event log (exit {run.returncode}):\n{run.stderr[-2000:]}"
+        )
+        capsys.readouterr()
+        assert main(["trace", "check", str(log)]) == 1, f"{case.mutant}: trace check found nothing"
+        out = capsys.readouterr().out
+        assert out.startswith(f"invariant {case.invariant} violated at event "), out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
+def test_the_same_run_on_the_real_tree_passes_trace_check(
+    case: Case, replay_data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The control: each scenario without its mutant breaks nothing (the check is specific, not noisy)."""
+    argv = [a.replace("{data}", replay_data) for a in case.argv]
+    run = _run(ROOT, [*argv, "--run-dir", str(tmp_path / "run")])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert main(["trace", "check", str(tmp_path / "run" / "events.jsonl")]) == 0, capsys.readouterr().out
