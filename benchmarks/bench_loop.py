@@ -17,6 +17,11 @@ defaults' rollout FT, monitors included):
    the step-to-step noise of a 2-core machine, so the in-run share is the number to hold against
    the goal (<= 1 % of step time).
 
+3. **The exporter** (``--metrics-port``): the same loop with and without the Prometheus exporter, scraped
+   every second while it runs (Prometheus scrapes every 15-60 s). Its cost is the CPU time of the
+   exporter's sink (``telemetry.Metrics.__call__``, timed on every event) per step against the mean step,
+   and, as a cross-check, the median step of the two variants.
+
 Run: python benchmarks/bench_loop.py [--steps N] [--rounds R]
 """
 
@@ -24,10 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
+import socket
 import statistics
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +66,7 @@ class Timer:
         self.events = 0
         self.depth = 0
         self.by_machine: dict[str, list[float]] = {}  # machine -> [cpu seconds, events]
+        self.scrapes = 0
 
     def add(self, machine: str, seconds: float, cpu: float) -> None:
         self.seconds += seconds
@@ -186,26 +196,96 @@ def _default_config() -> Any:
     return config_from_args(parser.parse_args([]))
 
 
-def one_run(steps: int, seed: int, wrap: Callable[[], Any]) -> list[float]:
+def one_run(steps: int, seed: int, wrap: Callable[[], Any], metrics_port: int | None = None) -> list[float]:
     """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (every step, the first included)."""
     from trainer.loop import RunOptions, run_loop
 
     config = _default_config()
     with tempfile.TemporaryDirectory() as tmp, wrap():
-        opts = RunOptions(steps=steps, seed=seed, run_dir=Path(tmp) / "run", quiet=True)
+        opts = RunOptions(steps=steps, seed=seed, run_dir=Path(tmp) / "run", quiet=True, metrics_port=metrics_port)
         result = asyncio.run(run_loop(config, opts, io.StringIO()))
     return [float(m["seconds"]) for m in result.metrics]
+
+
+@contextmanager
+def timed_exporter(timer: Timer, port: int) -> Iterator[None]:
+    """Time the exporter's sink on every event, and scrape its endpoint every second while the run lasts."""
+    from telemetry.metrics import Metrics
+
+    original = Metrics.__call__
+
+    def timed(self: Metrics, event: Any) -> None:
+        t, c = time.perf_counter(), time.thread_time()
+        try:
+            original(self, event)
+        finally:
+            if "step" in get_contextvars():
+                timer.add("Metrics", time.perf_counter() - t, time.thread_time() - c)
+
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    r.read()
+                    timer.scrapes += 1
+            except OSError:
+                pass  # not up yet, or closed
+
+    Metrics.__call__ = timed  # type: ignore[method-assign]
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        scraper.join()
+        Metrics.__call__ = original  # type: ignore[method-assign]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def exporter_overhead(steps: int, rounds: int) -> None:
+    """P3 with and without the exporter, alternating, in this run."""
+    timer = Timer()
+    with_exporter: list[float] = []
+    without: list[float] = []
+    for r in range(rounds):
+        port = _free_port()
+        got = one_run(steps, 0, lambda port=port: timed_exporter(timer, port), metrics_port=port)  # type: ignore[misc]
+        with_exporter += got
+        without += one_run(steps, 0, contextlib.nullcontext)
+        print(f"round {r + 1}: mean step {sum(got) / len(got) * 1e3:.0f} ms with the exporter", flush=True)
+    per_step = timer.cpu / (rounds * steps)
+    step = sum(with_exporter) / len(with_exporter)
+    share = per_step / step
+    a, b = statistics.median(with_exporter), statistics.median(without)
+    print(
+        f"P3 exporter: {timer.events / (rounds * steps):.0f} events/step through the Prometheus sink, "
+        f"{per_step * 1e3:.3f} ms CPU/step vs {step * 1e3:.0f} ms mean step: {share:.3%} of step time "
+        f"(goal <= {GOAL:.0%}) {'ok' if share <= GOAL else 'NOT MET'}; {timer.scrapes} scrapes (1/s); "
+        f"A/B median step {a * 1e3:.0f} ms with vs {b * 1e3:.0f} ms without: {a / b:.3f}x"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10, help="steps per run (default 10)")
     parser.add_argument("--rounds", type=int, default=2, help="with-record/core-only run pairs (default 2)")
+    parser.add_argument("--only-exporter", action="store_true", help="only the exporter's with/without runs")
     args = parser.parse_args()
 
     from engines.actor import init_local_cluster
 
     init_local_cluster(num_cpus=2)
+    if args.only_exporter:
+        exporter_overhead(args.steps, args.rounds)
+        return
     timer = Timer()
     ours: list[float] = []
     bare: list[float] = []
@@ -241,6 +321,7 @@ def main() -> None:
         f"P3 A/B: median step {a * 1e3:.0f} ms with the lifecycle's record vs {b * 1e3:.0f} ms with the core alone: "
         f"{a / b:.3f}x (step-to-step spread of the baseline: {spread:.0%}; the difference is within noise)"
     )
+    exporter_overhead(args.steps, args.rounds)
     costs = cold_event_cost()
     print("  one engine event, median CPU: warm vs with 32 MB touched before it (caches evicted, as in the loop):")
     for name, (warm, cold) in costs.items():

@@ -33,7 +33,7 @@ COMMITTED = "weights.committed"  # the version every engine of the job must serv
 PROBE = "engine.probe"  # one liveness probe sent to a server: outcome, seconds
 WEIGHTS = "engine.weights"  # a weight transfer verified (or not) against the server's /model_info
 MEMORY = "engine.memory"  # a release/resume of one memory tag, as sent to the server
-ROUTED, UNROUTED = "engine.routed", "engine.unrouted"  # router membership as published
+ROUTED = "engine.routed"  # an engine published to its router (a withdrawal is the stop_routing effect itself)
 ROLLOUT_SOURCE = "rollout.source"  # where a rollout's samples come from: "replay" or "rollout_fn"
 VOLATILE_KEYS = frozenset({"ts", "timestamp"})
 

@@ -16,6 +16,7 @@ the next rollout move the shell must have caught up.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,10 @@ from lifecycle.events import (
     VIOLATED,
     WEIGHTS,
     EventLog,
+    canonical,
 )
 from lifecycle.invariants import INVARIANTS, NEVER_IN_REPLAY
+from lifecycle.trace import line
 
 Event = Mapping[str, Any]
 
@@ -149,7 +152,7 @@ class EventMonitor:
             train_only = "train_only_ft_never_recovers_rollout"
             if machine == "engine" and dst == "Recovering":
                 out.append((train_only, f"{instance} is Recovering under train-only fault tolerance", ()))
-            if machine == "monitor" and src == "Init":
+            if machine == "monitor" and "start_monitor" in effects:  # (its dispose from Init creates nothing)
                 out.append((train_only, f"a rollout monitor was created ({dst}) under train-only fault tolerance", ()))
         if "route_traffic" in effects and dst != "Serving":
             out.append(("traffic_only_to_serving", f"{instance} made routable while entering {dst}", ()))
@@ -262,16 +265,24 @@ _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
 
 
 class MonitorSink:
-    """The monitor on a live log: each violation is logged as ``lifecycle.invariant_violated`` (naming the
-    invariant and the events that broke it) right after the event that showed it."""
+    """The monitor on a live log: each violation is logged as ``lifecycle.invariant_violated``, naming the
+    invariant and the events that broke it (as ``lifecycle trace show`` lines, so it reads the same whatever
+    the order of the log's sinks), right after the event that showed it."""
+
+    RECENT = 256  # events kept to quote the ones a violation relates to (a weights report some steps back)
 
     def __init__(self, log: EventLog, config: LifecycleConfig | None = None) -> None:
         self.log = log
         self.monitor = EventMonitor(config)
+        self._recent: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=self.RECENT)
 
     def __call__(self, event: dict[str, Any]) -> None:
-        for v in self.monitor.feed(event):  # its own events count (indices match the file) but show nothing
-            self.log.emit(VIOLATED, invariant=v.invariant, problem=v.problem, at=v.index, related=list(v.related))
+        found = self.monitor.feed(event)  # its own events count too (indices match the file) but show nothing
+        self._recent.append((self.monitor.index, event))
+        for v in found:
+            wanted = {*v.related, v.index}
+            quoted = [line(canonical(e)) for i, e in self._recent if i in wanted]
+            self.log.emit(VIOLATED, invariant=v.invariant, problem=v.problem, at=v.index, events=quoted)
 
     @property
     def violations(self) -> list[Violation]:

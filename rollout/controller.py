@@ -22,7 +22,7 @@ from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
 from lifecycle.core import EVAL, ROLLOUT, Command, Fact, Move, Outcome, instance_name
 from lifecycle.errors import LifecycleError
-from lifecycle.events import PROBE, ROUTED, UNROUTED, EventLog
+from lifecycle.events import PROBE, ROUTED, EventLog
 from lifecycle.names import EngineStateName
 from lifecycle.runner import Runner
 from rollout.routing import LocalRouting, RouterRouting, Routing
@@ -86,7 +86,7 @@ class InferenceController:
                 "engine.resume_weights": lambda c: self.slot(c).resume("weights"),
                 "engine.resume_kv_cache": lambda c: self.slot(c).resume("kv_cache"),
                 "engine.route_traffic": self._route,
-                "engine.stop_routing": self._unroute,
+                "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -314,13 +314,6 @@ class InferenceController:
         if outcome.name != "done":
             return outcome
         return outcome._replace(facts=(Fact.of(ROUTED, instance=cmd.instance, router=routing.name),))
-
-    async def _unroute(self, cmd: Command) -> Outcome:
-        routing = self.routings[self._group(cmd)]
-        outcome = await routing.withdraw(self.slot(cmd))
-        return outcome._replace(
-            facts=(Fact.of(UNROUTED, instance=cmd.instance, router=routing.name, outcome=outcome.name),)
-        )
 
     async def _probe(self, cmd: Command) -> Outcome:
         timeout = float(self.config.rollout_health_check_timeout or 30.0)

@@ -123,6 +123,8 @@ def test_train_only_ft_never_recovers_a_rollout_engine_and_never_creates_a_monit
     monitor = transition("monitor", "monitor", "Init", "Paused", "create", ("start_monitor",))
     assert names([train_only, recover]) == ["recover_only_with_rollout_ft", "train_only_ft_never_recovers_rollout"]
     assert names([train_only, monitor]) == ["train_only_ft_never_recovers_rollout"]
+    never_created = transition("monitor", "monitor", "Init", "Stopped", "dispose")  # disposing what never existed
+    assert names([train_only, never_created]) == []
     rollout_ft = started(use_fault_tolerance=True, ft_components=["rollout"], rollout_num_gpus=2)
     assert names([rollout_ft, recover, monitor]) == []
 
@@ -149,6 +151,7 @@ def test_the_live_sink_logs_each_violation_right_after_its_event_at_the_index_tr
     written = read_jsonl(path)
     assert [e["event"] for e in written] == ["lifecycle.transition", "engine.routed", VIOLATED]
     assert written[2]["invariant"] == "traffic_only_to_serving" and written[2]["at"] == 1
+    assert written[2]["events"] == ["engine.routed engine-0 router=local-rollout"]  # the event that broke it
     with pytest.raises(InvariantViolated, match="invariant traffic_only_to_serving violated"):
         sink.raise_if_violated()
     assert [v.index for v in EventMonitor(LifecycleConfig.from_mapping({"rollout_num_gpus": 1})).feed_all(written)] == [

@@ -105,3 +105,15 @@ def test_the_same_run_on_the_real_tree_passes_trace_check(
     run = _run(ROOT, [*argv, "--run-dir", str(tmp_path / "run")])
     assert run.returncode == 0, run.stderr[-2000:]
     assert main(["trace", "check", str(tmp_path / "run" / "events.jsonl")]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_under_ci_test_the_live_monitor_stops_the_run_at_the_violation(tmp_path: Path) -> None:
+    """--ci-test: the first violation the live monitor logs ends the run, exit 2 naming the invariant."""
+    case = CASES[0]
+    tree = mutated_copy(BY_NAME[case.mutant], tmp_path / "tree")
+    run = _run(tree, [*case.argv, "--ci-test", "--run-dir", str(tmp_path / "run")])
+    assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+    assert f"invariant {case.invariant} violated" in run.stderr, run.stderr[-2000:]
+    steps = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(steps) < 4  # it stopped at the step that showed the violation, not at the end

@@ -34,6 +34,7 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.events import read_jsonl
 from lifecycle.machines import ENGINE as ENGINE_SPEC
+from lifecycle.monitor import EventMonitor
 from trainer.faults import (
     BROADCAST_FAULTS,
     FAULTS,
@@ -203,6 +204,16 @@ def check_weights_before_routing(run: Run) -> None:
                 assert loaded, f"{instance} routed before it loaded the weights: {t}"
 
 
+def check_trace(run: Run) -> str:
+    """``lifecycle trace check`` of the cell's log: the live monitor logged no violation, and judging the whole
+    log again (torn or not) finds none."""
+    live = [e for e in run.events if e.get("event") == "lifecycle.invariant_violated"]
+    assert not live, live
+    found = EventMonitor().feed_all(run.events)
+    assert not found, [v.describe() for v in found]
+    return f"trace check: {len(run.events)} events, no violation"
+
+
 def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
     """The fault became a transition of the target with a reason naming the cause."""
     target = f"engine-{run.fault.index}"
@@ -362,13 +373,14 @@ def test_cell(
         run = run_in_process(fault, ft, mode, tmp_path, monkeypatch)
     outcome = expected(kind, ft, mode).outcome
     check_weights_before_routing(run)
+    judged = check_trace(run)
     if run.audit or outcome == "recovers":
         check_nothing_lost(run)
     observed = check_recovered(run) if outcome == "recovers" else check_stopped(run)
     assert observed.startswith(outcome)
     if mode == "rollout-only":  # no trainer: nothing of it may appear, whatever the fault did
         assert not [e for e in run.events if e.get("machine") == "trainer" and e.get("event") == "lifecycle.transition"]
-    matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, observed, run.seconds)
+    matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
 
 
 # -- fast checks -------------------------------------------------------------------------------------------

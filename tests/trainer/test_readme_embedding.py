@@ -37,3 +37,5 @@ def test_readme_embedding_example_trains_through_the_machines(tmp_path: Path) ->
     assert ("rollout", "init") in moves and ("rollout", "start_servers") in moves
     assert ("trainer", "update_weights") in moves and ("engine", "finish_update") in moves
     assert ("monitor", "create") in moves  # rollout FT (the default component) starts the monitor
+    assert {e["event"] for e in events} >= {"lifecycle.started", "engine.weights", "weights.committed"}
+    assert not [e for e in events if e["event"] == "lifecycle.invariant_violated"]  # the live monitor ran clean
