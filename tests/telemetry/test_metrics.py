@@ -192,3 +192,21 @@ def test_a_scrape_during_a_run_shows_engine_1_leave_serving_the_transitions_one_
 
 
 ENGINE_MARKED_OR_RESTARTING = frozenset({"Unhealthy", "Recovering", "Starting", "PendingWeights", "LoadingWeights"})
+
+
+@pytest.mark.bad_input
+def test_a_bad_or_busy_metrics_port_is_one_error_naming_the_flag_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lifecycle.cli import main
+
+    argv = ["run", "--steps", "1", "--run-dir", str(tmp_path / "run")]
+    assert main([*argv, "--metrics-port", "70000"]) == 2
+    assert "--metrics-port: is not a TCP port (got 70000)" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main([*argv, "--metrics-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in err and "pick a free port, or 0" in err
