@@ -45,9 +45,11 @@ class Metrics:
         *,
         config: LifecycleConfig | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._clock = clock
+        self._clock = clock  # timestamps (Unix time); durations and the restart window use ``monotonic``
+        self._monotonic = monotonic
         r = self.registry
         self.state = Gauge(
             f"{PREFIX}_state",
@@ -116,6 +118,7 @@ class Metrics:
         for name in JUDGED:  # the series exist at 0, so an alert on increase() works from the first scrape
             self.violations.labels(name)
         self._current: dict[str, tuple[str, str, float]] = {}  # instance -> (machine, state, since: monotonic)
+        self._children: dict[tuple[Any, ...], Any] = {}  # (metric, labels...) -> its child: labels() costs µs
         self._restarts: dict[str, list[float]] = {}
         self._budget: tuple[int, float] | None = None
         if config is not None:
@@ -138,14 +141,14 @@ class Metrics:
                 self.guard_rejections.labels(event.get("machine"), event.get("trigger"), guard).inc()
         elif kind == PROBE:
             by = str(event.get("by"))
-            self.probes.labels(event.get("instance"), by, event.get("outcome")).inc()
+            self._child(self.probes, event.get("instance"), by, event.get("outcome")).inc()
             seconds = event.get("seconds")
             if isinstance(seconds, (int, float)):
-                self.probe_seconds.labels(by).observe(seconds)
+                self._child(self.probe_seconds, by).observe(seconds)
         elif kind == WEIGHTS:
             version = _number(event.get("weight_version"))
             if event.get("outcome") == "loaded" and version is not None:
-                self.weight_version.labels(event.get("instance")).set(version)
+                self._child(self.weight_version, event.get("instance")).set(version)
         elif kind == COMMITTED:
             version = _number(event.get("weight_version"))
             if version is not None:
@@ -157,19 +160,27 @@ class Metrics:
             if "engine_max_restarts" in config and "engine_restart_window" in config:
                 self._configure(int(config["engine_max_restarts"]), float(config["engine_restart_window"]))
 
+    def _child(self, metric: Any, *labels: Any) -> Any:
+        """``metric.labels(*labels)``, looked up once: the sink runs on every event of the loop."""
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _transition(self, e: Mapping[str, Any]) -> None:
         machine, instance = str(e.get("machine")), str(e.get("instance"))
         src, dst, trigger = str(e.get("src")), str(e.get("dst")), str(e.get("trigger"))
-        self.transitions.labels(machine, src, dst, trigger).inc()
-        now = time.monotonic()
+        self._child(self.transitions, machine, src, dst, trigger).inc()
+        now = self._monotonic()
         if instance not in self._current:
             self._first_seen(machine, instance, src, now)
         if src != dst:
             _, _, since = self._current[instance]
-            self.time_in_state.labels(machine, src).observe(now - since)
-            self.state.labels(machine, instance, src).set(0)
-            self.state.labels(machine, instance, dst).set(1)
-            self.entered.labels(machine, instance).set(self._clock())
+            self._child(self.time_in_state, machine, src).observe(now - since)
+            self._child(self.state, machine, instance, src).set(0)
+            self._child(self.state, machine, instance, dst).set(1)
+            self._child(self.entered, machine, instance).set(self._clock())
             self._current[instance] = (machine, dst, now)
         if machine == "engine" and src == "Recovering" and trigger in RECOVERY_OUTCOMES:
             self.recoveries.labels(instance, RECOVERY_OUTCOMES[trigger]).inc()
@@ -185,10 +196,16 @@ class Metrics:
         self._current[instance] = (machine, state, now)
 
     def _restarted(self, instance: str, now: float) -> None:
+        first = instance not in self._restarts
+        self._restarts.setdefault(instance, []).append(now)
+        if first:  # computed at each scrape, so a restart that has left the window no longer counts
+            self.restarts_in_window.labels(instance).set_function(lambda: self.in_window(instance))
+
+    def in_window(self, instance: str) -> int:
+        """The slot's restarts within --engine-restart-window of now (what its restart budget is spent on)."""
         window = self._budget[1] if self._budget is not None else float("inf")
-        recent = [t for t in self._restarts.get(instance, []) if now - t < window] + [now]
-        self._restarts[instance] = recent
-        self.restarts_in_window.labels(instance).set(len(recent))
+        now = self._monotonic()
+        return sum(1 for t in self._restarts.get(instance, ()) if now - t < window)
 
 
 def _number(value: Any) -> float | None:

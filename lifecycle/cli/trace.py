@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lifecycle.cli.args import add_debug_argument
@@ -34,25 +34,30 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda ns: (p.print_help(), 2)[1])
 
 
-def _load(path: str, only: Sequence[str] | None) -> list[Event]:
+def _read(path: str, read: Callable[[str], list[Event]], *, flag: str = "trace", verb: str = "shown") -> list[Event]:
+    """Read a log with ``read``; every way it can be unreadable is one ``ConfigError`` naming the file."""
     try:
-        events = load(path, only)
+        events = read(path)
         torn = torn_tail(path)
     except FileNotFoundError:
-        raise ConfigError("trace", path, "the event log does not exist", "pass an events.jsonl file") from None
+        raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file") from None
     except IsADirectoryError:
-        raise ConfigError("trace", path, "a directory, not an event log", "pass its events.jsonl file") from None
+        raise ConfigError(flag, path, "a directory, not an event log", "pass its events.jsonl file") from None
     except OSError as exc:
-        raise ConfigError("trace", path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
+        raise ConfigError(flag, path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
     except ValueError as exc:
-        raise ConfigError("trace", path, str(exc), "pass an events.jsonl written by lifecycle run") from None
+        raise ConfigError(flag, path, str(exc), "pass an events.jsonl written by lifecycle run") from None
     if torn:
         print(
             f"lifecycle trace: note: {path}: the last line is incomplete (the writer was killed mid-line); "
-            "it was skipped, every complete line before it is shown",
+            f"it was skipped, every complete line before it is {verb}",
             file=sys.stderr,
         )
     return events
+
+
+def _load(path: str, only: Sequence[str] | None) -> list[Event]:
+    return _read(path, lambda p: load(p, only))
 
 
 def cmd_diff(ns: argparse.Namespace) -> int:
@@ -94,25 +99,7 @@ def add_timeline_parser(tsub: Any) -> None:
 
 def _load_timed(path: str) -> list[Event]:
     """The raw events (timestamps kept, unlike :func:`_load`), with the same errors and torn-line note."""
-    flag = "trace timeline"
-    try:
-        events = load_events(path)
-        torn = torn_tail(path)
-    except FileNotFoundError:
-        raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file") from None
-    except IsADirectoryError:
-        raise ConfigError(flag, path, "a directory, not an event log", "pass its events.jsonl file") from None
-    except OSError as exc:
-        raise ConfigError(flag, path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
-    except ValueError as exc:
-        raise ConfigError(flag, path, str(exc), "pass an events.jsonl written by lifecycle run") from None
-    if torn:
-        print(
-            f"lifecycle trace: note: {path}: the last line is incomplete (the writer was killed mid-line); "
-            "it was skipped, every complete line before it is drawn",
-            file=sys.stderr,
-        )
-    return events
+    return _read(path, load_events, flag="trace timeline", verb="drawn")
 
 
 def cmd_timeline(ns: argparse.Namespace) -> int:

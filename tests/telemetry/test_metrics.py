@@ -210,3 +210,25 @@ def test_a_bad_or_busy_metrics_port_is_one_error_naming_the_flag_before_anything
         assert main([*argv, "--metrics-port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--metrics-port: cannot listen on 127.0.0.1:{port}" in err and "pick a free port, or 0" in err
+
+
+def test_restarts_leave_the_budget_window_as_time_passes_not_only_at_the_next_restart() -> None:
+    from lifecycle.config import LifecycleConfig
+
+    now = [100.0]
+    config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, "engine_restart_window": 60.0})
+    metrics = Metrics(config=config, monotonic=lambda: now[0])
+    restart = {"machine": "engine", "instance": "engine-0", "src": "Recovering", "dst": "Starting"}
+    metrics({"event": "lifecycle.transition", **restart, "trigger": "restart"})
+    now[0] = 130.0
+    metrics({"event": "lifecycle.transition", **restart, "trigger": "restart"})
+
+    def scrape() -> float | None:
+        samples = parse(generate_latest(metrics.registry).decode())
+        return value(samples, "rl_lifecycle_restarts_in_window", instance="engine-0")
+
+    assert scrape() == 2
+    now[0] = 170.0  # the first restart is 70 s old: out of the 60 s window
+    assert scrape() == 1
+    now[0] = 200.0
+    assert scrape() == 0
