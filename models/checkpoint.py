@@ -12,7 +12,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +42,10 @@ def write_checkpoint(
     config: Mapping[str, Any],
     files: Mapping[str, str | bytes] | None = None,
 ) -> Path:
-    """Write ``directory`` atomically: tensors, ``config.json`` and the extra (tokenizer) files.
+    """Write ``directory`` atomically (:func:`write_directory`): tensors, ``config.json`` and the extra
+    (tokenizer) files."""
 
-    Written and fsynced under a hidden ``.<name>.tmp-<pid>`` sibling, then renamed into place; a failed
-    write removes its sibling and leaves an existing directory of that name as it was. Hidden leftovers
-    of a process killed mid-write are removed by :func:`prune_checkpoints`.
-    """
-    final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
+    def fill(tmp: Path) -> None:
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
@@ -63,6 +54,25 @@ def write_checkpoint(
                 (tmp / name).write_bytes(content)
             else:
                 (tmp / name).write_text(content)
+
+    return write_directory(directory, fill)
+
+
+def write_directory(directory: str | Path, fill: Callable[[Path], None]) -> Path:
+    """Write a directory atomically: ``fill(tmp)`` writes its files into a hidden sibling.
+
+    The sibling (``.<name>.tmp-<pid>``) is fsynced file by file, then renamed into place; a failed write
+    removes it and leaves an existing directory of that name as it was. Hidden leftovers of a process
+    killed mid-write are removed by :func:`prune_checkpoints`.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        fill(tmp)
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)

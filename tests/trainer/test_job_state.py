@@ -1,0 +1,148 @@
+"""Job checkpoints (issue 18, part 1): the whole trainer state round-trips exactly, a half-written checkpoint
+is never the latest, and a missing, truncated, tampered, foreign or pickled one is one ConfigError naming
+--load and the fix -- never unpickled."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
+from trainer import job_state
+from trainer.backend import build_backend
+from trainer.grpo import grpo_backend
+from trainer.job_state import JobCheckpoint, latest_checkpoint, load_job_checkpoint, save_job_checkpoint
+
+CONFIG = LifecycleConfig.from_mapping({"rollout_num_gpus": 2, "use_fault_tolerance": True})
+
+
+def _samples(step: int) -> list[dict[str, object]]:
+    return [
+        {"group": 0, "reward": r, "prompt_ids": [1, 5, 6], "output_ids": [7 + step, 8], "logprobs": []}
+        for r in (0.0, 1.0)
+    ]
+
+
+def _trained(steps: int) -> object:
+    backend = build_backend(grpo_backend(seed=3), 0)
+    for k in range(steps):
+        grads, _ = backend.compute_grads(_samples(k))
+        backend.apply_grads(grads)
+    return backend
+
+
+def _save(root: Path, step: int, backend: object, **lifecycle: object) -> Path:
+    checkpoint = JobCheckpoint(
+        step,
+        str(step),
+        backend.get_state(),
+        dict(lifecycle),
+        {"torch": torch.get_rng_state(), "python": random.getstate()},
+    )
+    return save_job_checkpoint(root, checkpoint, CONFIG)
+
+
+def test_the_trainer_state_round_trips_exactly_and_training_continues_bit_for_bit(tmp_path: Path) -> None:
+    original = _trained(2)
+    _save(tmp_path, 2, original, engines=2, restarts={"engine-1": [12.5]})
+    loaded = load_job_checkpoint(tmp_path, CONFIG)
+    assert (loaded.step, loaded.weight_version) == (2, "2")
+    assert loaded.lifecycle == {"engines": 2, "restarts": {"engine-1": [12.5]}}
+    assert isinstance(loaded.rng["python"], tuple) and loaded.rng["torch"].equal(torch.get_rng_state())
+    resumed = build_backend(grpo_backend(seed=99), 0)  # another seed: everything must come from the checkpoint
+    resumed.set_state(loaded.trainer)  # the optimizer's int-keyed state survives JSON
+    for step in (2, 3):
+        a, _ = original.compute_grads(_samples(step))
+        b, _ = resumed.compute_grads(_samples(step))
+        assert all(a[k].equal(b[k]) for k in a)
+        original.apply_grads(a)
+        resumed.apply_grads(b)
+    after_a, after_b = original.get_state()["model"], resumed.get_state()["model"]
+    assert all(after_a[k].equal(after_b[k]) for k in after_a)
+
+
+def test_latest_names_only_a_complete_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = _trained(1)
+    first = _save(tmp_path, 1, backend)
+    assert latest_checkpoint(tmp_path) == first
+
+    def disk_full(path: Path) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(job_state, "_sha256", disk_full)  # the write fails half-way through the directory
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path, 2, backend)
+    monkeypatch.undo()
+    assert latest_checkpoint(tmp_path) == first  # still the complete one
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job-000001", "latest"]  # no half-written leftovers
+    assert load_job_checkpoint(tmp_path, CONFIG).step == 1
+
+
+@pytest.mark.bad_input
+def test_every_bad_checkpoint_is_one_error_naming_load_and_the_fix(tmp_path: Path) -> None:
+    def refused(root: Path, config: LifecycleConfig = CONFIG) -> str:
+        with pytest.raises(ConfigError) as info:
+            load_job_checkpoint(root, config)
+        assert info.value.flag == "--load" and "Fix:" in str(info.value)
+        return str(info.value)
+
+    assert "no such directory" in refused(tmp_path / "nowhere")
+    assert "holds no job checkpoint (no latest file)" in refused(tmp_path)
+    where = _save(tmp_path, 1, _trained(1))
+    good = (where / "state.json").read_text()
+
+    (where / "state.json").write_text(good[: len(good) // 2])  # truncated
+    assert "cannot be read" in refused(tmp_path) and "truncated or not a job checkpoint" in refused(tmp_path)
+    (where / "state.json").write_text(json.dumps({"format": "something-else@9"}))
+    assert "is not a rl-lifecycle/job-checkpoint@1 manifest" in refused(tmp_path)
+    (where / "state.json").write_text(good)
+
+    tensors = where / "state.safetensors"
+    blob = bytearray(tensors.read_bytes())
+    blob[-1] ^= 0xFF  # one bit of one weight changed
+    tensors.write_bytes(bytes(blob))
+    assert "does not match the sha256 its manifest records" in refused(tmp_path)
+    blob[-1] ^= 0xFF
+    tensors.write_bytes(bytes(blob))
+
+    other = LifecycleConfig.from_mapping({"rollout_num_gpus": 4, "use_fault_tolerance": True})
+    assert "written by a run with other settings (differing: rollout_num_gpus)" in refused(tmp_path, other)
+    (tmp_path / "latest").write_text("job-000042\n")
+    assert "names 'job-000042', which is not a checkpoint here" in refused(tmp_path)
+
+
+class _Planted:
+    """Unpickling this writes a file: proof that a checkpoint was (or was not) unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.bad_input
+def test_a_pickle_in_place_of_the_tensors_is_refused_and_never_unpickled(tmp_path: Path) -> None:
+    where = _save(tmp_path, 1, _trained(1))
+    marker = tmp_path / "unpickled"
+    (where / "state.safetensors").write_bytes(pickle.dumps(_Planted(marker)))
+    manifest = json.loads((where / "state.json").read_text())
+    manifest["files"]["state.safetensors"] = job_state._sha256(where / "state.safetensors")  # a careful forger
+    (where / "state.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="cannot be read as safetensors"):
+        load_job_checkpoint(tmp_path, CONFIG)
+    assert not marker.exists()
+
+
+def test_state_that_is_neither_tensor_nor_plain_value_is_refused_when_saving(tmp_path: Path) -> None:
+    checkpoint = JobCheckpoint(1, "1", {"model": object()})
+    with pytest.raises(TypeError, match="trainer/model: a object cannot go into a job checkpoint"):
+        save_job_checkpoint(tmp_path, checkpoint, CONFIG)
+    assert not (tmp_path / "latest").exists()

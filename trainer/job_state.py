@@ -1,0 +1,191 @@
+"""Checkpoints of the whole job (miles' ``--save``/``--load``): what a run needs to continue after its driver died.
+
+One checkpoint is a directory ``SAVE/job-<step>`` holding ``state.safetensors`` (every tensor: the trainer's
+model and optimizer, RNG states) and ``state.json`` (everything else: the step to continue at, the committed
+weight version, the lifecycle's facts, the config it was written under, the sha256 of the tensor file). It is
+written whole under a hidden name and renamed into place (:func:`models.checkpoint.write_directory`), and
+``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest. Reading never
+unpickles: tensors come from safetensors, the rest from JSON, and each is checked before it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
+from models.checkpoint import write_directory
+
+FORMAT = "rl-lifecycle/job-checkpoint@1"
+TENSORS, MANIFEST, LATEST = "state.safetensors", "state.json", "latest"
+NAME = re.compile(r"^job-(\d{6,})$")
+FLAG = "--load"
+INTACT = "resume from an intact checkpoint (an earlier job-* directory: point SAVE/latest at it)"
+
+
+@dataclass(frozen=True)
+class JobCheckpoint:
+    """The job at the end of step ``step - 1``: a resumed run starts at rollout id ``step``."""
+
+    step: int
+    weight_version: str
+    trainer: Mapping[str, Any]  # the backend's get_state(): nested dicts/lists of tensors and plain values
+    lifecycle: Mapping[str, Any] = field(default_factory=dict)  # which engines exist, their restart budgets
+    rng: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"torch": torch.get_rng_state()}
+
+
+def fingerprint(config: LifecycleConfig) -> str:
+    """The settings a checkpoint belongs to: a run under other settings is another job's."""
+    return hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+# -- nested state <-> (JSON skeleton, flat tensors) --------------------------------------------------------------
+def _flatten(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON for ``value`` with every tensor moved into ``tensors`` under its path (dict keys keep their type)."""
+    if isinstance(value, torch.Tensor):
+        tensors[path] = value.detach().cpu().contiguous()
+        return {"$tensor": path}
+    if isinstance(value, Mapping):
+        return {"$dict": [[k, _flatten(v, f"{path}/{k}", tensors)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        items = [_flatten(v, f"{path}/{i}", tensors) for i, v in enumerate(value)]
+        return {"$tuple" if isinstance(value, tuple) else "$list": items}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{path}: a {type(value).__name__} cannot go into a job checkpoint (tensors and plain values)")
+
+
+def _restore(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any:
+    if isinstance(value, dict):
+        if "$tensor" in value:
+            name = value["$tensor"]
+            if name not in tensors:
+                raise ValueError(f"{where}: tensor {name!r} is not in {TENSORS}")
+            return tensors[name]
+        if "$dict" in value:
+            return {k: _restore(v, tensors, where) for k, v in value["$dict"]}
+        if "$list" in value:
+            return [_restore(v, tensors, where) for v in value["$list"]]
+        if "$tuple" in value:
+            return tuple(_restore(v, tensors, where) for v in value["$tuple"])
+        raise ValueError(f"{where}: unknown entry {sorted(value)}")
+    return value
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- writing -----------------------------------------------------------------------------------------------------
+def save_job_checkpoint(save_dir: str | os.PathLike[str], checkpoint: JobCheckpoint, config: LifecycleConfig) -> Path:
+    """Write ``SAVE/job-<step>`` atomically, then point ``SAVE/latest`` at it (also atomically)."""
+    root = Path(save_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = {
+        "trainer": _flatten(dict(checkpoint.trainer), "trainer", tensors),
+        "lifecycle": _flatten(dict(checkpoint.lifecycle), "lifecycle", tensors),
+        "rng": _flatten(dict(checkpoint.rng), "rng", tensors),
+    }
+    name = f"job-{checkpoint.step:06d}"
+
+    def fill(tmp: Path) -> None:
+        save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
+        manifest = {
+            "format": FORMAT,
+            "step": checkpoint.step,
+            "weight_version": checkpoint.weight_version,
+            "config": config.to_dict(),
+            "config_sha256": fingerprint(config),
+            "files": {TENSORS: _sha256(tmp / TENSORS)},
+            "state": skeleton,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True) + "\n")
+
+    final = write_directory(root / name, fill)
+    pointer = root / f".{LATEST}.tmp-{os.getpid()}"
+    pointer.write_text(name + "\n")
+    with pointer.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(pointer, root / LATEST)
+    return final
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+def _refuse(path: Path | str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(FLAG, str(path), problem, fix)
+
+
+def latest_checkpoint(save_dir: str | os.PathLike[str]) -> Path:
+    """The directory ``SAVE/latest`` names (raises one ConfigError naming --load and the fix)."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        raise _refuse(root, "no such directory", "pass the --save directory of an earlier run")
+    pointer = root / LATEST
+    if not pointer.is_file():
+        fix = "pass the --save directory of a run that saved one"
+        raise _refuse(root, f"holds no job checkpoint (no {LATEST} file)", fix)
+    name = pointer.read_text().strip()
+    if not NAME.match(name) or not (root / name).is_dir():
+        raise _refuse(pointer, f"names {name!r}, which is not a checkpoint here", INTACT)
+    return root / name
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise _refuse(path, "is missing (the checkpoint is incomplete)", INTACT) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _refuse(path, f"cannot be read ({exc}): truncated or not a job checkpoint", INTACT) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise _refuse(path, f"is not a {FORMAT} manifest (format {got!r})", "pass a directory lifecycle run wrote")
+    return manifest
+
+
+def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfig) -> JobCheckpoint:
+    """The latest checkpoint under ``save_dir``, checked whole before anything of it is used: its format, the
+    sha256 of its tensors, and that it was written under ``config`` (a foreign job's state is never resumed)."""
+    where = latest_checkpoint(save_dir)
+    manifest_path, tensors_path = where / MANIFEST, where / TENSORS
+    manifest = _manifest(manifest_path)
+    if not tensors_path.is_file():
+        raise _refuse(tensors_path, "is missing (the checkpoint is incomplete)", INTACT)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or _sha256(tensors_path) != files.get(TENSORS):
+        raise _refuse(tensors_path, "does not match the sha256 its manifest records: changed since written", INTACT)
+    if manifest.get("config_sha256") != fingerprint(config):
+        recorded = manifest.get("config")
+        theirs: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+        ours = config.to_dict()
+        changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        raise _refuse(
+            where,
+            f"was written by a run with other settings (differing: {', '.join(changed) or 'unknown'})",
+            "resume with the settings of the run that wrote it, or start a new run without --load",
+        )
+    try:
+        tensors = load_file(str(tensors_path))
+    except (SafetensorError, OSError) as exc:
+        raise _refuse(tensors_path, f"cannot be read as safetensors ({exc})", INTACT) from None
+    try:
+        state = {k: _restore(v, tensors, str(manifest_path)) for k, v in manifest["state"].items()}
+        step, version = int(manifest["step"]), str(manifest["weight_version"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _refuse(manifest_path, f"is malformed ({exc})", INTACT) from None
+    return JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"])
