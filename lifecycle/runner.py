@@ -124,8 +124,8 @@ class Runner:
                 f"no handler for {', '.join(missing)}: a shell of this job is missing (bind it with "
                 "Runner.provide, or declare the effect ledger-only in lifecycle.core.core)"
             )
-        self._checked = True
-        if self.log.enabled:  # the log judges itself: `lifecycle trace check` reads the config from here
+        first, self._checked = not self._checked, True
+        if first and self.log.enabled:  # the log judges itself: `lifecycle trace check` reads the config here
             self.log.emit(STARTED, config=self.config.to_dict(), engines=self.core.engines, evals=self.core.evals)
 
     # -- driving ----------------

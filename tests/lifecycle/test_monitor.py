@@ -202,3 +202,17 @@ def test_trace_check_without_the_config_line_asks_for_config(
     settings = tmp_path / "run.toml"
     settings.write_text('use_fault_tolerance = true\nft_components = ["rollout"]\nrollout_num_gpus = 2\n')
     assert main(["trace", "check", str(path), "--config", str(settings)]) == 0
+
+
+def test_the_runner_writes_its_config_line_once_first() -> None:
+    from lifecycle.events import capture
+    from lifecycle.runner import Runner
+
+    log = EventLog()
+    runner = Runner(LifecycleConfig.from_mapping({"debug_train_only": True}), log=log)
+    runner.provide({f"{m}.{e}": lambda c: None for m, e in runner.core.commands()})  # type: ignore[misc]
+    with capture(log) as events:
+        runner.check()
+        runner.check()
+    assert [e["event"] for e in events] == ["lifecycle.started"]
+    assert LifecycleConfig.from_mapping(events[0]["config"]) == runner.config  # the config, whole
