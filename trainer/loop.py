@@ -209,12 +209,6 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     log = EventLog([sink])
     invariants = MonitorSink(log, config)  # the live invariant monitor: violations are logged (fatal: --ci-test)
     log.add_sink(invariants)
-    exporter = None
-    if opts.metrics_port is not None:
-        from telemetry import serve_metrics
-
-        exporter = serve_metrics(log, opts.metrics_port, host=opts.metrics_host, config=config)
-        say(f"  prometheus: {exporter.url}")
     ledger = EffectLedger()
     metrics_path = run_dir / "metrics.jsonl"
     metrics_path.write_text("")
@@ -270,6 +264,12 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
+    exporter = None
+    if opts.metrics_port is not None:  # closed in the finally below, whatever happens from here on
+        from telemetry import serve_metrics
+
+        exporter = serve_metrics(log, opts.metrics_port, host=opts.metrics_host, config=config)
+        say(f"  prometheus: {exporter.url}")
     try:
         # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
         weights = await trainer.start() or await initial_weights(run_dir, backend, opts.hf_checkpoint)
