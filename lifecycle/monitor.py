@@ -67,6 +67,7 @@ class Violation:
     problem: str
     index: int  # position in the stream of the event that showed it (0-based)
     related: tuple[int, ...] = ()  # earlier events that took part (the weights the engine reported, ...)
+    instance: str | None = None  # the machine instance of the event that showed it (its timeline lane)
 
     def describe(self) -> str:
         return f"{self.invariant}: {self.problem} (event {self.index + 1})"
@@ -119,9 +120,10 @@ class EventMonitor:
         kind = event.get("event")
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
+            who = event.get("instance")
             for name, problem, related in handler(self, event):
                 if name in self.only:
-                    found.append(Violation(name, problem, self.index, related))
+                    found.append(Violation(name, problem, self.index, related, str(who) if who else None))
         self.violations.extend(found)
         return found
 
@@ -282,7 +284,8 @@ class MonitorSink:
         for v in found:
             wanted = {*v.related, v.index}
             quoted = [line(canonical(e)) for i, e in self._recent if i in wanted]
-            self.log.emit(VIOLATED, invariant=v.invariant, problem=v.problem, at=v.index, events=quoted)
+            where = {"instance": v.instance} if v.instance else {}
+            self.log.emit(VIOLATED, invariant=v.invariant, problem=v.problem, at=v.index, events=quoted, **where)
 
     @property
     def violations(self) -> list[Violation]:

@@ -152,6 +152,7 @@ def test_the_live_sink_logs_each_violation_right_after_its_event_at_the_index_tr
     assert [e["event"] for e in written] == ["lifecycle.transition", "engine.routed", VIOLATED]
     assert written[2]["invariant"] == "traffic_only_to_serving" and written[2]["at"] == 1
     assert written[2]["events"] == ["engine.routed engine-0 router=local-rollout"]  # the event that broke it
+    assert written[2]["instance"] == "engine-0"  # the lane the timeline marks it on
     with pytest.raises(InvariantViolated, match="invariant traffic_only_to_serving violated"):
         sink.raise_if_violated()
     assert [v.index for v in EventMonitor(LifecycleConfig.from_mapping({"rollout_num_gpus": 1})).feed_all(written)] == [
