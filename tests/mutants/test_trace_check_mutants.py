@@ -42,7 +42,16 @@ CASES = (
     ),
     Case(
         "monitor_never_paused",
-        ("--steps", "6", *FT, "--rollout-health-check-interval", "0.05", "--rollout-health-check-timeout", "0.05"),
+        (
+            "--steps",
+            "12",  # offloaded between generate and update: every step's training is a window the probes hit
+            *FT,
+            "--offload-rollout",
+            "--rollout-health-check-interval",
+            "0.05",
+            "--rollout-health-check-timeout",
+            "0.05",
+        ),
         "monitors_run_only_during_generate_or_eval",
     ),
     Case("onload_restores_one_tag", ("--steps", "3", "--offload-rollout"), "onload_restores_what_offload_released"),
