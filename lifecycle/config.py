@@ -270,6 +270,15 @@ class LifecycleConfig:
     save_debug_rollout_data: str | None = setting(
         None, "Save each rollout's samples to this path template (with {rollout_id}).", kind="path"
     )
+    save: str | None = setting(
+        None, "Write job checkpoints (trainer, RNG, rollout id, weight version) under this directory.", kind="path"
+    )
+    save_interval: int | None = setting(
+        None, "Write a job checkpoint every N rollouts, and at the run's end (default with --save: at the end only)."
+    )
+    load: str | None = setting(
+        None, "Resume the job from the latest checkpoint under this directory (an earlier run's --save).", kind="path"
+    )
     ci_test: bool = setting(False, "CI mode: arms rollout fault injection when rollout FT is on.")
     rollout_num_gpus: int | None = setting(None, "GPUs (engine slots) for rollout servers.")
     rollout_num_gpus_per_engine: int = setting(1, "GPUs per rollout engine.")
@@ -403,6 +412,7 @@ class LifecycleConfig:
                     "--rollout-external-engine-addrs are the rollout engines"
                 )
         self._validate_numbers()
+        self._validate_checkpoints()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
             if path is not None:
@@ -410,6 +420,24 @@ class LifecycleConfig:
         if self.eval_num_gpus > 0 and self.debug_train_only:
             notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
         set_(self, "warnings", tuple(dict.fromkeys(notes)))
+
+    def _validate_checkpoints(self) -> None:
+        if self.save_interval is not None and self.save is None:
+            raise ConfigError(
+                "--save-interval",
+                self.save_interval,
+                "there is no --save directory to write checkpoints into",
+                "add --save DIR, or drop --save-interval",
+            )
+        if self.debug_rollout_only:
+            for name in ("save", "load"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        _flag(name),
+                        getattr(self, name),
+                        "--debug-rollout-only trains nothing, so there is no trainer state to checkpoint",
+                        f"drop {_flag(name)}, or drop --debug-rollout-only",
+                    )
 
     def _validate_numbers(self) -> None:
         def positive(name: str) -> None:
@@ -436,6 +464,7 @@ class LifecycleConfig:
             "num_rollout",
             "update_weight_buffer_size",
             "update_weight_timeout",
+            "save_interval",
         ):
             positive(name)
         for name in ("eval_num_gpus", "rollout_health_check_first_wait", "engine_max_restarts"):
@@ -512,6 +541,13 @@ class LifecycleConfig:
     @property
     def num_eval_engines(self) -> int:
         return self.eval_num_gpus // self.eval_num_gpus_per_engine
+
+    def checkpoint_due(self, done: int, total: int) -> bool:
+        """Whether a job checkpoint is written once ``done`` of ``total`` rollouts are: every --save-interval,
+        and at the run's end (miles writes one at the end too)."""
+        if self.save is None:
+            return False
+        return done == total or (self.save_interval is not None and done % self.save_interval == 0)
 
     def replay_path(self, rollout_id: int) -> Path:
         """The replay file of one rollout (raises ConfigError when not replaying)."""

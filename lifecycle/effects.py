@@ -58,6 +58,8 @@ EFFECTS: dict[str, str] = {
     "init_model": "initialise the policy and optimizer",
     "train_step": "run one optimisation step",
     "save_checkpoint": "write a checkpoint",
+    "save_job_state": "write a job checkpoint (trainer state, RNG, rollout id, committed version) atomically (--save)",
+    "restore_job_state": "load the latest job checkpoint into every worker (--load): the job continues from it",
     "offload_train": "release trainer memory",
     "onload_train": "restore trainer memory",
     "replace_worker": "start a replacement for a crashed trainer worker",

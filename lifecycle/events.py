@@ -34,6 +34,8 @@ PROBE = "engine.probe"  # one liveness probe sent to a server: outcome, seconds
 WEIGHTS = "engine.weights"  # a weight transfer verified (or not) against the server's /model_info
 MEMORY = "engine.memory"  # a release/resume of one memory tag, as sent to the server
 ROUTED = "engine.routed"  # an engine published to its router (a withdrawal is the stop_routing effect itself)
+CHECKPOINTED = "job.checkpointed"  # a job checkpoint is complete on disk (step, weight_version, path)
+RESUMED = "job.resumed"  # a new driver continues the job of this log from a checkpoint (--resume / --load)
 ROLLOUT_SOURCE = "rollout.source"  # where a rollout's samples come from: "replay" or "rollout_fn"
 VOLATILE_KEYS = frozenset({"ts", "timestamp"})
 
@@ -199,6 +201,22 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             what = "not an event log" if not events else "not a JSON event line"
             raise ValueError(f"{p}:{number}: {what} ({exc})") from None
     return events
+
+
+def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:
+    """Before a new writer continues a log a killed one left (a resumed run): remove a torn last line, so the
+    next event starts on a line of its own; returns what was cut (never a whole line: only an unended one)."""
+    p = Path(path)
+    if not p.exists():
+        return b""
+    data = p.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return b""
+    cut = data[data.rfind(b"\n") + 1 :]
+    with p.open("r+b") as f:
+        f.truncate(len(data) - len(cut))
+        os.fsync(f.fileno())
+    return cut
 
 
 def is_torn_line(raw: bytes) -> bool:

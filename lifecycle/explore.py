@@ -225,7 +225,8 @@ class Lattice:
 def lattice() -> Lattice:
     """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; external
     engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload; and broadcast
-    weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload."""
+    weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload; and a
+    resumed job that writes checkpoints (--load, --save) under every FT configuration."""
     valid: list[LifecycleConfig] = []
     invalid: list[tuple[dict[str, Any], str]] = []
     flags_ = (False, True)
@@ -262,6 +263,17 @@ def lattice() -> Lattice:
             valid.append(LifecycleConfig.from_mapping(flags, check_paths=False))
         except ConfigError as exc:
             invalid.append((flags, str(exc)))
+    for comps in COMPONENTS:  # a job resumed from its checkpoint, and writing more: under every FT configuration
+        resumed = {
+            "use_fault_tolerance": bool(comps),
+            "ft_components": list(comps) or None,
+            "rollout_num_gpus": 2,
+            "engine_max_restarts": 1,
+            "save": "runs/job/checkpoints",
+            "save_interval": 1,
+            "load": "runs/job/checkpoints",
+        }
+        valid.append(LifecycleConfig.from_mapping(resumed, check_paths=False))
     groups: dict[tuple[bool, ...], list[LifecycleConfig]] = {}
     for c in valid:
         groups.setdefault(vector(c), []).append(c)

@@ -298,6 +298,22 @@ def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     return None
 
 
+# -- resume after the driver's death ----------------------------------------------------------------------------------
+@_register("step")
+def job_checkpoint_holds_committed_weights(job: Checker, t: Transition, before: Node) -> Problem:
+    """A job checkpoint is written only on the committed weights -- no training step or failed update since the
+    last commit, nothing moving rollout-side -- so a job resumed from it serves that version, never an older one."""
+    for m in t.moves:
+        if m.machine == "trainer" and "save_job_state" in m.effects:
+            b = before.job
+            if b.ahead or b.dirty:
+                why = "the last weight update failed" if b.dirty else "the trainer trained since the last commit"
+                return f"a job checkpoint was written although {why}"
+            if b.lock or b.rollout_op:
+                return f"a job checkpoint was written while the rollout side was busy ({b.rollout_op or 'lock held'})"
+    return None
+
+
 # -- graph-level (implemented by the explorer) ------------------------------------------------------------------------
 INVARIANTS["no_deadlock"] = Invariant(
     "no_deadlock",
@@ -318,6 +334,15 @@ INVARIANTS["train_only_ft_rollout_side_equals_no_ft"] = Invariant(
     None,
     "(8) The rollout-side machines (rollout, engine, monitor, eval fleet) behave identically under "
     "--ft-components train and without FT, so their event streams are equal.",
+)
+
+INVARIANTS["weight_version_never_goes_backwards"] = Invariant(
+    "weight_version_never_goes_backwards",
+    "trace",
+    None,
+    "Committed weight versions only increase within a run, and a resumed run commits first the version of the "
+    "checkpoint it resumed from, which is the last version that run checkpointed (versions committed after that "
+    "checkpoint died with the driver and are listed as discarded); judged over event logs (lifecycle trace check).",
 )
 
 STATE = [i for i in INVARIANTS.values() if i.kind == "state"]

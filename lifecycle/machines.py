@@ -304,6 +304,8 @@ TRAINER = MachineSpec(
         S("UpdatingWeights", doc="pushing weights to rollout engines under the engine lock", tags=BUSY),
         S("Offloaded", doc="trainer memory released"),
         S("Saving", doc="writing a checkpoint", tags=BUSY),
+        S("Checkpointing", doc="writing a job checkpoint: only on the committed weights (--save)", tags=BUSY),
+        S("Restoring", doc="a resumed job's workers loading its latest checkpoint (--load)", tags=BUSY),
         S("Errored", marked=True, doc="a worker crashed", tags=BUSY),
         S("Healing", marked=True, doc="replacement worker restoring state from a peer (train FT)", tags=BUSY),
         S("Failed", terminal=True, marked=True, doc="a worker crashed without train FT"),
@@ -313,7 +315,10 @@ TRAINER = MachineSpec(
         # --debug-rollout-only generates without training: no worker is ever allocated
         T("allocate", "Init", "Allocated", when="trains", effects=["allocate_workers"]),
         T("initialize", "Allocated", "Initialized", effects=["init_model"]),
-        T("ready", "Initialized", "Ready", effects=["keep_heal_state if heals_trainer"]),
+        T("ready", "Initialized", "Ready", when="!resumes", effects=["keep_heal_state if heals_trainer"]),
+        # a resumed job (its driver died): the workers continue from the checkpoint, not from the initial weights
+        T("restore", "Initialized", "Restoring", when="resumes", effects=["restore_job_state"]),
+        T("restored", "Restoring", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T("train", "Ready", "Training", effects=["train_step"]),
         T("train_done", "Training", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T(
@@ -328,7 +333,9 @@ TRAINER = MachineSpec(
         T("onload", "Offloaded", "Ready", effects=["onload_train"]),
         T("save", "Ready", "Saving", effects=["save_checkpoint"]),
         T("save_done", "Saving", "Ready"),
-        T("worker_crashed", ("Training", "UpdatingWeights", "Saving"), "Errored"),
+        T("checkpoint", "Ready", "Checkpointing", when="saves_job", effects=["save_job_state"]),
+        T("checkpoint_done", "Checkpointing", "Ready"),
+        T("worker_crashed", ("Training", "UpdatingWeights", "Saving", "Checkpointing", "Restoring"), "Errored"),
         T("heal", "Errored", "Healing", when="heals_trainer", effects=["replace_worker"]),
         T("healed", "Healing", "Ready", effects=["restore_from_peer"]),
         T("fail", "Errored", "Failed", when="!heals_trainer", effects=["report_failure"]),

@@ -25,9 +25,11 @@ from lifecycle.config import LifecycleConfig
 from lifecycle.core import Core
 from lifecycle.errors import LifecycleError
 from lifecycle.events import (
+    CHECKPOINTED,
     COMMITTED,
     MEMORY,
     PROBE,
+    RESUMED,
     ROLLOUT_SOURCE,
     ROUTED,
     STARTED,
@@ -53,6 +55,7 @@ JUDGED = (
     "engine_lock_held_only_while_updating",
     "monitors_run_only_during_generate_or_eval",
     "onload_restores_what_offload_released",
+    "weight_version_never_goes_backwards",
 )
 assert all(name in INVARIANTS for name in JUDGED), "a judged invariant is missing from lifecycle.invariants"
 
@@ -85,6 +88,8 @@ class _Job:
     held: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # instance -> (version, event index)
     released: dict[str, set[str]] = field(default_factory=dict)
     monitor_paused_at: int = -1  # rollout moves seen when the monitor last stopped Running
+    checkpointed: tuple[str, int] | None = None  # the version of the last job checkpoint, and its event index
+    resuming: tuple[str, int] | None = None  # a resumed run's checkpoint version, until its first commit
 
     def state(self, instance: str) -> str:
         return self.states.get(instance, "Init")
@@ -104,6 +109,7 @@ class EventMonitor:
             raise ValueError(f"not judged from events: {', '.join(unknown)} (judged: {', '.join(JUDGED)})")
         self.core: Core | None = None
         self.p: Mapping[str, bool] = {}
+        self._given = config is not None  # else each driver's lifecycle.started line says (a resumed run: --load)
         if config is not None:
             self._configure(config)
         self.job = _Job()
@@ -135,8 +141,22 @@ class EventMonitor:
 
     # -- the rules, one method per kind of event ------------------------------------------------------------
     def _started(self, e: Event) -> Iterable[_Found]:
-        if self.core is None and isinstance(e.get("config"), Mapping):
+        if not self._given and isinstance(e.get("config"), Mapping):
             self._configure(LifecycleConfig.from_mapping(dict(e["config"]), check_paths=False))
+        return ()
+
+    def _checkpointed(self, e: Event) -> Iterable[_Found]:
+        self.job.checkpointed = (str(e.get("weight_version")), self.index)
+        return ()
+
+    def _resumed(self, e: Event) -> Iterable[_Found]:
+        """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
+        version = str(e.get("weight_version"))
+        last = self.job.checkpointed
+        self.job = _Job(checkpointed=last, resuming=(version, self.index))
+        if last is not None and _older(version, last[0]):
+            problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
+            return [("weight_version_never_goes_backwards", problem, (last[1],))]
         return ()
 
     def _transition(self, e: Event) -> Iterable[_Found]:
@@ -201,10 +221,23 @@ class EventMonitor:
         return out
 
     def _committed(self, e: Event) -> Iterable[_Found]:
-        version = e.get("weight_version")
-        self.job.committed = None if version is None else str(version)
-        self.job.committed_at = self.index
-        return ()
+        job, raw = self.job, e.get("weight_version")
+        version = None if raw is None else str(raw)
+        out: list[_Found] = []
+        rule = "weight_version_never_goes_backwards"
+        if job.resuming is not None and version is not None:  # first the checkpoint's weights, nothing older
+            want, at = job.resuming
+            job.resuming = None
+            if version != want:
+                out.append(
+                    (rule, f"a resumed run committed version {version} first, its checkpoint's is {want}", (at,))
+                )
+        elif job.committed is not None and version is not None and _older(version, job.committed):
+            problem = f"weight version {version} was committed after version {job.committed}"
+            out.append((rule, problem, (job.committed_at,)))
+        job.committed = version
+        job.committed_at = self.index
+        return out
 
     def _weights(self, e: Event) -> Iterable[_Found]:
         if e.get("outcome") == "loaded":
@@ -253,9 +286,19 @@ class EventMonitor:
         return []
 
 
+def _older(version: str, than: str) -> bool:
+    """Versions are the trainer's step numbers; others (a user's labels) have no order to judge."""
+    try:
+        return int(version) < int(than)
+    except ValueError:
+        return False
+
+
 _Found = tuple[str, str, tuple[int, ...]]
 _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
     STARTED: EventMonitor._started,
+    CHECKPOINTED: EventMonitor._checkpointed,
+    RESUMED: EventMonitor._resumed,
     TRANSITION: EventMonitor._transition,
     COMMITTED: EventMonitor._committed,
     WEIGHTS: EventMonitor._weights,

@@ -169,6 +169,18 @@ def saves_rollout_data(c: LifecycleConfig) -> bool:
     return c.save_debug_rollout_data is not None
 
 
+@predicate
+def saves_job(c: LifecycleConfig) -> bool:
+    """Write checkpoints of the whole job (--save): a run can continue after its driver died."""
+    return c.save is not None and trains(c)
+
+
+@predicate
+def resumes(c: LifecycleConfig) -> bool:
+    """Continue a job from its latest checkpoint (--load, or lifecycle run --resume): restore, then relaunch."""
+    return c.load is not None and trains(c)
+
+
 def evaluate(config: LifecycleConfig) -> dict[str, bool]:
     """Every predicate's value under ``config``, in registry order."""
     return {name: p.fn(config) for name, p in PREDICATES.items()}

@@ -24,6 +24,14 @@ PRESET_FLAGS: dict[str, dict[str, object]] = {
     "replay": {"load_debug_rollout_data": "runs/replay/{rollout_id}.json"},
     "debug-train-only": {"debug_train_only": True},
     "debug-rollout-only": {"debug_rollout_only": True},
+    # a job resumed after its driver died (lifecycle run --resume): restored from, and writing, job checkpoints
+    "resume": {
+        "use_fault_tolerance": True,
+        "ft_components": ["train", "rollout"],
+        "save": "runs/job/checkpoints",
+        "save_interval": 1,
+        "load": "runs/job/checkpoints",
+    },
 }
 
 

@@ -259,6 +259,17 @@ class Runner:
                 for fact in outcome.facts:
                     self.log.emit(fact.event, **dict(fact.fields))
 
+    # -- a job checkpoint's part (--save, --load) ----------------
+    def restart_ages(self) -> list[list[float]]:
+        """How long ago each rollout engine's counted restarts were (a clock-free form a checkpoint keeps)."""
+        now = self.clock()
+        return [[round(now - t, 3) for t in e.restarts] for e in self.state.engines]
+
+    def restore_restart_ages(self, ages: list[list[float]]) -> None:
+        """A resumed job's engines keep the restart budget they had spent (before its first operation)."""
+        now = self.clock()
+        self.state = self.core.with_restarts(self.state, tuple(tuple(now - a for a in row) for row in ages))
+
     # -- views ----------------
     def states(self, group: str = "rollout") -> dict[str, str]:
         return {instance_name(group, i): e.state for i, e in enumerate(self.state.group(group))}

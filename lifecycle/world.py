@@ -45,6 +45,15 @@ EXPLORED_OPS: tuple[OperationName, ...] = tuple(
 ENGINE_OPS = ("stop_engine", "start_engine")
 # stop_routing talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
 _SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing"})
+# the trainer's commands: their plain success, and those during which the checker lets a worker crash
+_SUCCESS = {
+    "train_step": "trained",
+    "save_checkpoint": "saved",
+    "replace_worker": "healed",
+    "save_job_state": "checkpointed",
+    "restore_job_state": "restored",
+}
+_MAY_CRASH = frozenset({"train_step", "save_checkpoint", "transfer_weights", "save_job_state", "restore_job_state"})
 
 
 class World(NamedTuple):
@@ -258,15 +267,9 @@ class Checker:
                 return [(Outcome("probe_ok" if alive else "probe_failed"), False, same)]
             return [(Outcome("done" if alive else "request_failed"), False, same)]
         if cmd.machine == "trainer":
-            success = {"train_step": "trained", "save_checkpoint": "saved", "replace_worker": "healed"}.get(
-                cmd.effect, "done"
-            )
+            success = _SUCCESS.get(cmd.effect, "done")
             answers = [(Outcome(success), False, same)]
-            if "worker_crashed" in RESULTS.get(cmd.effect, frozenset()) and cmd.effect in (
-                "train_step",
-                "save_checkpoint",
-                "transfer_weights",
-            ):
+            if "worker_crashed" in RESULTS.get(cmd.effect, frozenset()) and cmd.effect in _MAY_CRASH:
                 answers.append((Outcome("worker_crashed"), True, same))
             return answers
         return [(Outcome("done"), False, same)]

@@ -25,6 +25,14 @@ def check_async(config: LifecycleConfig, async_mode: bool) -> None:
             "and cannot be offloaded (offload is allowed only from Ready)",
             "drop --offload-rollout/--offload/--colocate, or run without --async",
         )
+    if async_mode and config.save is not None:
+        raise ConfigError(
+            "--save",
+            config.save,
+            "a job checkpoint of the async loop would have to hold the next step's generation, which is in "
+            "flight while the step ends; job checkpoints are written by the sync loop only",
+            "run without --async to checkpoint, or drop --save",
+        )
 
 
 def check_steps(faults: Sequence[Fault], steps: int) -> None:

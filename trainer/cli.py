@@ -35,7 +35,15 @@ def register(sub: Any) -> None:
             "metrics.jsonl, reward.png (with matplotlib) and timeline.html into the run directory."
         ),
     )
-    p.add_argument("--steps", type=int, default=30, metavar="N", help="RL steps (default 30)")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="RL steps (default 30)")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (its driver died) from its latest job checkpoint, with its own settings "
+        "(RUN_DIR/run.json); the run must have been started with --save DIR. Only --steps, --quiet, --ray-address "
+        "and --metrics-port/--metrics-host may be given with it",
+    )
     p.add_argument("--engines", type=int, default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, sampling and initial weights (default 0)")
     p.add_argument("--ray-address", default=None, metavar="ADDR", help="connect to this Ray cluster (host:port)")
@@ -227,7 +235,88 @@ def _check_metrics(port: int, host: str) -> None:
         ) from None
 
 
+# what may be given with --resume: everything else is the run's own (RUN_DIR/run.json)
+_WITH_RESUME = frozenset({"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "config", "debug"})
+
+
+def _resume(ns: argparse.Namespace) -> int:
+    """``lifecycle run --resume RUN_DIR``: the same job, from its latest checkpoint, in the same run directory."""
+    from lifecycle.cli.args import explicit_flags
+
+    given = sorted(f"--{k.replace('_', '-')}" for k in explicit_flags(ns))
+    defaults: dict[str, object] = {
+        "inject": [],
+        "run_dir": None,
+        "engines": None,
+        "hf_checkpoint": None,
+        "rollout_function": None,
+    }
+    given += sorted(f"--{k.replace('_', '-')}" for k, v in defaults.items() if getattr(ns, k) != v)
+    if given:
+        raise ConfigError(
+            "--resume",
+            ns.resume,
+            f"continues a run with the settings it started with, but {', '.join(given)} was given too",
+            "drop those flags (only --steps, --quiet, --ray-address and --metrics-port/--metrics-host apply)",
+        )
+    from trainer.job_state import read_run_manifest
+
+    run_dir = Path(ns.resume)
+    values, options = read_run_manifest(run_dir)
+    if options.get("custom"):
+        raise ConfigError(
+            "--resume",
+            str(run_dir),
+            f"that run was given Python objects ({', '.join(options['custom'])}) that run.json cannot hold",
+            "resume it through the API: run_loop(config, RunOptions(..., run_dir=RUN_DIR)) with load=the save dir",
+        )
+    config = LifecycleConfig.from_mapping({**values, "load": values["save"]})
+    steps = ns.steps if ns.steps is not None else int(options["steps"])
+    _positive("--steps", steps)
+    if ns.ray_address:
+        _check_ray_address(ns.ray_address)
+    if ns.metrics_port is not None:
+        _check_metrics(ns.metrics_port, ns.metrics_host)
+    from engines.engine import Timeouts
+    from trainer.job_state import load_job_checkpoint
+    from trainer.loop import RunOptions, run
+
+    checkpoint = load_job_checkpoint(values["save"], config)  # checked whole before Ray starts
+    faults = tuple(f for f in map(parse_fault, options["faults"]) if f.kind != "kill-driver")  # it did its part
+    hf = options.get("hf_checkpoint")
+    opts = RunOptions(
+        steps=steps,
+        seed=int(options["seed"]),
+        run_dir=run_dir,
+        ray_address=ns.ray_address,
+        faults=faults,
+        ray_nodes=int(options["ray_nodes"]),
+        timeouts=Timeouts(**options["timeouts"]),
+        launcher=options["launcher"],
+        workers=int(options["workers"]),
+        lr=float(options["lr"]),
+        model_size=str(options["model_size"]),
+        rollout_fn=options.get("rollout_fn"),
+        data_source=options.get("data_source"),
+        quiet=ns.quiet,
+        keep_checkpoints=int(options["keep_checkpoints"]),
+        hf_checkpoint=Path(hf) if hf else None,
+        model=options["model"],
+        router=options.get("router"),
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
+        resume=checkpoint,
+    )
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    run(config, opts)
+    return 0
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
+    if ns.resume is not None:
+        return _resume(ns)
+    if ns.steps is None:
+        ns.steps = 30
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     _positive("--steps", ns.steps)

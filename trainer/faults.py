@@ -18,6 +18,8 @@ Seven faults, each a *real* failure of a real part (no mocked errors):
 ``crash-trainer-in-broadcast`` trainer worker 0 (the broadcast's rank 0) is SIGKILLed between two buckets
 ``kill-router``           the rollout group's sglang-router process is SIGKILLed (INDEX is 0); its
                           watcher reports it, and it comes back empty
+``kill-driver``           the driver process itself is SIGKILLed (INDEX is 0; needs ``--save``): every
+                          engine and worker dies with it; ``lifecycle run --resume RUN_DIR`` continues
 ========================  ==========================================================================
 
 The armed faults (update, offload) act from an event-log sink, synchronously inside the machine
@@ -58,6 +60,7 @@ FAULTS = (
     "crash-trainer",
     "crash-trainer-in-broadcast",
     "kill-router",
+    "kill-driver",
 )
 ENGINE_FAULTS = FAULTS[:7]
 TRAINER_FAULTS = ("crash-trainer", "crash-trainer-in-broadcast")
@@ -73,6 +76,7 @@ FAULT_DOCS = {
     "crash-trainer": "trainer worker actor process dies",
     "crash-trainer-in-broadcast": "trainer worker 0 (the broadcast's rank 0) SIGKILL between two buckets",
     "kill-router": "the rollout sglang-router process SIGKILL (it restarts empty)",
+    "kill-driver": "the driver (lifecycle run itself) SIGKILLs itself; lifecycle run --resume RUN_DIR continues",
 }
 # The four FT configurations of the matrix, by their column names (the flags are the presets').
 FT_CONFIGS: dict[str, dict[str, object]] = {
@@ -126,6 +130,9 @@ def check_faults(
     """Refuse, before anything starts, a fault the run cannot host (one message naming --inject and the fix)."""
     engines = config.num_rollout_engines  # 0 when no servers start
     for f in faults:
+        if f.kind == "kill-driver" and (config.save is None or f.index != 0):
+            why = "the run writes no job checkpoint to resume from" if config.save is None else "there is one driver"
+            raise ConfigError("--inject", str(f), why, "use kill-driver:0@STEP with --save DIR (and --save-interval)")
         if f.kind == "kill-router" and (not router or not engines or f.index != 0):
             why = "there is no router in the path" if not router or not engines else "there is one rollout router"
             raise ConfigError("--inject", str(f), why, "use kill-router:0@STEP with the router on (no --no-router)")
@@ -181,6 +188,13 @@ def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleCon
 def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
     config = ft_config(ft, mode=mode)
+    if kind == "kill-driver":  # whatever the FT configuration: the job's state is on disk, not in the driver
+        return Expected(
+            "recovers",
+            "the driver dies with its engines and workers; lifecycle run --resume restores the last checkpoint, "
+            "relaunches the engines, loads its weights before any is routed, runs the later steps again; "
+            "every step trained once",
+        )
     if kind == "crash-trainer-in-broadcast":
         if heals_trainer(config):
             return Expected(
@@ -286,8 +300,12 @@ class FaultInjector:
 
     async def inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         """Apply ``fault`` now; a ``fault.injected`` event (target, details) goes to the controller's log."""
-        record = await self._inject(fault, controller, trainer)
         log = controller.log if controller is not None else None
+        if fault.kind == "kill-driver":  # on the record first: nothing of this process runs after the signal
+            if log is not None:
+                log.emit("fault.injected", fault=str(fault), target="driver", pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+        record = await self._inject(fault, controller, trainer)
         if log is not None:
             log.emit("fault.injected", fault=str(fault), target=record.target, **record.detail)
         return record

@@ -12,19 +12,21 @@ worker is a crashed one.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command, Outcome
+from lifecycle.core import Command, Fact, Outcome
 from lifecycle.errors import LifecycleError
-from lifecycle.events import EventLog
+from lifecycle.events import CHECKPOINTED, EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import TrainerStateName
 from lifecycle.runner import Runner
 from models.checkpoint import prune_checkpoints
 from trainer.backend import BackendSpec
+from trainer.job_state import JobCheckpoint, save_job_checkpoint
 from trainer.workers import WorkerCrashed, WorkerHandle
 
 _NOT_NOW = frozenset({"blocked", "not_applicable"})
@@ -48,9 +50,11 @@ class TrainerGroup:
         call_timeout: float = 300.0,
         keep_checkpoints: int = 3,
         initial_checkpoint: str | Path | None = None,
+        resume: JobCheckpoint | None = None,
     ) -> None:
         """``backend`` names the trainer each worker runs (default: the project's, ``trainer.grpo.grpo_backend()``
-        on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given."""
+        on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given,
+        and a resumed job's workers then restore ``resume`` (``--load``: the core's ``restore`` move)."""
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         if keep_checkpoints < 1:
@@ -76,6 +80,9 @@ class TrainerGroup:
         self._step = 0
         self._saved = ""
         self._crash: tuple[str, str] = ("", "")  # (trainer state, reason) of the last crash
+        self.resume = resume
+        self._job: tuple[int, Mapping[str, Any]] = (0, {})  # the checkpoint asked for: its step, lifecycle facts
+        self.checkpointed: Path | None = None  # the last job checkpoint written
         self.heals = 0
         self.runner.explain(self._explain)
         self.runner.provide(
@@ -86,6 +93,8 @@ class TrainerGroup:
                 "trainer.train_step": self._train_step,
                 "trainer.transfer_weights": self._write_update,
                 "trainer.save_checkpoint": self._save_checkpoint,
+                "trainer.save_job_state": self._save_job,
+                "trainer.restore_job_state": self._restore_job,
                 "trainer.replace_worker": self._replace_worker,
                 "trainer.offload_train": lambda c: self._all("offload"),
                 "trainer.onload_train": lambda c: self._all("onload"),
@@ -103,7 +112,8 @@ class TrainerGroup:
         if await self.runner.operate("trainer.start", allow=_NOT_NOW) is not None:
             return None
         self.check()
-        return await self._write_weights(0)
+        # a resumed job's engines are relaunched with the checkpoint's weights: the trainer writes them again
+        return await self._write_weights(self.resume.step if self.resume is not None else 0)
 
     async def train(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
         """One optimisation step (run again once after a heal with train FT); None when no trainer exists."""
@@ -129,6 +139,15 @@ class TrainerGroup:
             return None
         self.check()
         return self._saved
+
+    async def checkpoint(self, step: int, lifecycle: Mapping[str, Any]) -> Path | None:
+        """A job checkpoint after ``step`` rollouts (``--save``), on the committed weights; None when the config
+        saves none. ``lifecycle`` is what the rest of the job needs to continue (its engines' restart budgets)."""
+        self._job = (step, lifecycle)
+        if await self.runner.operate("checkpoint", allow=_NOT_NOW) is not None:
+            return None
+        self.check()
+        return self.checkpointed
 
     async def offload(self) -> None:
         await self.runner.operate("offload_train", allow=_NOT_NOW)
@@ -249,6 +268,35 @@ class TrainerGroup:
         except WorkerCrashed as exc:
             return self._crashed(exc)
         return Outcome("saved")
+
+    async def _save_job(self, cmd: Command) -> Outcome:
+        """The trainer's ``save_job_state``: worker 0's state (replicas are identical) and the job's facts."""
+        step, lifecycle = self._job
+        save = self.config.save
+        assert save is not None  # the effect is gated on saves_job
+        committed = self.runner.committed
+        version = committed[1] if committed is not None else str(step)
+        try:
+            state = await self.workers[0].call("get_state")
+            rng = await self.workers[0].call("rng_state")
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        checkpoint = JobCheckpoint(step, version, state, lifecycle, rng)
+        self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config)
+        fact = Fact.of(CHECKPOINTED, resume_at=step, weight_version=version, path=str(self.checkpointed))
+        return Outcome("checkpointed", facts=(fact,))
+
+    async def _restore_job(self, cmd: Command) -> Outcome:
+        """The trainer's ``restore_job_state``: every worker continues from the checkpoint (read and checked
+        before anything started, so what is left to fail here is a worker)."""
+        assert self.resume is not None  # the effect is gated on resumes
+        try:
+            for w in self.workers:
+                await w.call("set_state", self.resume.trainer)
+                await w.call("set_rng_state", self.resume.rng)
+        except WorkerCrashed as exc:
+            return self._crashed(exc)
+        return Outcome("restored")
 
     async def _alive(self, worker: WorkerHandle) -> bool:
         """A short ping: a dead actor fails at once, a hung one runs out of the (short) bound."""

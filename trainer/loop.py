@@ -28,7 +28,7 @@ from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
 from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.config import LifecycleConfig
-from lifecycle.events import EventLog, JsonlSink, bind_context
+from lifecycle.events import RESUMED, EventLog, JsonlSink, bind_context, cut_torn_tail
 from lifecycle.ledger import EffectLedger
 from lifecycle.monitor import MonitorSink
 from lifecycle.runner import Runner
@@ -43,6 +43,7 @@ from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.checks import check_async, check_hf_checkpoint, check_model
 from trainer.faults import Fault, FaultInjector
 from trainer.grpo import grpo_backend
+from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint, write_run_manifest
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -88,6 +89,31 @@ class RunOptions:
     metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics at http://metrics_host:PORT/metrics
     metrics_host: str = "127.0.0.1"
     timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
+    resume: JobCheckpoint | None = None  # the checkpoint of config.load, read and checked already (else read here)
+
+    def manifest(self) -> dict[str, Any]:
+        """The options RUN_DIR/run.json keeps, so that ``lifecycle run --resume RUN_DIR`` starts the same job
+        (a Python task, backend or launcher object cannot be written down: an API caller passes it again)."""
+        timeouts = self.timeouts or Timeouts()
+        return {
+            "steps": self.steps,
+            "seed": self.seed,
+            "faults": [str(f) for f in self.faults],
+            "ray_nodes": self.ray_nodes,
+            "timeouts": dataclasses.asdict(timeouts),
+            "launcher": self.launcher,
+            "workers": self.workers,
+            "lr": self.lr,
+            "model_size": self.model_size,
+            "rollout_fn": self.rollout_fn,
+            "data_source": self.data_source,
+            "async_mode": self.async_mode,
+            "keep_checkpoints": self.keep_checkpoints,
+            "hf_checkpoint": None if self.hf_checkpoint is None else str(self.hf_checkpoint),
+            "model": self.model,
+            "router": self.router,
+            "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
+        }
 
 
 @dataclass
@@ -141,8 +167,9 @@ class Progress:
 
     WIDTH = 20
 
-    def __init__(self, total: int, out: TextIO, *, quiet: bool = False, tty: bool | None = None) -> None:
+    def __init__(self, total: int, out: TextIO, *, quiet: bool = False, tty: bool | None = None, done: int = 0) -> None:
         self.total = total
+        self.first = done  # a resumed run's ETA counts only the steps this driver ran
         self.out = out
         self.quiet = quiet
         self.tty = out.isatty() if tty is None else tty
@@ -161,7 +188,7 @@ class Progress:
             print(line, file=self.out, flush=True)
             return
         elapsed = time.monotonic() - self.t0
-        eta = elapsed / done * (self.total - done)
+        eta = elapsed / max(done - self.first, 1) * (self.total - done)
         filled = round(self.WIDTH * done / self.total)
         bar = "#" * filled + "-" * (self.WIDTH - filled)
         line = (
@@ -195,6 +222,12 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
 
     run_dir = opts.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    resume = opts.resume
+    if resume is None and config.load is not None:  # API callers: read and check it before anything starts
+        resume = load_job_checkpoint(config.load, config)
+    start = resume.step if resume is not None else 0
+    if resume is None:
+        write_run_manifest(run_dir, config, opts.manifest())
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from models import build_tiny_llama
 
@@ -205,16 +238,33 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     backend = opts.backend or grpo_backend(
         model_size=opts.model_size, seed=opts.seed, lr=opts.lr, temperature=task.temperature, checkpoint=checkpoint
     )
-    sink = JsonlSink(run_dir / "events.jsonl")
+    events_path = run_dir / "events.jsonl"
+    torn = cut_torn_tail(events_path) if resume is not None else b""  # the dead driver's unended last line
+    sink = JsonlSink(events_path)
     log = EventLog([sink])
     invariants = MonitorSink(log, config)  # the live invariant monitor: violations are logged (fatal: --ci-test)
     log.add_sink(invariants)
     ledger = EffectLedger()
     metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.write_text("")
+    metrics: list[dict[str, Any]] = []
+    if resume is None:
+        metrics_path.write_text("")
+    else:  # the log continues in the same file: the checkpoint's step, and what the dead driver did after it
+        metrics, discarded = continue_metrics(metrics_path, start)
+        log.emit(
+            RESUMED,
+            resume_at=start,
+            weight_version=resume.weight_version,
+            checkpoint=str(resume.path),
+            discarded_steps=discarded,
+            torn_bytes=len(torn),
+        )
+    rewards: list[float] = [float(row["reward"]) for row in metrics]
     t0 = time.monotonic()
     init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
     runner = Runner(config, log=log, ledger=ledger)  # the job's one lifecycle core, shared by both sides
+    if resume is not None:
+        runner.restore_restart_ages(resume.restart_ages)
     trainer = TrainerGroup(
         config,
         run_dir,
@@ -223,6 +273,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         backend=backend,
         keep_checkpoints=opts.keep_checkpoints,
         initial_checkpoint=opts.hf_checkpoint,
+        resume=resume,
     )
     manager = RolloutManager(
         config,
@@ -237,9 +288,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         log_dir=str(run_dir),
     )
     WeightBroadcast(runner, manager.controller, trainer)  # the weight_sync machine's shell (broadcast mode)
-    rewards: list[float] = []
-    metrics: list[dict[str, Any]] = []
-    progress = Progress(opts.steps, out, quiet=opts.quiet)
+    progress = Progress(opts.steps, out, quiet=opts.quiet, done=start)
 
     def record(step: int, samples: list[Sample], stats: dict[str, Any], ts: float) -> None:
         """One step's metrics row (metrics.jsonl) and its progress line."""
@@ -262,8 +311,15 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         if config.ci_test:  # --ci-test: a broken invariant ends the run at the step that showed it
             invariants.raise_if_violated()
 
+    async def save_job(done: int) -> None:
+        """After the step's row is written: a driver dying between the two redoes the step, never skips it."""
+        if config.checkpoint_due(done, opts.steps):
+            await trainer.checkpoint(done, {"restarts": runner.restart_ages()})
+
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
+    if resume is not None:
+        say(f"  resumed at step {start} from {resume.path} (weights v{resume.weight_version})")
     exporter = None
     if opts.metrics_port is not None:  # closed in the finally below, whatever happens from here on
         from telemetry import serve_metrics
@@ -280,7 +336,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         if opts.async_mode:
             await _async_steps(opts, manager, trainer, record)
         sync_steps = 0 if opts.async_mode else opts.steps
-        for step in range(sync_steps):
+        for step in range(start, sync_steps):
             ts = time.monotonic()
             with bind_context(step=step, rollout_id=step):
                 await _inject_due(opts.faults, step, manager, trainer)
@@ -297,6 +353,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
                 if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
                     _add_eval(evals, await manager.eval(step))  # on the weights just pushed
             record(step, samples, {**stats, **evals}, ts)
+            with bind_context(step=step, rollout_id=step):
+                await save_job(step + 1)
     finally:
         progress.close()
         try:

@@ -62,6 +62,25 @@ class TrainerWorker:
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.backend.set_state(state)
 
+    def rng_state(self) -> dict[str, Any]:
+        """The process's random generators (a job checkpoint keeps them: a resumed trainer draws the same)."""
+        import random
+
+        import torch
+
+        return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        import random
+
+        import torch
+
+        if "torch" in state:
+            torch.set_rng_state(state["torch"])
+        if "python" in state:
+            version, internal, gauss = state["python"]
+            random.setstate((version, tuple(internal), gauss))
+
     def offload(self) -> None:
         self.backend.offload()
 

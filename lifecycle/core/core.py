@@ -165,6 +165,14 @@ class Core:
     def initial(self) -> JobState:
         return JobState(engines=(EngineState(),) * self.engines, evals=(EngineState(),) * self.evals)
 
+    def with_restarts(self, state: JobState, restarts: tuple[tuple[float, ...], ...]) -> JobState:
+        """A resumed job's rollout engines, still unstarted, with the restarts their budget window counts."""
+        if len(restarts) != len(state.engines) or any(e.state != "Init" for e in state.engines):
+            return state  # another fleet size, or already started: the budgets start afresh
+        return state._replace(
+            engines=tuple(e._replace(restarts=r) for e, r in zip(state.engines, restarts, strict=True))
+        )
+
     def step(self, state: JobState, event: Event) -> Result:
         tx = _Tx(self, state, event.now)
         if isinstance(event, Op):
@@ -292,6 +300,7 @@ class _Tx:
             self.awaiting,
             self.failed,
             self.sync,
+            self.ahead,
         ) = state
         self.s = self  # the step reads "the state so far" as self.s, like a JobState
         self.core = core
@@ -325,6 +334,7 @@ class _Tx:
             self.awaiting,
             self.failed,
             self.sync,
+            self.ahead,
         )
 
     def upd(self, **values: Any) -> _Tx:
@@ -620,6 +630,9 @@ class _Tx:
             return f"the rollout manager is {s.rollout}: nothing has been generated yet"
         if op.name == "offload_train" and s.rollout in core.rollout_busy:
             return f"the rollout manager is {s.rollout}"
+        if op.name == "checkpoint" and (s.ahead or s.dirty):
+            why = "the last weight update failed" if s.dirty else "the trainer trained since the last weight update"
+            return f"{why}: a job checkpoint holds the committed weights only (update weights first)"
         if op.name in ("stop_engine", "start_engine") and (s.rollout != "Ready" or s.lock):
             return "single engines are stopped and started between steps (rollout Ready, engine lock free)"
         return None
@@ -668,12 +681,19 @@ class _Tx:
         self.upd(
             committed=True,
             dirty=False,
+            ahead=False,
             engines=tuple(
                 e._replace(current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in self.s.engines
             ),
         )
 
     # -- the core's own phases -------------------------------------------------------------------------------------
+    def ph_trainer_ready(self) -> None:
+        """The trainer's start ends in Ready: a resumed job's workers restore its checkpoint first (the spec's
+        ``resumes`` guard picks the edge; the other one is not on the record: it is not a refusal)."""
+        if not isinstance(self.fire("trainer", "restore"), Step):
+            self.fire("trainer", "ready", log=True)
+
     def ph_load_initial(self) -> None:
         """While servers start: every engine that answered receives the initial weights."""
         if self.s.rollout == "StartingServers":
@@ -900,9 +920,15 @@ class _Tx:
                     self.broadcast_failed(o.reason)
         elif cmd.machine == "trainer":
             if o.name == "trained":
-                self.fire("trainer", "train_done")
+                # the trained weights are ahead of the served ones until an update commits them (where one can)
+                if isinstance(self.fire("trainer", "train_done"), Step) and core.p["updates_rollout_weights"]:
+                    self.upd(ahead=True)
             elif o.name == "saved":
                 self.fire("trainer", "save_done")
+            elif o.name == "checkpointed":
+                self.fire("trainer", "checkpoint_done")
+            elif o.name == "restored":
+                self.fire("trainer", "restored")
             elif o.name == "healed":
                 if isinstance(self.fire("trainer", "healed"), Step):
                     self.retry()

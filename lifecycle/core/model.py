@@ -70,6 +70,7 @@ class JobState(NamedTuple):
     awaiting: tuple[Command, ...] = ()  # commands given to the shells whose results have not come back
     failed: str = ""  # non-empty: the run stopped fast, with this reason
     sync: WeightSyncStateName = "Init"  # the weight-update process group (broadcast mode)
+    ahead: bool = False  # the trainer trained since the last commit: its weights are not the served ones yet
 
     def group(self, group: str) -> tuple[EngineState, ...]:
         return self.engines if group == ROLLOUT else self.evals

@@ -77,10 +77,22 @@ OPERATIONS: dict[str, Operation] = {
         "rollout", ("rollout.dispose", "dispose_engines", "fleet_dispose", "monitor.dispose"), optional=True
     ),
     # -- the trainer group ---------------------------------------------------------------------------------------
-    "trainer.start": Operation("trainer", ("trainer.allocate", "trainer.initialize", "trainer.ready")),
+    "trainer.start": Operation(
+        "trainer",
+        ("trainer.allocate", "trainer.initialize", "trainer_ready"),
+        doc="workers, their model, then Ready: through the job checkpoint's restore when the job resumes",
+    ),
     # --debug-rollout-only: no trainer exists, so its operations are refused as blocked by `trains`
     "train": Operation("trainer", ("trainer.train",), when="trains"),
     "save": Operation("trainer", ("trainer.save",), when="trains"),
+    # a job checkpoint is one consistent cut: nothing moves on the rollout side while it is written
+    "checkpoint": Operation(
+        "trainer",
+        ("trainer.checkpoint",),
+        holds=("rollout",),
+        when="saves_job",
+        doc="a job checkpoint, on the committed weights only (after the step's weight update)",
+    ),
     "offload_train": Operation("trainer", ("trainer.offload",), optional=True, when="trains"),
     "onload_train": Operation("trainer", ("trainer.onload",), optional=True, when="trains"),
     # the trainer's update_weights: recover (rollout FT) and push to one snapshot, through its effects
@@ -116,6 +128,8 @@ RESULTS: dict[str, frozenset[str]] = {
     "probe_engine": frozenset({"probe_ok", "probe_failed"}),
     "train_step": frozenset({"trained", "worker_crashed"}),
     "save_checkpoint": frozenset({"saved", "worker_crashed"}),
+    "save_job_state": frozenset({"checkpointed", "worker_crashed"}),
+    "restore_job_state": frozenset({"restored", "worker_crashed"}),
     "replace_worker": frozenset({"healed", "heal_failed"}),
     "allocate_workers": frozenset({"done", "worker_crashed"}),
     "init_model": frozenset({"done", "worker_crashed"}),
