@@ -163,9 +163,10 @@ class LocalLauncher(ProcessControl):
 
     async def launch(self) -> str:
         self.process = ServerProcess(
-            self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path
+            self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path, die_with_parent=True
         )
-        return await asyncio.to_thread(self.process.start, self.startup_timeout)
+        self.process.spawn()  # from the event loop's thread: the server dies with the driver, never orphaned
+        return await asyncio.to_thread(self.process.wait_ready, self.startup_timeout)
 
 
 class ExternalLauncher:

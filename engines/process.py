@@ -13,6 +13,7 @@ Blocking by design (``subprocess``); from async code call ``await asyncio.to_thr
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from engines.errors import EngineError, EngineStartError, EngineStartTimeout, EngineTimeout
 
@@ -66,6 +68,23 @@ def torch_engine_command(
     return cmd
 
 
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+_PRCTL = _libc_prctl()  # looked up before any fork: the child only calls it
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the spawning thread dies."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class ServerProcess:
     """One server process. ``start()`` spawns it and waits (bounded) until it is ready.
 
@@ -84,7 +103,11 @@ class ServerProcess:
         log_path: str | os.PathLike[str] | None = None,
         health_path: str = "/health",
         tail_lines: int = 60,
+        die_with_parent: bool = False,
     ) -> None:
+        """``die_with_parent``: the kernel SIGKILLs the process when the thread that spawned it ends (Linux
+        ``PR_SET_PDEATHSIG``), so a driver killed by SIGKILL leaves no server behind; spawn it from a thread
+        that lives as long as the process (the event loop's)."""
         if not command:
             raise ValueError("ServerProcess needs a command")
         self.command = list(command)
@@ -100,6 +123,7 @@ class ServerProcess:
         self._eof = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self.die_with_parent = die_with_parent
 
     # -- starting ------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -117,6 +141,7 @@ class ServerProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         except OSError as exc:
             raise EngineStartError(self.engine_id, f"cannot run {self.command[0]!r}: {exc}") from None

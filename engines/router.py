@@ -143,9 +143,10 @@ class Router:
         url = f"http://127.0.0.1:{port}"
         command = router_command(port, request_timeout_s=self.request_timeout)
         self.process = ServerProcess(
-            command, engine_id=self.name, url=url, health_path="/workers", log_path=self.log_path
+            command, engine_id=self.name, url=url, health_path="/workers", log_path=self.log_path, die_with_parent=True
         )
-        await asyncio.to_thread(self.process.start, self.startup_timeout)
+        self.process.spawn()  # from the event loop's thread: the router dies with the driver, never orphaned
+        await asyncio.to_thread(self.process.wait_ready, self.startup_timeout)
         self.url = url
         self.client = RouterClient(url, engine_id=self.name, timeout=self.request_timeout)
         return url

@@ -335,7 +335,10 @@ TRAINER = MachineSpec(
         T("save_done", "Saving", "Ready"),
         T("checkpoint", "Ready", "Checkpointing", when="saves_job", effects=["save_job_state"]),
         T("checkpoint_done", "Checkpointing", "Ready"),
-        T("worker_crashed", ("Training", "UpdatingWeights", "Saving", "Checkpointing", "Restoring"), "Errored"),
+        T("worker_crashed", ("Training", "UpdatingWeights", "Saving", "Checkpointing"), "Errored"),
+        # a worker lost while the job's state is restored has no peer with that state to heal from: the resumed
+        # run stops; the checkpoint is untouched, so --resume again
+        T("worker_crashed", "Restoring", "Failed", effects=["report_failure"]),
         T("heal", "Errored", "Healing", when="heals_trainer", effects=["replace_worker"]),
         T("healed", "Healing", "Ready", effects=["restore_from_peer"]),
         T("fail", "Errored", "Failed", when="!heals_trainer", effects=["report_failure"]),

@@ -148,7 +148,9 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_debug_argument(p)
     add_config_arguments(p)
-    p.set_defaults(func=cmd_run)
+    # every option's default and spelling, so --resume can name each one that was given with it
+    options = {a.dest: (a.option_strings[-1], a.default) for a in p._actions if a.option_strings}
+    p.set_defaults(func=cmd_run, run_options=options)
 
 
 def _check_ray_address(address: str) -> None:
@@ -236,22 +238,17 @@ def _check_metrics(port: int, host: str) -> None:
 
 
 # what may be given with --resume: everything else is the run's own (RUN_DIR/run.json)
-_WITH_RESUME = frozenset({"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "config", "debug"})
+_WITH_RESUME = frozenset({"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "debug"})
 
 
 def _resume(ns: argparse.Namespace) -> int:
     """``lifecycle run --resume RUN_DIR``: the same job, from its latest checkpoint, in the same run directory."""
-    from lifecycle.cli.args import explicit_flags
-
-    given = sorted(f"--{k.replace('_', '-')}" for k in explicit_flags(ns))
-    defaults: dict[str, object] = {
-        "inject": [],
-        "run_dir": None,
-        "engines": None,
-        "hf_checkpoint": None,
-        "rollout_function": None,
-    }
-    given += sorted(f"--{k.replace('_', '-')}" for k, v in defaults.items() if getattr(ns, k) != v)
+    spelled: dict[str, tuple[str, object]] = ns.run_options
+    given = [
+        flag
+        for dest, (flag, default) in spelled.items()
+        if dest not in _WITH_RESUME and getattr(ns, dest, default) != default
+    ]
     if given:
         raise ConfigError(
             "--resume",

@@ -180,8 +180,13 @@ class TrainerGroup:
         if not failed.startswith("trainer"):
             return
         where, reason = self._crash
+        dead = ", ".join(str(w.rank) for w in self.workers if not w.answered_last) or "?"
+        if self.runner.state.trainer == "Failed" and where == "Restoring":
+            raise TrainerFailed(
+                f"trainer worker {dead} crashed while restoring the job checkpoint ({reason}); the checkpoint is "
+                "untouched: run lifecycle run --resume RUN_DIR again"
+            )
         if self.runner.state.trainer == "Failed":  # the spec's fail: heals_trainer is false
-            dead = ", ".join(str(w.rank) for w in self.workers if not w.answered_last) or "?"
             raise TrainerFailed(
                 f"trainer worker {dead} crashed in state {where} ({reason}); not healed: train fault tolerance "
                 "is off (use --use-fault-tolerance --ft-components train)"

@@ -33,6 +33,12 @@ class TrainerWorker:
         import torch
 
         torch.set_num_threads(1)
+        # the global generators start from the rank, not from the process's entropy: a backend that draws from
+        # them (dropout) repeats itself across runs, and a job checkpoint's RNG state is the job's, not the host's
+        import random
+
+        torch.manual_seed(rank)
+        random.seed(rank)
         from trainer.backend import build_backend
 
         self.rank = rank
@@ -49,8 +55,12 @@ class TrainerWorker:
         self.backend.apply_grads(grads)
 
     def save_checkpoint(self, directory: str) -> str:
-        """A Hugging Face checkpoint directory of the current weights (written atomically)."""
-        return checked_save(self.backend, self.spec, directory)
+        """A Hugging Face checkpoint directory of the current weights (written atomically). Writing one never
+        moves the random generators (checking it builds a model): a resumed run writes one more, at its start."""
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            return checked_save(self.backend, self.spec, directory)
 
     def load_checkpoint(self, directory: str) -> None:
         """Start from a checkpoint directory (``--hf-checkpoint``) instead of the seed's weights."""

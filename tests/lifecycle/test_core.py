@@ -27,7 +27,7 @@ from lifecycle.core.plan import RESULTS
 from lifecycle.presets import preset
 
 Answer = Callable[[Command], Outcome]
-SUCCESS = ("ready", "dead", "loaded", "probe_ok", "trained", "saved", "healed", "done")
+SUCCESS = ("ready", "dead", "loaded", "probe_ok", "trained", "saved", "checkpointed", "restored", "healed", "done")
 
 
 def ok(cmd: Command) -> Outcome:

@@ -217,3 +217,59 @@ def test_the_runner_writes_its_config_line_once_first() -> None:
         runner.check()
     assert [e["event"] for e in events] == ["lifecycle.started"]
     assert LifecycleConfig.from_mapping(events[0]["config"]) == runner.config  # the config, whole
+
+
+# -- resume (issue 18): weight versions never go backwards ------------------------------------------------------------
+RESUMED_LOG = Path(__file__).resolve().parent / "data" / "resumed_run_events.jsonl"
+
+
+def resumed() -> list[Event]:
+    """A real run SIGKILLed at step 3 (checkpoint after step 2, step 2 run once more) and resumed, in one file."""
+    return read_jsonl(RESUMED_LOG)
+
+
+def test_the_real_resumed_run_breaks_no_invariant() -> None:
+    events = resumed()
+    kinds = [e["event"] for e in events]
+    assert kinds.count("lifecycle.started") == 2 and kinds.count("job.resumed") == 1
+    commits = [e["weight_version"] for e in events if e["event"] == "weights.committed"]
+    assert commits == ["0", "1", "2", "3", "2", "3", "4"]  # the dead driver's 3 is discarded with its step
+    assert names(events) == []
+
+
+def test_a_committed_version_older_than_the_last_one_is_caught() -> None:
+    events = resumed()
+    third = where(events, event="weights.committed", weight_version="3")[0]
+    events[third]["weight_version"] = "1"  # after 2: backwards
+    found = EventMonitor().feed_all(events)
+    assert [v.invariant for v in found] == ["weight_version_never_goes_backwards"]
+    assert "weight version 1 was committed after version 2" in found[0].problem
+
+
+def test_a_resumed_run_that_first_commits_another_version_than_its_checkpoint_is_caught() -> None:
+    events = resumed()
+    at = where(events, event="job.resumed")[0]
+    first = next(i for i in where(events, event="weights.committed") if i > at)
+    events[first]["weight_version"] = "0"  # engines relaunched with the seed's weights, not the checkpoint's
+    found = EventMonitor().feed_all(events)
+    assert "weight_version_never_goes_backwards" in [v.invariant for v in found]
+    assert "committed version 0 first, its checkpoint's is 2" in found[0].problem
+
+
+def test_resuming_from_a_checkpoint_older_than_the_last_one_written_is_caught() -> None:
+    events = resumed()
+    at = where(events, event="job.resumed")[0]
+    late = {"event": "job.checkpointed", "resume_at": 3, "weight_version": "3", "path": "ckpt/job-000003"}
+    events.insert(at, late)  # the dead driver had written a newer checkpoint than the one resumed from
+    found = EventMonitor().feed_all(events)
+    assert [v.invariant for v in found] == ["weight_version_never_goes_backwards"]
+    assert "resumed at weight version 2, but version 3 was checkpointed" in found[0].problem
+
+
+def test_a_resumed_log_is_judged_under_each_drivers_own_config() -> None:
+    events = resumed()
+    configs = [e["config"]["load"] for e in events if e["event"] == "lifecycle.started"]
+    assert configs[0] is None and configs[1] is not None  # the second driver resumed (--load)
+    monitor = EventMonitor()
+    monitor.feed_all(events)
+    assert monitor.p["resumes"] is True

@@ -62,7 +62,12 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "once more in `--debug-rollout-only` runs (no trainer: a dead engine is recovered at the next generate,",
         "loading the committed weights -- the seed's -- before it is routed); the two broadcast faults in runs",
         "with `--update-weight-transfer-mode broadcast --update-weight-buffer-size 65536` (several buckets, so",
-        "the fault lands between two of them). *Expected* is the "
+        "the fault lands between two of them). `kill-driver` runs are 4 steps with `--save DIR --save-interval 2`:",
+        "the driver SIGKILLs itself at the start of step 3 (step 2 ran after the last checkpoint and dies with it),",
+        "then `lifecycle run --resume RUN_DIR` finishes the job in the same run directory; the cell checks that",
+        "every step was trained exactly once in the job's history, that both engines were relaunched and loaded",
+        "the checkpoint's weights before any was routed, and that the committed version went on from the",
+        "checkpoint's. *Expected* is the "
         "contract in `trainer/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
         "`heals_trainer`); *observed* is what the cell's test saw; a cell fails when they differ, and",
         "`tests/reliability/test_matrix.py::test_committed_doc_is_current` fails CI when this file and",

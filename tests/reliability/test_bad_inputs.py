@@ -118,6 +118,36 @@ class Case:
         return [a.format(tmp=tmp) for a in argv], [n.format(tmp=tmp) for n in self.names]
 
 
+def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) -> Setup:
+    """RUN_DIR of a run started with --save (run.json and one job checkpoint), then optionally damaged:
+    ``truncated`` (its manifest cut), ``tampered`` (a tensor byte changed), ``foreign`` (another job's)."""
+
+    def setup(tmp: Path) -> None:
+        import torch
+
+        from lifecycle.cli.args import _embedded
+        from lifecycle.config import LifecycleConfig
+        from trainer.job_state import JobCheckpoint, save_job_checkpoint, write_run_manifest
+
+        values = {**_embedded("cpu"), **({"save": str(tmp / "run" / "ckpt")} if save else {})}
+        config = LifecycleConfig.from_mapping(values)
+        (tmp / "run").mkdir(parents=True, exist_ok=True)
+        write_run_manifest(tmp / "run", config, {"steps": 3, "seed": 0, "faults": []})
+        if not checkpoint:
+            return
+        writer = LifecycleConfig.from_mapping({**values, "rollout_num_gpus": 4}) if damage == "foreign" else config
+        where = save_job_checkpoint(tmp / "run" / "ckpt", JobCheckpoint(1, "1", {"w": torch.zeros(4)}), writer)
+        if damage == "truncated":
+            text = (where / "state.json").read_text()
+            (where / "state.json").write_text(text[: len(text) // 2])
+        elif damage == "tampered":
+            data = bytearray((where / "state.safetensors").read_bytes())
+            data[-1] ^= 0xFF
+            (where / "state.safetensors").write_bytes(bytes(data))
+
+    return setup
+
+
 REPLAY = ("run", "--quiet", "--run-dir", "{tmp}/run", "--load-debug-rollout-data", "{tmp}/replay/{{rollout_id}}.json")
 R0 = "{tmp}/replay/0.json"
 
@@ -225,6 +255,49 @@ CASES: list[Case] = [
     Case("flag-infinite", ("check", "--rollout-health-check-interval", "1e999"), ("--rollout-health-check-interval",)),
     Case("flag-unknown", ("explain", "--rollout-num-gpu", "2"), ("--rollout-num-gpu",), proc=True),
     # --- lifecycle run -------------------------------------------------------------------------------------
+    # --- resume (issue 18) ------------------------------------------------------------------------------------------
+    Case("resume-missing", ("run", "--resume", "{tmp}/nope"), ("--resume", "{tmp}/nope"), proc=True),
+    Case("resume-not-a-run", ("run", "--resume", "{tmp}"), ("--resume", "run.json")),
+    Case(
+        "resume-never-saved",
+        ("run", "--resume", "{tmp}/run"),
+        ("--resume", "no --save"),
+        (_run_dir(save=False, checkpoint=False),),
+    ),
+    Case(
+        "resume-no-checkpoint-yet",
+        ("run", "--resume", "{tmp}/run"),
+        ("--load", "{tmp}/run/ckpt", "no such directory"),
+        (_run_dir(checkpoint=False),),
+    ),
+    Case(
+        "resume-with-other-settings",
+        ("run", "--resume", "{tmp}/run", "--use-fault-tolerance", "--seed", "3"),
+        ("--resume", "--use-fault-tolerance", "--seed"),
+        (_run_dir(),),
+    ),
+    Case(
+        "resume-truncated",
+        ("run", "--resume", "{tmp}/run"),
+        ("--load", "{tmp}/run/ckpt/job-000001/state.json", "truncated"),
+        (_run_dir("truncated"),),
+        proc=True,
+    ),
+    Case(
+        "resume-tampered",
+        ("run", "--resume", "{tmp}/run"),
+        ("--load", "{tmp}/run/ckpt/job-000001/state.safetensors", "sha256"),
+        (_run_dir("tampered"),),
+    ),
+    Case(
+        "resume-foreign",
+        ("run", "--resume", "{tmp}/run"),
+        ("--load", "other settings", "rollout_num_gpus"),
+        (_run_dir("foreign"),),
+    ),
+    Case("save-interval-without-save", ("run", "--save-interval", "2"), ("--save-interval", "--save DIR")),
+    Case("save-with-async", ("run", "--async", "--save", "{tmp}/c"), ("--save", "--async")),
+    Case("kill-driver-without-save", ("run", "--inject", "kill-driver:0@1"), ("--inject", "--save DIR")),
     Case("run-steps-zero", ("run", "--steps", "0", "--run-dir", "{tmp}/run"), ("--steps",)),
     Case("run-steps-not-int", ("run", "--steps", "abc"), ("--steps",), proc=True),
     Case("run-engines-zero", ("run", "--engines", "0", "--run-dir", "{tmp}/run"), ("--engines",)),

@@ -18,6 +18,7 @@ import asyncio
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -145,16 +146,7 @@ def run_in_process(fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pyt
 def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
     """``lifecycle run --ray-nodes 3``: a head and 2 worker nodes, engines on the workers."""
     audit = tmp / "audit.jsonl"
-    flags = []
-    for key, value in cell_config(fault.kind, ft).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, list):
-            flags += [flag, *value]
-        else:
-            flags += [flag, str(value)]
-    cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *flags]
+    cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *_flags(cell_config(fault.kind, ft))]
     cmd += [
         "--steps",
         str(steps_for(fault.kind)),
@@ -173,6 +165,90 @@ def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
     seconds = time.monotonic() - t0
     error = None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"
     return Run(fault, ft, "normal", error, seconds, *_read(tmp / "run", audit))
+
+
+# kill-driver: 4 steps with a job checkpoint every 2; the driver dies at the start of step 3, so step 2 ran after
+# the checkpoint and must run once more after the resume
+DRIVER_STEPS, DRIVER_INTERVAL, DRIVER_AT = 4, 2, 3
+
+
+def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "lifecycle.cli", "run", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def run_killed_and_resumed(ft: str, tmp: Path) -> Run:
+    """``lifecycle run --save`` SIGKILLs itself (the fault), then ``lifecycle run --resume`` finishes the job."""
+    audit = tmp / "audit.jsonl"
+    flags = ["--config", "none", *_flags(cell_config("kill-driver", ft)), "--steps", str(DRIVER_STEPS)]
+    flags += ["--save", str(tmp / "run" / "ckpt"), "--save-interval", str(DRIVER_INTERVAL)]
+    flags += ["--inject", f"kill-driver:0@{DRIVER_AT}", "--run-dir", str(tmp / "run")]
+    flags += ["--rollout-function", "matrix_audit:factory", "--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
+    env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
+    died = _cli(*flags, env=env, cwd=tmp)
+    if died.returncode != -signal.SIGKILL:
+        error: str | None = f"the driver did not die by SIGKILL: exit {died.returncode}: {died.stderr[-2000:]}"
+        return Run(
+            Fault("kill-driver", 0, DRIVER_AT), ft, "normal", error, time.monotonic() - t0, *_read(tmp / "run", audit)
+        )
+    resumed = _cli("--resume", str(tmp / "run"), "--quiet", env=env, cwd=tmp)
+    error = None if resumed.returncode == 0 else f"resume: exit {resumed.returncode}: {resumed.stderr[-2000:]}"
+    seconds = time.monotonic() - t0
+    return Run(Fault("kill-driver", 0, DRIVER_AT), ft, "normal", error, seconds, *_read(tmp / "run", audit))
+
+
+def _flags(values: dict[str, Any]) -> list[str]:
+    flags: list[str] = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags += [flag, *value]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def check_resumed(run: Run, run_dir: Path) -> str:
+    """Nothing lost across the driver's death: every step trained exactly once in the job's history, the rows of
+    the step run after the checkpoint moved aside, the engines relaunched and loaded the checkpoint's weights
+    before any was routed, and the committed version continued from the checkpoint's."""
+    assert run.error is None, run.error
+    resumed_at = next(i for i, e in enumerate(run.events) if e["event"] == "job.resumed")
+    resumed = run.events[resumed_at]
+    start = int(resumed["resume_at"])
+    assert start == DRIVER_INTERVAL and resumed["discarded_steps"] == list(range(start, DRIVER_AT))
+    assert resumed["weight_version"] == str(start)
+    assert [e["event"] for e in run.events[:resumed_at]][-1] == "fault.injected"  # nothing ran after the kill
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(DRIVER_STEPS)), "a step lost or repeated in metrics.jsonl"
+
+    def trained(events: list[dict[str, Any]]) -> list[int]:
+        return [
+            int(e["step"])
+            for e in events
+            if e.get("event") == "lifecycle.transition" and e.get("machine") == "trainer" and e["trigger"] == "train"
+        ]
+
+    before, after = trained(run.events[:resumed_at]), trained(run.events[resumed_at:])
+    assert before == list(range(DRIVER_AT)) and after == list(range(start, DRIVER_STEPS))
+    history = [k for k in before if k < start] + after  # the dead driver's steps after its checkpoint are void
+    assert history == list(range(DRIVER_STEPS)), history
+    audited = [row["rollout_id"] for row in run.audit]
+    assert audited == [*range(DRIVER_AT), *range(start, DRIVER_STEPS)], audited
+    for instance in ("engine-0", "engine-1"):  # relaunched: a new process, loaded, then routed
+        path = [t["trigger"] for t in run.transitions(instance) if run.events.index(t) > resumed_at]
+        assert path[:4] == ["start", "ready", "begin_update", "finish_update"], path
+    commits = [e["weight_version"] for e in run.events[resumed_at:] if e["event"] == "weights.committed"]
+    assert commits == [str(v) for v in range(start, DRIVER_STEPS + 1)], commits
+    return (
+        f"recovers: driver SIGKILLed at step {DRIVER_AT}, resumed at step {start} from job-{start:06d} "
+        f"(step {start} run again, its first row moved aside); {DRIVER_STEPS}/{DRIVER_STEPS} steps, each trained "
+        f"once; both engines relaunched and loaded v{start} before routing; committed {' -> '.join(commits)}"
+    )
 
 
 def _ts(event: dict[str, Any]) -> float:
@@ -366,6 +442,15 @@ def test_cell(
     pytest.importorskip("torch")
     index = 0 if kind in (*TRAINER_FAULTS, "kill-router") else ENGINE
     fault = Fault(kind, index, AT)
+    if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
+        run = run_killed_and_resumed(ft, tmp_path)
+        check_weights_before_routing(run)
+        judged = check_trace(run)
+        check_nothing_lost(run)
+        observed = check_resumed(run, tmp_path / "run")
+        assert observed.startswith(expected(kind, ft, mode).outcome)
+        matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
+        return
     if kind == "lose-node":
         run = run_subprocess(fault, ft, tmp_path)
     else:

@@ -146,3 +146,57 @@ def test_state_that_is_neither_tensor_nor_plain_value_is_refused_when_saving(tmp
     with pytest.raises(TypeError, match="trainer/model: a object cannot go into a job checkpoint"):
         save_job_checkpoint(tmp_path, checkpoint, CONFIG)
     assert not (tmp_path / "latest").exists()
+
+
+# -- what lifecycle run --resume reads besides the checkpoint --------------------------------------------------------
+def test_where_checkpoints_go_is_not_part_of_the_job(tmp_path: Path) -> None:
+    """A resumed run sets --load (and may save elsewhere): the same job; another engine count is not."""
+    saving = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "save": str(tmp_path), "save_interval": 2})
+    resuming = LifecycleConfig.from_mapping({**saving.to_dict(), "load": str(tmp_path), "save_interval": 5})
+    assert job_state.fingerprint(saving) == job_state.fingerprint(resuming) == job_state.fingerprint(CONFIG)
+    _save(tmp_path, 1, _trained(1))
+    assert load_job_checkpoint(tmp_path, resuming).step == 1
+    other = LifecycleConfig.from_mapping({**resuming.to_dict(), "rollout_num_gpus": 4})
+    with pytest.raises(ConfigError, match=r"differing: rollout_num_gpus\)"):
+        load_job_checkpoint(tmp_path, other)
+
+
+def test_restart_budgets_are_read_back_checked(tmp_path: Path) -> None:
+    _save(tmp_path, 1, _trained(0), restarts=[[], [3.5, 0.25]])
+    assert load_job_checkpoint(tmp_path, CONFIG).restart_ages == [[], [3.5, 0.25]]
+    _save(tmp_path, 2, _trained(0), restarts={"engine-1": "soon"})
+    with pytest.raises(ConfigError, match="--load: records malformed restart budgets"):
+        _ = load_job_checkpoint(tmp_path, CONFIG).restart_ages
+
+
+def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_aside(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": k, "reward": k / 10} for k in range(4)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "rew')  # died mid-row
+    kept, superseded = job_state.continue_metrics(metrics, 2)
+    assert kept == rows[:2] and superseded == [2, 3]
+    assert [json.loads(line) for line in metrics.read_text().splitlines()] == rows[:2]
+    aside = (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in aside[:2]] == rows[2:] and aside[2] == '{"step": 4, "rew'  # nothing lost
+    with metrics.open("a") as f:
+        f.write("not json\n" + json.dumps(rows[2]) + "\n")
+    with pytest.raises(ConfigError, match="is not a metrics row"):
+        job_state.continue_metrics(metrics, 2)
+
+
+def test_the_run_manifest_round_trips_and_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
+    saving = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "save": str(tmp_path / "ckpt")})
+    job_state.write_run_manifest(tmp_path, saving, {"steps": 4, "seed": 1})
+    values, options = job_state.read_run_manifest(tmp_path)
+    assert LifecycleConfig.from_mapping(values) == saving and options == {"steps": 4, "seed": 1}
+    job_state.write_run_manifest(tmp_path, CONFIG, {"steps": 4})
+    with pytest.raises(ConfigError, match=r"--resume: that run wrote no job checkpoints \(no --save\)"):
+        job_state.read_run_manifest(tmp_path)
+    with pytest.raises(ConfigError, match="--resume: no such directory"):
+        job_state.read_run_manifest(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="--resume: is missing: not a run directory"):
+        job_state.read_run_manifest(tmp_path / "empty")
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        job_state.read_run_manifest(tmp_path)

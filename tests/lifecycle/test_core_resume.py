@@ -1,0 +1,123 @@
+"""The resume lifecycle in the core (issue 18): a job checkpoint is written only on the committed weights, a
+resumed job's trainer restores before it is Ready, its engines are relaunched and serve only once they hold
+the checkpoint's weights, and the checker catches a core that checkpoints anywhere else."""
+
+from __future__ import annotations
+
+import pytest
+
+from lifecycle.core import Command, Outcome
+from lifecycle.core import core as core_module
+from lifecycle.explore import explore, lattice
+from lifecycle.invariants import INVARIANTS
+
+from .test_core import RFT, Drive, cfg, ok
+
+SAVE = {"save": "runs/job/checkpoints", "save_interval": 1}
+RESUME = {**SAVE, "load": "runs/job/checkpoints"}
+
+
+def _step(d: Drive) -> None:
+    for name in ("generate", "generate_done", "train", "update_weights"):
+        assert d.op(name) is None, name
+
+
+def test_a_checkpoint_is_written_after_the_update_and_refused_between_train_and_update() -> None:
+    d = Drive(cfg(**RFT, **SAVE)).start()
+    assert d.op("checkpoint") is None  # the initial weights are committed: a checkpoint of step 0 is fine
+    for name in ("generate", "generate_done", "train"):
+        d.op(name)
+    refusal = d.op("checkpoint")
+    assert (
+        refusal is not None and refusal.kind == "illegal" and "trained since the last weight update" in refusal.reason
+    )
+    d.op("update_weights")
+    assert d.op("checkpoint") is None
+    assert d.triggers("trainer")[-2:] == ["checkpoint", "checkpoint_done"]
+    assert [c.effect for c in d.commands if c.machine == "trainer"][-1] == "save_job_state"
+
+
+def test_a_failed_update_blocks_the_checkpoint_until_one_goes_through() -> None:
+    d = Drive(cfg(**RFT, **SAVE)).start()
+    for name in ("generate", "generate_done", "train"):
+        d.op(name)
+
+    def refuse(cmd: Command) -> Outcome:
+        if cmd.machine == "engine" and cmd.effect == "transfer_weights" and cmd.engine == 1:
+            return Outcome("error", reason="disk gone")
+        return ok(cmd)
+
+    d.op("update_weights", answer=refuse)
+    assert d.s.dirty
+    refusal = d.op("checkpoint")
+    assert refusal is not None and "the last weight update failed" in refusal.reason
+    d.op("update_weights")  # redone: the engines hold the trainer's weights again
+    assert d.op("checkpoint") is None
+
+
+def test_without_save_the_checkpoint_is_blocked_by_its_predicate() -> None:
+    d = Drive(cfg(**RFT)).start()
+    refusal = d.op("checkpoint")
+    assert refusal is not None and refusal.kind == "blocked" and refusal.blocked_by == ("saves_job",)
+
+
+def test_a_resumed_trainer_restores_before_it_is_ready_and_a_fresh_one_never_restores() -> None:
+    fresh = Drive(cfg(**RFT, **SAVE)).start()
+    assert fresh.triggers("trainer") == ["allocate", "initialize", "ready"]
+    resumed = Drive(cfg(**RFT, **RESUME)).start()
+    assert resumed.triggers("trainer") == ["allocate", "initialize", "restore", "restored"]
+    assert [c.effect for c in resumed.commands if c.machine == "trainer"][-1] == "restore_job_state"
+    # its engines are new processes: started, loaded, and routed only at the first generate
+    assert resumed.triggers("engine-0") == ["start", "ready", "begin_update", "finish_update"]
+    assert resumed.op("generate") is None and all(e.current for e in resumed.s.engines)
+
+
+def test_a_worker_crash_while_restoring_stops_the_run_even_under_train_ft() -> None:
+    """No peer holds the checkpoint's state yet, so a heal would continue from the wrong one; --resume again."""
+    d = Drive(cfg(use_fault_tolerance=True, ft_components=["train"], **RESUME))
+
+    def crash(cmd: Command) -> Outcome:
+        return Outcome("worker_crashed", reason="died") if cmd.effect == "restore_job_state" else ok(cmd)
+
+    d.op("trainer.start", answer=crash)
+    assert d.triggers("trainer")[-2:] == ["restore", "worker_crashed"]
+    assert d.s.trainer == "Failed" and d.s.failed == "trainer failed"
+
+
+def test_restart_budgets_carry_over_to_the_resumed_engines() -> None:
+    d = Drive(cfg(**RFT, **RESUME))
+    state = d.core.with_restarts(d.s, ((), (100.0, 101.0)))
+    assert [e.restarts for e in state.engines] == [(), (100.0, 101.0)]
+    assert d.core.with_restarts(d.s, ((1.0,),)) == d.s  # another fleet size: the budgets start afresh
+
+
+@pytest.mark.slow
+def test_the_checker_explores_resumed_jobs_under_every_ft_configuration() -> None:
+    resumed = [c for c in lattice().valid if c.load is not None]
+    assert sorted(tuple(sorted(c.ft_components)) for c in resumed) == [
+        (),
+        ("rollout",),
+        ("rollout", "train"),
+        ("train",),
+    ]
+    for config in resumed:
+        result = explore(config, engines=2)
+        assert result.ok, result.render()
+
+
+def test_the_checker_catches_a_core_that_checkpoints_between_train_and_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-introduce the bug: drop the core's checkpoint precondition; the step invariant names it."""
+    config = cfg(**RFT, **RESUME)
+    assert explore(config, engines=2, only=frozenset({"job_checkpoint_holds_committed_weights"})).ok
+    original = core_module._Tx.precondition
+
+    def anything_goes(self: core_module._Tx, op: object) -> str | None:
+        if getattr(op, "name", "") == "checkpoint":
+            return None
+        return original(self, op)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(core_module._Tx, "precondition", anything_goes)
+    result = explore(config, engines=2, only=frozenset({"job_checkpoint_holds_committed_weights"}))
+    assert [v.invariant for v in result.violations] == ["job_checkpoint_holds_committed_weights"]
+    assert "trained since the last commit" in result.violations[0].problem
+    assert INVARIANTS["job_checkpoint_holds_committed_weights"].kind == "step"
