@@ -170,7 +170,8 @@ class RouterRouting:
         else:
             await self.router.restart()
         if self.log is not None:
-            self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
+            pid = self.router.process.pid if self.router.process is not None else None
+            self.log.emit("router.started", router=self.name, restarts=self.router.restarts, pid=pid)
         gen = self._gen
 
         async def watch() -> None:

@@ -14,6 +14,7 @@ them in /proc afterwards, kills what is left and asserts nothing of the run surv
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,14 +80,15 @@ def run_token() -> Iterator[str]:
     assert not marked_pids(token), "processes of the killed run survived the cleanup"
 
 
-def step_events(path: Path) -> list[dict[str, object]]:
+def step_events(path: Path, *, every: bool = False) -> list[dict[str, Any]]:
+    """The complete lines' events that carry a step (``every``: all of them)."""
     if not path.is_file():
         return []
     events = []
     for raw in path.read_bytes().split(b"\n")[:-1]:  # complete lines only, while the writer runs
         with contextlib.suppress(ValueError):
             events.append(json.loads(raw))
-    return [e for e in events if isinstance(e, dict) and "step" in e]
+    return [e for e in events if isinstance(e, dict) and (every or "step" in e)]
 
 
 def check_log(path: Path) -> tuple[int, bool]:
@@ -144,6 +147,13 @@ def test_sigkill_mid_step_leaves_a_readable_event_log(tmp_path: Path, run_token:
     assert any("raylet" in c for c in spawned.values()), spawned
     survivors = kill_marked(run_token, grace=20)  # Ray and engines in other sessions: give them a chance
     assert not marked_pids(run_token)
+    # the router names itself (setproctitle), which hides the marker: its pid is in the log
+    routers = [int(e["pid"]) for e in step_events(log, every=True) if e.get("event") == "router.started"]
+    if importlib.util.find_spec("sglang_router") is not None:  # its own session, yet it dies with the driver
+        assert routers, "no router.started event"
+        assert not [pid for pid in routers if Path(f"/proc/{pid}").exists() and "router" in cmdline(pid)], (
+            "the sglang-router outlived the SIGKILLed driver"
+        )
     print(f"{len(spawned)} processes in the run; alive 20 s after the kill (now killed): {len(survivors)}")
 
     count, torn = check_log(log)
