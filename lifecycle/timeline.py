@@ -31,11 +31,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from lifecycle.events import BLOCKED, COMMITTED, PROBE, STARTED, TRANSITION, VIOLATED, WEIGHTS, read_jsonl
+from lifecycle.events import BLOCKED, COMMITTED, PROBE, RESUMED, STARTED, TRANSITION, VIOLATED, WEIGHTS, read_jsonl
 from lifecycle.machines import MACHINES
 
 Event = Mapping[str, Any]
-MarkerKind = Literal["fault", "blocked", "violation", "probe", "weights", "committed", "event"]
+MarkerKind = Literal["fault", "blocked", "violation", "probe", "weights", "committed", "resumed", "event"]
 Level = Literal["info", "warn", "error"]
 
 FAULT_EVENTS = frozenset({"fault.injected", "fault.fired"})
@@ -46,7 +46,9 @@ MACHINE_ORDER = ("rollout", "monitor", "eval_fleet", "weight_sync", "trainer", "
 # One colour per state name, whatever the machine: "Serving" is green in every lane. Grouped by
 # meaning -- starting blue, idle pale, busy saturated, weights violet, trouble red/orange, gone grey --
 # so the picture reads before the legend does. A state not listed gets a stable colour from its name.
+DRIVER_DEAD = "no driver"  # from a driver's end (its death; a finished run continued) to the resume: no process
 STATE_COLOURS: dict[str, str] = {
+    DRIVER_DEAD: "#fca5a5",
     "Init": "#e5e7eb",
     "Constructed": "#d6dde8",
     "Allocated": "#c7d2fe",
@@ -351,6 +353,16 @@ def build_timeline(events: Sequence[Event]) -> Timeline:
             label = f"v{e.get('weight_version')}"
             detail = _detail(f"weights committed: {label}", None, _step_of(e), f"event #{i}")
             markers[None].append(Marker("committed", t, i, None, label, detail))
+        elif kind == RESUMED:  # the driver ended after the event before this one; every process ended with it
+            died = times[i - 1] if i else t
+            for spans in opened.values():
+                if spans:
+                    spans[-1] = replace(spans[-1], end=died)
+                    spans.append(Span(DRIVER_DEAD, died, t, i, trigger="the driver ended"))
+                    spans.append(Span("Init", t, end, i, src=DRIVER_DEAD, trigger="resumed"))
+            label = f"resumed at step {e.get('resume_at')} (v{e.get('weight_version')})"
+            detail = _detail(label, f"from {e.get('checkpoint')}", f"steps run again: {e.get('discarded_steps')}")
+            markers[None].append(Marker("resumed", t, i, None, label, f"{detail}\nevent #{i}"))
         elif kind == STARTED:
             cfg = e.get("config")
             config = cfg if isinstance(cfg, Mapping) else config
@@ -727,8 +739,8 @@ def _run_markers(tl: Timeline, scale: _Scale) -> list[str]:
     labelled = [m for m in [*tl.markers, *(m for lane in tl.lanes for m in lane.markers)] if m.kind in _LABELLED]
     for m in sorted(labelled, key=lambda m: m.time):
         x = scale.x(m.time)
-        colour = "#c026d3" if m.kind == "fault" else "#dc2626"
-        text = ("⚡ " if m.kind == "fault" else "✖ ") + m.label
+        colour = _PILL[m.kind][0]
+        text = f"{_PILL[m.kind][1]} {m.label}"
         width = 6.4 * len(text) + 12
         left = x - 6 if x + width < PLOT_X + PLOT_W else x - width + 6
         row = next((r for r in (0, 1) if left >= rows_end[r] + 4), None)
@@ -768,7 +780,8 @@ def _run_markers(tl: Timeline, scale: _Scale) -> list[str]:
     return out
 
 
-_LABELLED = frozenset({"fault", "violation"})
+_PILL = {"fault": ("#c026d3", "⚡"), "violation": ("#dc2626", "✖"), "resumed": ("#059669", "↻")}
+_LABELLED = frozenset(_PILL)
 
 
 def _axis(tl: Timeline, scale: _Scale, top: float) -> list[str]:

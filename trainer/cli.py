@@ -279,6 +279,10 @@ def _resume(ns: argparse.Namespace) -> int:
     from trainer.loop import RunOptions, run
 
     checkpoint = load_job_checkpoint(values["save"], config)  # checked whole before Ray starts
+    if checkpoint.step >= steps:
+        if not ns.quiet:
+            print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
+        return 0
     faults = tuple(f for f in map(parse_fault, options["faults"]) if f.kind != "kill-driver")  # it did its part
     hf = options.get("hf_checkpoint")
     opts = RunOptions(

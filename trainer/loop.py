@@ -226,8 +226,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     if resume is None and config.load is not None:  # API callers: read and check it before anything starts
         resume = load_job_checkpoint(config.load, config)
     start = resume.step if resume is not None else 0
-    if resume is None:
-        write_run_manifest(run_dir, config, opts.manifest())
+    # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
+    write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest())
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from models import build_tiny_llama
 

@@ -196,3 +196,26 @@ def test_bad_input_is_one_clear_error(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err and str(path) in err and "Fix:" in err
     assert not (tmp_path / "timeline.html").exists()
+
+
+def test_a_resumed_run_shows_the_driver_gone_then_every_lane_from_init() -> None:
+    """A log a killed driver left and a resumed one continued (tests/lifecycle/data): between the last event of
+    the dead driver and the resume no lane stays in the state it died in, and the resume is labelled."""
+    events = load_events(DATA / "resumed_run_events.jsonl")
+    tl = build_timeline(events)
+    resumed = next(i for i, e in enumerate(events) if e["event"] == "job.resumed")
+    (marker,) = [m for m in tl.markers if m.kind == "resumed"]
+    assert marker.index == resumed and marker.label == "resumed at step 2 (v2)"
+    moved = {e["instance"] for e in events[:resumed] if e["event"] == "lifecycle.transition"}
+    assert {"rollout", "trainer", "engine-0", "engine-1"} <= moved
+    for lane in tl.lanes:
+        gone = [s for s in lane.spans if s.state == "no driver"]
+        if lane.instance not in moved:  # the eval fleet had not moved yet: it was never anything but Init
+            assert not gone
+            continue
+        assert len(gone) == 1 and gone[0].index == resumed, lane.key
+        after = lane.spans[lane.spans.index(gone[0]) + 1]
+        assert after.state == "Init" and after.start == gone[0].end
+        before = lane.spans[lane.spans.index(gone[0]) - 1]
+        assert before.end == gone[0].start  # the state the driver died in ends where it died
+    assert "↻ resumed at step 2 (v2)" in render_html(events)
