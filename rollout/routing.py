@@ -170,8 +170,7 @@ class RouterRouting:
         else:
             await self.router.restart()
         if self.log is not None:
-            pid = self.router.process.pid if self.router.process is not None else None
-            self.log.emit("router.started", router=self.name, restarts=self.router.restarts, pid=pid)
+            self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
         gen = self._gen
 
         async def watch() -> None:

@@ -1,8 +1,8 @@
 """Trainer: the trainer group, torch policy and the RL loop that embeds the lifecycle.
 
 The trainer group's lifecycle is :data:`lifecycle.machines.TRAINER`. A training script embeds
-:class:`TrainerGroup` (``start`` / ``train`` / ``update_weights`` / ``offload`` / ``onload`` /
-``dispose``); :func:`run_loop` is the project's own loop built from the same pieces.
+:class:`TrainerGroup` (``start`` / ``train`` / ``update_weights`` / ``checkpoint`` / ``offload`` /
+``onload`` / ``dispose``); :func:`run_loop` is the project's own loop built from the same pieces.
 
 The names below are imported on first use: ``lifecycle run`` is registered from ``trainer.cli``
 on every ``lifecycle`` invocation, which must not pay for importing torch and Ray.
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainer.broadcast import WeightBroadcast
     from trainer.group import TrainerFailed, TrainerGroup
+    from trainer.job_state import JobCheckpoint, load_job_checkpoint
     from trainer.loop import RunOptions, RunResult, run_loop
 
 _EXPORTS = {
@@ -25,13 +26,17 @@ _EXPORTS = {
     "RunResult": "trainer.loop",
     "run_loop": "trainer.loop",
     "WeightBroadcast": "trainer.broadcast",
+    "JobCheckpoint": "trainer.job_state",
+    "load_job_checkpoint": "trainer.job_state",
 }
 __all__ = [
+    "JobCheckpoint",
     "RunOptions",
     "RunResult",
     "TrainerFailed",
     "TrainerGroup",
     "WeightBroadcast",
+    "load_job_checkpoint",
     "run_loop",
 ]
 

@@ -7,7 +7,8 @@ train(k) -- one step off-policy -- and waits for that generation to end before t
 decision about what to construct, start, monitor, offload or recover is taken by the machines
 (each call below is a machine move that its predicates may block). Writes, into the run
 directory: ``events.jsonl`` (the event log of every machine), ``metrics.jsonl`` (one line per
-step) and ``reward.png`` when matplotlib is installed.
+step), ``run.json`` (the settings ``--resume`` starts the job again with) and ``reward.png`` when
+matplotlib is installed; with ``--save``, job checkpoints after every ``--save-interval`` steps.
 """
 
 from __future__ import annotations
