@@ -159,6 +159,7 @@ class Core:
         self.releases = {s.name: s.releases for s in engine.states}
         self.updating_engine = frozenset(s for s in self.transient if s in self.live)  # receiving weights
         self.markable = frozenset(s for t in engine.transitions if t.trigger == "mark_unhealthy" for s in t.source)
+        self.tracks_ahead = self.p["updates_rollout_weights"] and self.p["saves_job"]
         self._effects: dict[tuple[str, tuple[str, ...]], _Effects] = {}
 
     # -- the public surface ---------------------------------------------------------------------------
@@ -920,8 +921,9 @@ class _Tx:
                     self.broadcast_failed(o.reason)
         elif cmd.machine == "trainer":
             if o.name == "trained":
-                # the trained weights are ahead of the served ones until an update commits them (where one can)
-                if isinstance(self.fire("trainer", "train_done"), Step) and core.p["updates_rollout_weights"]:
+                # the trained weights are ahead of the served ones until an update commits them (where one can);
+                # only a job checkpoint reads it, so only a job that writes them keeps it (a smaller state space)
+                if isinstance(self.fire("trainer", "train_done"), Step) and core.tracks_ahead:
                     self.upd(ahead=True)
             elif o.name == "saved":
                 self.fire("trainer", "save_done")
