@@ -267,14 +267,16 @@ def _resume(ns: argparse.Namespace) -> int:
             f"that run was given Python objects ({', '.join(options['custom'])}) that run.json cannot hold",
             "resume it through the API: run_loop(config, RunOptions(..., run_dir=RUN_DIR)) with load=the save dir",
         )
-    config = LifecycleConfig.from_mapping({**values, "load": values["save"]})
+    try:
+        config = LifecycleConfig.from_mapping({**values, "load": values["save"]})
+    except ConfigError as exc:
+        raise exc.with_source(str(run_dir / "run.json")) from None
     steps = ns.steps if ns.steps is not None else int(options["steps"])
     _positive("--steps", steps)
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     if ns.metrics_port is not None:
         _check_metrics(ns.metrics_port, ns.metrics_host)
-    from engines.engine import Timeouts
     from trainer.job_state import load_job_checkpoint
     from trainer.loop import RunOptions, run
 
@@ -283,27 +285,13 @@ def _resume(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
         return 0
-    faults = tuple(f for f in map(parse_fault, options["faults"]) if f.kind != "kill-driver")  # it did its part
-    hf = options.get("hf_checkpoint")
-    opts = RunOptions(
+    opts = RunOptions.from_manifest(
+        options,
+        run_dir / "run.json",
         steps=steps,
-        seed=int(options["seed"]),
         run_dir=run_dir,
         ray_address=ns.ray_address,
-        faults=faults,
-        ray_nodes=int(options["ray_nodes"]),
-        timeouts=Timeouts(**options["timeouts"]),
-        launcher=options["launcher"],
-        workers=int(options["workers"]),
-        lr=float(options["lr"]),
-        model_size=str(options["model_size"]),
-        rollout_fn=options.get("rollout_fn"),
-        data_source=options.get("data_source"),
         quiet=ns.quiet,
-        keep_checkpoints=int(options["keep_checkpoints"]),
-        hf_checkpoint=Path(hf) if hf else None,
-        model=options["model"],
-        router=options.get("router"),
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
         resume=checkpoint,

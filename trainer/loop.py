@@ -19,7 +19,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -29,6 +29,7 @@ from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
 from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.config import LifecycleConfig
+from lifecycle.errors import ConfigError
 from lifecycle.events import RESUMED, EventLog, JsonlSink, bind_context, cut_torn_tail
 from lifecycle.ledger import EffectLedger
 from lifecycle.monitor import MonitorSink
@@ -42,7 +43,7 @@ from rollout.sample import Sample
 from rollout.task import Task, checked_task
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.checks import check_async, check_hf_checkpoint, check_model
-from trainer.faults import Fault, FaultInjector
+from trainer.faults import Fault, FaultInjector, parse_fault
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint, write_run_manifest
 
@@ -115,6 +116,36 @@ class RunOptions:
             "router": self.router,
             "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
         }
+
+    @classmethod
+    def from_manifest(cls, options: Mapping[str, Any], where: Path, **given: Any) -> RunOptions:
+        """The options of :meth:`manifest` again (``where``: the run.json they came from, for the error);
+        ``given``: what this driver sets itself (run_dir, steps, quiet, the checkpoint, ...)."""
+        try:
+            faults = tuple(parse_fault(f) for f in options["faults"])
+            hf = options["hf_checkpoint"]
+            return cls(
+                seed=int(options["seed"]),
+                faults=tuple(f for f in faults if f.kind != "kill-driver"),  # it has done its part
+                ray_nodes=int(options["ray_nodes"]),
+                timeouts=Timeouts(**options["timeouts"]),
+                launcher=options["launcher"],
+                workers=int(options["workers"]),
+                lr=float(options["lr"]),
+                model_size=str(options["model_size"]),
+                rollout_fn=options["rollout_fn"],
+                data_source=options["data_source"],
+                keep_checkpoints=int(options["keep_checkpoints"]),
+                hf_checkpoint=Path(hf) if hf else None,
+                model=str(options["model"]),
+                router=options["router"],
+                **given,
+            )
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            problem = f"lacks the option {exc}" if isinstance(exc, KeyError) else f"is malformed ({exc})"
+            raise ConfigError(
+                "--resume", str(where), problem, "restore the run.json lifecycle run wrote into the run directory"
+            ) from None
 
 
 @dataclass

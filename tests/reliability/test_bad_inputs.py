@@ -295,6 +295,12 @@ CASES: list[Case] = [
         ("--load", "other settings", "rollout_num_gpus"),
         (_run_dir("foreign"),),
     ),
+    Case(  # the checkpoint is sound, but run.json lost the loop's options: nothing starts
+        "resume-run-json-incomplete",
+        ("run", "--resume", "{tmp}/run"),
+        ("--resume", "{tmp}/run/run.json", "lacks the option"),
+        (_run_dir(),),
+    ),
     Case("save-interval-without-save", ("run", "--save-interval", "2"), ("--save-interval", "--save DIR")),
     Case("save-with-async", ("run", "--async", "--save", "{tmp}/c"), ("--save", "--async")),
     Case("kill-driver-without-save", ("run", "--inject", "kill-driver:0@1"), ("--inject", "--save DIR")),
