@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import http.client
 import os
 import re
 import signal
@@ -211,8 +212,8 @@ class ServerProcess:
         try:
             with urllib.request.urlopen(self._url + self.health_path, timeout=2.0) as resp:
                 return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+            return False  # not up yet, or not ours (a port another server took answers in another protocol)
 
     # -- state -----------------------------------------------------------------------------------
     def _require(self) -> subprocess.Popen[bytes]:

@@ -47,6 +47,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PORT_TRIES = 3  # a router that exits before it answers is started again on another port, this often
+
+
 def router_command(
     port: int, *, host: str = "127.0.0.1", request_timeout_s: float = 30.0, metrics_port: int | None = None
 ) -> list[str]:
@@ -139,14 +142,25 @@ class Router:
         if self.client is not None:  # not alive until the new process answers
             await self.client.close()
             self.client = None
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = router_command(port, request_timeout_s=self.request_timeout)
-        self.process = ServerProcess(
-            command, engine_id=self.name, url=url, health_path="/workers", log_path=self.log_path, die_with_parent=True
-        )
-        self.process.spawn()  # from the event loop's thread: the router dies with the driver, never orphaned
-        await asyncio.to_thread(self.process.wait_ready, self.startup_timeout)
+        for attempt in range(PORT_TRIES):
+            port = free_port()  # free when asked; another process may bind it before the router does
+            url = f"http://127.0.0.1:{port}"
+            command = router_command(port, request_timeout_s=self.request_timeout)
+            self.process = ServerProcess(
+                command,
+                engine_id=self.name,
+                url=url,
+                health_path="/workers",
+                log_path=self.log_path,
+                die_with_parent=True,
+            )
+            self.process.spawn()  # from the event loop's thread: the router dies with the driver, never orphaned
+            try:
+                await asyncio.to_thread(self.process.wait_ready, self.startup_timeout)
+                break
+            except EngineStartError as exc:  # it exited before it answered: most likely the port was taken
+                if exc.returncode is None or attempt == PORT_TRIES - 1:
+                    raise
         self.url = url
         self.client = RouterClient(url, engine_id=self.name, timeout=self.request_timeout)
         return url

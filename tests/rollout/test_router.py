@@ -323,3 +323,34 @@ def test_without_rollout_ft_a_killed_router_stops_the_run_naming_it(tmp_path: Pa
             rig.run(rig.manager.generate(1))
     finally:
         rig.close()
+
+
+def test_a_router_whose_port_was_taken_starts_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port's port is free when asked; another process can bind it first (seen in CI: a Ray gRPC server
+    answered the router's health probe). The router that cannot bind exits, and a new one starts elsewhere."""
+    import socket
+
+    from engines import router as router_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    ports = [busy]
+    real = router_module.free_port
+    monkeypatch.setattr(router_module, "free_port", lambda: ports.pop(0) if ports else real())
+
+    async def go() -> str:
+        r = router_module.Router(startup_timeout=30.0)
+        try:
+            url = await r.start()
+            assert await r.workers() == {}
+            return url
+        finally:
+            await r.close()
+
+    try:
+        url = asyncio.run(go())
+    finally:
+        taken.close()
+    assert not ports and not url.endswith(f":{busy}")  # the taken port was tried, and another one serves
