@@ -192,8 +192,8 @@ class Engine:
         if self.client is None:
             return self._failed("probe_failed", "no server process")
         call = self.client.health if self.probe_endpoint == "health" else self.client.health_generate
-        try:
-            await asyncio.wait_for(call(timeout=timeout), timeout)
+        try:  # the client's own request timeout bounds it (a second wait_for would race it)
+            await call(timeout=timeout)
         except (TimeoutError, EngineError) as exc:
             return self._failed("probe_failed", f"probe failed: {type(exc).__name__}: {exc}")
         return Outcome("probe_ok")

@@ -51,6 +51,9 @@ CASES = (
             "0.05",
             "--rollout-health-check-timeout",
             "0.05",
+            # a probe that misses 0.05 s on a loaded CI machine is noise here, not a fault: no restarts for it
+            "--rollout-health-check-failure-threshold",
+            "1000",
         ),
         "monitors_run_only_during_generate_or_eval",
     ),
