@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import http.client
 import os
 import re
@@ -80,10 +81,13 @@ _PRCTL = _libc_prctl()  # looked up before any fork: the child only calls it
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the spawning thread dies."""
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: SIGKILL when the spawning thread dies (and now, if the parent died already,
+    between the fork and this call: the signal would never come)."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 class ServerProcess:
@@ -142,7 +146,7 @@ class ServerProcess:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.die_with_parent else None,
             )
         except OSError as exc:
             raise EngineStartError(self.engine_id, f"cannot run {self.command[0]!r}: {exc}") from None

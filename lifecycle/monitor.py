@@ -115,6 +115,7 @@ class EventMonitor:
         self.job = _Job()
         self.index = -1
         self.violations: list[Violation] = []
+        self._drivers = 0  # lifecycle.started lines seen
 
     def _configure(self, config: LifecycleConfig) -> None:
         self.core = Core(config)
@@ -143,6 +144,9 @@ class EventMonitor:
     def _started(self, e: Event) -> Iterable[_Found]:
         if not self._given and isinstance(e.get("config"), Mapping):
             self._configure(LifecycleConfig.from_mapping(dict(e["config"]), check_paths=False))
+        if self._drivers and self.job.resuming is None:  # a new run in a reused run directory, not a resume
+            self.job = _Job()
+        self._drivers += 1
         return ()
 
     def _checkpointed(self, e: Event) -> Iterable[_Found]:

@@ -250,16 +250,19 @@ def _resume(ns: argparse.Namespace) -> int:
         if dest not in _WITH_RESUME and getattr(ns, dest, default) != default
     ]
     if given:
+        allowed = ", ".join(spelled[d][0] for d in sorted(_WITH_RESUME - {"resume"}) if d in spelled)
         raise ConfigError(
             "--resume",
             ns.resume,
             f"continues a run with the settings it started with, but {', '.join(given)} was given too",
-            "drop those flags (only --steps, --quiet, --ray-address and --metrics-port/--metrics-host apply)",
+            f"drop those flags (only {allowed} apply)",
         )
-    from trainer.job_state import read_run_manifest
+    from trainer.run_manifest import read_run_manifest
 
-    run_dir = Path(ns.resume)
-    values, options = read_run_manifest(run_dir)
+    run_dir = Path(ns.resume).resolve()
+    manifest = read_run_manifest(run_dir)
+    os.chdir(manifest.cwd)  # the run's relative paths (--save runs/x/ckpt) mean what they meant when it started
+    options = manifest.options
     if options.get("custom"):
         raise ConfigError(
             "--resume",
@@ -268,26 +271,41 @@ def _resume(ns: argparse.Namespace) -> int:
             "resume it through the API: run_loop(config, RunOptions(..., run_dir=RUN_DIR)) with load=the save dir",
         )
     try:
-        config = LifecycleConfig.from_mapping({**values, "load": values["save"]})
+        config = LifecycleConfig.from_mapping({**manifest.config, "load": manifest.config["save"]})
+        steps = ns.steps if ns.steps is not None else int(options["steps"])
     except ConfigError as exc:
-        raise exc.with_source(str(run_dir / "run.json")) from None
-    steps = ns.steps if ns.steps is not None else int(options["steps"])
+        raise exc.with_source(str(manifest.path)) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            "--resume", str(manifest.path), f"lacks the option steps, or it is malformed ({exc})", "pass --steps N"
+        ) from None
     _positive("--steps", steps)
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     if ns.metrics_port is not None:
         _check_metrics(ns.metrics_port, ns.metrics_host)
-    from trainer.job_state import load_job_checkpoint
+    from trainer.job_state import LATEST, load_job_checkpoint
     from trainer.loop import RunOptions, run
 
-    checkpoint = load_job_checkpoint(values["save"], config)  # checked whole before Ray starts
+    assert config.load is not None
+    try:
+        checkpoint = load_job_checkpoint(config.load, config)  # checked whole before Ray starts
+    except ConfigError as exc:
+        if not (Path(config.load) / LATEST).is_file():
+            raise ConfigError(
+                "--resume",
+                str(run_dir),
+                f"the run stopped before it wrote its first job checkpoint into {config.load}",
+                "start it again without --resume: there is nothing to continue from",
+            ) from None
+        raise ConfigError("--resume", exc.value, exc.problem, exc.fix) from None
     if checkpoint.step >= steps:
         if not ns.quiet:
             print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
         return 0
     opts = RunOptions.from_manifest(
         options,
-        run_dir / "run.json",
+        manifest.path,
         steps=steps,
         run_dir=run_dir,
         ray_address=ns.ray_address,
@@ -345,7 +363,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
     router = not ns.no_router and importlib.util.find_spec("sglang_router") is not None  # engines.router's test
     check_faults(
-        faults, config, ray_nodes=ns.ray_nodes, workers=ns.trainer_workers, launcher=ns.launcher, router=router
+        faults,
+        config,
+        ray_nodes=ns.ray_nodes,
+        workers=ns.trainer_workers,
+        launcher=ns.launcher,
+        router=router,
+        steps=ns.steps,
     )
     check_steps(faults, ns.steps)
     if ns.metrics_port is not None:

@@ -126,6 +126,7 @@ def check_faults(
     workers: int = 1,
     launcher: str = "ray",
     router: bool = True,
+    steps: int | None = None,
 ) -> None:
     """Refuse, before anything starts, a fault the run cannot host (one message naming --inject and the fix)."""
     engines = config.num_rollout_engines  # 0 when no servers start
@@ -133,6 +134,17 @@ def check_faults(
         if f.kind == "kill-driver" and (config.save is None or f.index != 0):
             why = "the run writes no job checkpoint to resume from" if config.save is None else "there is one driver"
             raise ConfigError("--inject", str(f), why, "use kill-driver:0@STEP with --save DIR (and --save-interval)")
+        if (  # it fires as step f.step starts: a checkpoint must be due after one of the steps before it
+            f.kind == "kill-driver"
+            and steps is not None
+            and not any(config.checkpoint_due(done, steps) for done in range(1, min(f.step, steps) + 1))
+        ):
+            raise ConfigError(
+                "--inject",
+                str(f),
+                "the driver would die before the run wrote its first job checkpoint: nothing could resume it",
+                "kill it at a later step, or save earlier (--save-interval)",
+            )
         if f.kind == "kill-router" and (not router or not engines or f.index != 0):
             why = "there is no router in the path" if not router or not engines else "there is one rollout router"
             raise ConfigError("--inject", str(f), why, "use kill-router:0@STEP with the router on (no --no-router)")

@@ -19,7 +19,7 @@ from typing import Any
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import Command, Fact, Outcome
-from lifecycle.errors import LifecycleError
+from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import CHECKPOINTED, EventLog
 from lifecycle.ledger import EffectLedger
 from lifecycle.names import TrainerStateName
@@ -51,10 +51,12 @@ class TrainerGroup:
         keep_checkpoints: int = 3,
         initial_checkpoint: str | Path | None = None,
         resume: JobCheckpoint | None = None,
+        seed: int = 0,
     ) -> None:
         """``backend`` names the trainer each worker runs (default: the project's, ``trainer.grpo.grpo_backend()``
         on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given,
-        and a resumed job's workers then restore ``resume`` (``--load``: the core's ``restore`` move)."""
+        and a resumed job's workers then restore ``resume`` (``--load``: the core's ``restore`` move). ``seed``
+        seeds each worker's global generators (with its rank): what a backend draws from them (dropout) repeats."""
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         if keep_checkpoints < 1:
@@ -80,8 +82,18 @@ class TrainerGroup:
         self._step = 0
         self._saved = ""
         self._crash: tuple[str, str] = ("", "")  # (trainer state, reason) of the last crash
+        self.seed = seed
         self.resume = resume
-        self._job: tuple[int, Mapping[str, Any]] = (0, {})  # the checkpoint asked for: its step, lifecycle facts
+        if resume is not None:
+            if resume.ranks != workers:
+                raise ConfigError(
+                    "--trainer-workers",
+                    workers,
+                    f"the job checkpoint {resume.path} was written by {resume.ranks} workers (one RNG state each)",
+                    f"resume with --trainer-workers {resume.ranks}",
+                )
+            self.runner.restore_restart_ages(resume.restart_ages)  # before the first operation
+        self._job = 0  # the step of the checkpoint asked for
         self.checkpointed: Path | None = None  # the last job checkpoint written
         self.heals = 0
         self.runner.explain(self._explain)
@@ -113,7 +125,7 @@ class TrainerGroup:
             return None
         self.check()
         # a resumed job's engines are relaunched with the checkpoint's weights: the trainer writes them again
-        return await self._write_weights(self.resume.step if self.resume is not None else 0)
+        return await self._write_weights(self.resume.weight_version if self.resume is not None else "0")
 
     async def train(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
         """One optimisation step (run again once after a heal with train FT); None when no trainer exists."""
@@ -140,10 +152,10 @@ class TrainerGroup:
         self.check()
         return self._saved
 
-    async def checkpoint(self, step: int, lifecycle: Mapping[str, Any]) -> Path | None:
-        """A job checkpoint after ``step`` rollouts (``--save``), on the committed weights; None when the config
-        saves none. ``lifecycle`` is what the rest of the job needs to continue (its engines' restart budgets)."""
-        self._job = (step, lifecycle)
+    async def checkpoint(self, step: int) -> Path | None:
+        """A job checkpoint after ``step`` rollouts (``--save``), on the committed weights, with what the rest of
+        the job needs to continue (its engines' restart budgets); None when the config saves none."""
+        self._job = step
         if await self.runner.operate("checkpoint", allow=_NOT_NOW) is not None:
             return None
         self.check()
@@ -195,7 +207,7 @@ class TrainerGroup:
 
     # -- the handlers of the trainer's effects -----------------------------------------------------------------
     def _worker(self, rank: int) -> WorkerHandle:
-        return WorkerHandle(rank, self.backend, call_timeout=self.call_timeout)
+        return WorkerHandle(rank, self.backend, call_timeout=self.call_timeout, seed=self.seed)
 
     def crashed_in_broadcast(self, exc: WorkerCrashed) -> None:
         """The group's broadcast lost worker 0: the failure names it and the state (as for any crash)."""
@@ -248,45 +260,47 @@ class TrainerGroup:
         self._stats = stats
         return Outcome("trained")
 
-    async def _write_weights(self, step: int) -> tuple[str, str]:
-        """Step ``step``'s checkpoint directory; the oldest beyond ``keep_checkpoints`` go, never a served one."""
+    async def _write_weights(self, version: str) -> tuple[str, str]:
+        """Weight version ``version``'s checkpoint directory; the oldest beyond ``keep_checkpoints`` go, never a
+        served one."""
         root = self.run_dir / "weights"
-        path = root / f"step-{step}"
+        path = root / f"step-{version}"
         await self.workers[0].call("save_checkpoint", str(path))
         self._written = [*(p for p in self._written if p != path), path]
         served = [p for p in (self.runner.committed, self.runner.pending) if p is not None]
         prune_checkpoints(root, self.keep_checkpoints, protect=[path, *(p for p, _ in served)], among=self._written)
         self._written = [p for p in self._written if p.exists()]
-        return str(path.resolve()), str(step)
+        return str(path.resolve()), version
 
     async def _write_update(self, cmd: Command) -> Outcome | None:
         """The trainer's ``transfer_weights``: the new weights on disk, for the engines of the snapshot."""
         try:
-            self.runner.pending = await self._write_weights(self._step)
+            self.runner.pending = await self._write_weights(str(self._step))
         except WorkerCrashed as exc:
             return self._crashed(exc)
         return None
 
     async def _save_checkpoint(self, cmd: Command) -> Outcome:
         try:
-            self._saved, _ = await self._write_weights(self._step)
+            self._saved, _ = await self._write_weights(str(self._step))
         except WorkerCrashed as exc:
             return self._crashed(exc)
         return Outcome("saved")
 
     async def _save_job(self, cmd: Command) -> Outcome:
-        """The trainer's ``save_job_state``: worker 0's state (replicas are identical) and the job's facts."""
-        step, lifecycle = self._job
+        """The trainer's ``save_job_state``: worker 0's state (the replicas' weights and optimizer are identical),
+        every worker's random generators, and the job's facts."""
+        step = self._job
         save = self.config.save
         assert save is not None  # the effect is gated on saves_job
         committed = self.runner.committed
         version = committed[1] if committed is not None else str(step)
         try:
             state = await self.workers[0].call("get_state")
-            rng = await self.workers[0].call("rng_state")
+            rng = {"ranks": [await w.call("rng_state") for w in self.workers]}
         except WorkerCrashed as exc:
             return self._crashed(exc)
-        checkpoint = JobCheckpoint(step, version, state, lifecycle, rng)
+        checkpoint = JobCheckpoint(step, version, state, {"restarts": self.runner.restart_ages()}, rng)
         self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config)
         fact = Fact.of(CHECKPOINTED, resume_at=step, weight_version=version, path=str(self.checkpointed))
         return Outcome("checkpointed", facts=(fact,))
@@ -298,7 +312,7 @@ class TrainerGroup:
         try:
             for w in self.workers:
                 await w.call("set_state", self.resume.trainer)
-                await w.call("set_rng_state", self.resume.rng)
+                await w.call("set_rng_state", self.resume.rng["ranks"][w.rank])
         except WorkerCrashed as exc:
             return self._crashed(exc)
         return Outcome("restored")

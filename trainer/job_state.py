@@ -31,7 +31,10 @@ FORMAT = "rl-lifecycle/job-checkpoint@1"
 TENSORS, MANIFEST, LATEST = "state.safetensors", "state.json", "latest"
 NAME = re.compile(r"^job-(\d{6,})$")
 FLAG = "--load"
-INTACT = "resume from an intact checkpoint (an earlier job-* directory: point SAVE/latest at it)"
+INTACT = (
+    "restore the directory from a copy, or start a new run (its own --run-dir) with --load at a directory whose"
+    " latest names an intact job-* checkpoint"
+)
 
 
 @dataclass(frozen=True)
@@ -42,18 +45,33 @@ class JobCheckpoint:
     weight_version: str
     trainer: Mapping[str, Any]  # the backend's get_state(): nested dicts/lists of tensors and plain values
     lifecycle: Mapping[str, Any] = field(default_factory=dict)  # which engines exist, their restart budgets
-    rng: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"torch": torch.get_rng_state()}
+    rng: Mapping[str, Any] = field(default_factory=dict)  # {"ranks": [each worker's rng_state(), by rank]}
     path: Path | None = None  # where it was read from
 
     @property
     def restart_ages(self) -> list[list[float]]:
-        """Each rollout engine's counted restarts, as ages in seconds (``lifecycle["restarts"]``); [] if absent."""
-        rows = self.lifecycle.get("restarts", [])
-        if not isinstance(rows, list) or not all(
-            isinstance(r, list) and all(isinstance(a, int | float) and a >= 0 for a in r) for r in rows
-        ):
-            raise ConfigError(FLAG, str(self.path), "records malformed restart budgets", INTACT)
-        return [[float(a) for a in r] for r in rows]
+        """Each rollout engine's counted restarts, as ages in seconds (``lifecycle["restarts"]``, checked when
+        the checkpoint was read)."""
+        return [[float(a) for a in r] for r in self.lifecycle.get("restarts", [])]
+
+    @property
+    def ranks(self) -> int:
+        """How many trainer workers wrote it (one RNG state each)."""
+        return len(self.rng.get("ranks", []))
+
+
+def _check_facts(checkpoint: JobCheckpoint, config: LifecycleConfig) -> None:
+    """What the lifecycle and the workers will be given, checked before anything starts."""
+    rows = checkpoint.lifecycle.get("restarts", [])
+    if (
+        not isinstance(rows, list)
+        or len(rows) != config.num_rollout_engines
+        or not all(isinstance(r, list) and all(isinstance(a, int | float) and a >= 0 for a in r) for r in rows)
+    ):
+        raise ConfigError(FLAG, str(checkpoint.path), "records malformed restart budgets", INTACT)
+    ranks = checkpoint.rng.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, Mapping) for r in ranks):
+        raise ConfigError(FLAG, str(checkpoint.path), "records no RNG state per trainer worker", INTACT)
 
 
 # Where a job's checkpoints go and come from is not part of the job: a resumed run sets --load, and may save
@@ -61,8 +79,9 @@ class JobCheckpoint:
 LOCATION = frozenset({"save", "save_interval", "load"})
 
 
-def job_settings(config: LifecycleConfig) -> dict[str, Any]:
-    return {k: v for k, v in config.to_dict().items() if k not in LOCATION}
+def job_settings(config: LifecycleConfig | Mapping[str, Any]) -> dict[str, Any]:
+    values = config.to_dict() if isinstance(config, LifecycleConfig) else config
+    return {k: v for k, v in values.items() if k not in LOCATION}
 
 
 def fingerprint(config: LifecycleConfig) -> str:
@@ -191,8 +210,7 @@ def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfi
         raise _refuse(tensors_path, "does not match the sha256 its manifest records: changed since written", INTACT)
     if manifest.get("config_sha256") != fingerprint(config):
         recorded = manifest.get("config")
-        theirs: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
-        theirs = {k: v for k, v in theirs.items() if k not in LOCATION}
+        theirs = job_settings(recorded if isinstance(recorded, dict) else {})
         ours = job_settings(config)
         changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise _refuse(
@@ -209,7 +227,9 @@ def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfi
         step, version = int(manifest["step"]), str(manifest["weight_version"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _refuse(manifest_path, f"is malformed ({exc})", INTACT) from None
-    return JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"], where)
+    checkpoint = JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"], where)
+    _check_facts(checkpoint, config)
+    return checkpoint
 
 
 def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[int]]:
@@ -218,6 +238,7 @@ def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[
     Returns the kept rows and the superseded steps."""
     kept: list[dict[str, Any]] = []
     superseded: list[str] = []
+    steps: list[int] = []
     lines = path.read_text().splitlines() if path.exists() else []
     for number, text in enumerate(lines, start=1):
         try:
@@ -226,58 +247,19 @@ def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[
             if number == len(lines):  # a torn last line: the driver died writing it; its step is run again
                 superseded.append(text)
                 continue
-            raise ConfigError("--resume", f"{path}:{number}", "is not a metrics row", "restore metrics.jsonl") from None
+            raise ConfigError(
+                FLAG, f"{path}:{number}", "is not a metrics row", "remove that line (one row of JSON per step)"
+            ) from None
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
             kept.append(row)
         else:
             superseded.append(text)
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                steps.append(row["step"])
     if superseded:
         with path.with_name("metrics.superseded.jsonl").open("a") as f:
             f.writelines(line + "\n" for line in superseded)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
     os.replace(tmp, path)
-    steps: list[int] = []
-    for text in superseded:
-        try:
-            steps.append(int(json.loads(text)["step"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
     return kept, steps
-
-
-# -- the run's own manifest: what `lifecycle run --resume RUN_DIR` needs to start the same job again ------------------
-RUN_MANIFEST = "run.json"
-RUN_FORMAT = "rl-lifecycle/run@1"
-
-
-def write_run_manifest(run_dir: str | os.PathLike[str], config: LifecycleConfig, options: Mapping[str, Any]) -> Path:
-    """``RUN_DIR/run.json``: the config and the loop's options, written atomically when a run starts."""
-    path = Path(run_dir) / RUN_MANIFEST
-    tmp = path.with_name(f".{RUN_MANIFEST}.tmp-{os.getpid()}")
-    body = {"format": RUN_FORMAT, "config": config.to_dict(), "options": dict(options)}
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_run_manifest(run_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The config (as a dict) and options of the run in ``run_dir``; one ConfigError naming --resume otherwise."""
-    path = Path(run_dir) / RUN_MANIFEST
-    fix = "pass the --run-dir of a run that lifecycle run started with --save"
-    if not Path(run_dir).is_dir():
-        raise ConfigError("--resume", str(run_dir), "no such directory", fix)
-    try:
-        body = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("--resume", str(path), "is missing: not a run directory of lifecycle run", fix) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("--resume", str(path), f"cannot be read ({exc})", fix) from None
-    if not isinstance(body, dict) or body.get("format") != RUN_FORMAT:
-        raise ConfigError("--resume", str(path), f"is not a {RUN_FORMAT} manifest", fix)
-    config, options = body.get("config"), body.get("options")
-    if not isinstance(config, dict) or not isinstance(options, dict):
-        raise ConfigError("--resume", str(path), "is malformed (no config or options)", fix)
-    if not config.get("save"):
-        raise ConfigError("--resume", str(path), "that run wrote no job checkpoints (no --save)", fix)
-    return config, options

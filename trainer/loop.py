@@ -45,7 +45,8 @@ from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.checks import check_async, check_hf_checkpoint, check_model
 from trainer.faults import Fault, FaultInjector, parse_fault
 from trainer.grpo import grpo_backend
-from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint, write_run_manifest
+from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint
+from trainer.run_manifest import write_run_manifest
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -295,8 +296,6 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     t0 = time.monotonic()
     init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
     runner = Runner(config, log=log, ledger=ledger)  # the job's one lifecycle core, shared by both sides
-    if resume is not None:
-        runner.restore_restart_ages(resume.restart_ages)
     trainer = TrainerGroup(
         config,
         run_dir,
@@ -306,6 +305,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         keep_checkpoints=opts.keep_checkpoints,
         initial_checkpoint=opts.hf_checkpoint,
         resume=resume,
+        seed=opts.seed,
     )
     manager = RolloutManager(
         config,
@@ -346,7 +346,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     async def save_job(done: int) -> None:
         """After the step's row is written: a driver dying between the two redoes the step, never skips it."""
         if config.checkpoint_due(done, opts.steps):
-            await trainer.checkpoint(done, {"restarts": runner.restart_ages()})
+            await trainer.checkpoint(done)
 
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
@@ -430,6 +430,13 @@ def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
+    if opts.resume is not None and config.load is None:
+        raise ConfigError(
+            "RunOptions.resume",
+            str(opts.resume.path),
+            "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
+            "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
+        )
     check_model(opts.model, opts.hf_checkpoint)
     if opts.hf_checkpoint is not None:
         check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)

@@ -29,16 +29,16 @@ class WorkerCrashed(Exception):
 class TrainerWorker:
     """One replica: a trainer backend (``trainer.backend``) in its own process; every call goes to it."""
 
-    def __init__(self, rank: int, spec: BackendSpec) -> None:
+    def __init__(self, rank: int, spec: BackendSpec, seed: int = 0) -> None:
         import torch
 
         torch.set_num_threads(1)
-        # the global generators start from the rank, not from the process's entropy: a backend that draws from
-        # them (dropout) repeats itself across runs, and a job checkpoint's RNG state is the job's, not the host's
+        # the global generators start from the run's seed and the rank, not from the process's entropy: a backend
+        # that draws from them (dropout) repeats itself across runs, and a job checkpoint's RNG state is the job's
         import random
 
-        torch.manual_seed(rank)
-        random.seed(rank)
+        torch.manual_seed(seed * 65536 + rank)
+        random.seed(seed * 65536 + rank)
         from trainer.backend import build_backend
 
         self.rank = rank
@@ -160,6 +160,7 @@ class WorkerHandle:
         *,
         call_timeout: float = 300.0,
         startup_timeout: float = 120.0,
+        seed: int = 0,
     ) -> None:
         self.rank = rank
         self.call_timeout = call_timeout
@@ -169,7 +170,7 @@ class WorkerHandle:
         from engines.actor import driver_node_placement  # on a multi-node cluster: beside the driver
 
         options = driver_node_placement()
-        self.actor = TrainerWorker.options(**options).remote(rank, spec)  # type: ignore[attr-defined]
+        self.actor = TrainerWorker.options(**options).remote(rank, spec, seed)  # type: ignore[attr-defined]
 
     @staticmethod
     async def _await(ref: Any) -> Any:

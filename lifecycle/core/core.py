@@ -168,8 +168,10 @@ class Core:
 
     def with_restarts(self, state: JobState, restarts: tuple[tuple[float, ...], ...]) -> JobState:
         """A resumed job's rollout engines, still unstarted, with the restarts their budget window counts."""
-        if len(restarts) != len(state.engines) or any(e.state != "Init" for e in state.engines):
-            return state  # another fleet size, or already started: the budgets start afresh
+        if len(restarts) != len(state.engines):
+            raise ValueError(f"restart budgets for {len(restarts)} engines, but the job has {len(state.engines)}")
+        if any(e.state != "Init" for e in state.engines):
+            raise ValueError("restart budgets are restored before the first operation, not after")
         return state._replace(
             engines=tuple(e._replace(restarts=r) for e, r in zip(state.engines, restarts, strict=True))
         )

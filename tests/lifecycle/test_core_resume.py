@@ -88,7 +88,11 @@ def test_restart_budgets_carry_over_to_the_resumed_engines() -> None:
     d = Drive(cfg(**RFT, **RESUME))
     state = d.core.with_restarts(d.s, ((), (100.0, 101.0)))
     assert [e.restarts for e in state.engines] == [(), (100.0, 101.0)]
-    assert d.core.with_restarts(d.s, ((1.0,),)) == d.s  # another fleet size: the budgets start afresh
+    with pytest.raises(ValueError, match="for 1 engines, but the job has 2"):  # a checkpoint's load checks first
+        d.core.with_restarts(d.s, ((1.0,),))
+    d.start()
+    with pytest.raises(ValueError, match="before the first operation"):
+        d.core.with_restarts(d.s, ((), ()))
 
 
 @pytest.mark.slow

@@ -273,3 +273,10 @@ def test_a_resumed_log_is_judged_under_each_drivers_own_config() -> None:
     monitor = EventMonitor()
     monitor.feed_all(events)
     assert monitor.p["resumes"] is True
+
+
+def test_a_second_fresh_run_in_the_same_run_directory_is_judged_afresh() -> None:
+    """events.jsonl is appended to: a new run (no job.resumed) starts from version 0 again, legitimately."""
+    events = real()
+    assert [e["event"] for e in events].count("lifecycle.started") == 1
+    assert EventMonitor().feed_all(events + real()) == []

@@ -127,7 +127,8 @@ def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) ->
 
         from lifecycle.cli.args import _embedded
         from lifecycle.config import LifecycleConfig
-        from trainer.job_state import JobCheckpoint, save_job_checkpoint, write_run_manifest
+        from trainer.job_state import JobCheckpoint, save_job_checkpoint
+        from trainer.run_manifest import write_run_manifest
 
         values = {**_embedded("cpu"), **({"save": str(tmp / "run" / "ckpt")} if save else {})}
         config = LifecycleConfig.from_mapping(values)
@@ -136,7 +137,9 @@ def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) ->
         if not checkpoint:
             return
         writer = LifecycleConfig.from_mapping({**values, "rollout_num_gpus": 4}) if damage == "foreign" else config
-        where = save_job_checkpoint(tmp / "run" / "ckpt", JobCheckpoint(1, "1", {"w": torch.zeros(4)}), writer)
+        facts, rng = {"restarts": [[] for _ in range(config.num_rollout_engines)]}, {"ranks": [{}]}
+        job = JobCheckpoint(1, "1", {"w": torch.zeros(4)}, facts, rng)
+        where = save_job_checkpoint(tmp / "run" / "ckpt", job, writer)
         if damage == "truncated":
             text = (where / "state.json").read_text()
             (where / "state.json").write_text(text[: len(text) // 2])
@@ -267,7 +270,7 @@ CASES: list[Case] = [
     Case(
         "resume-no-checkpoint-yet",
         ("run", "--resume", "{tmp}/run"),
-        ("--load", "{tmp}/run/ckpt", "no such directory"),
+        ("--resume", "{tmp}/run", "before it wrote its first job checkpoint", "without --resume"),
         (_run_dir(checkpoint=False),),
     ),
     Case(
@@ -279,20 +282,20 @@ CASES: list[Case] = [
     Case(
         "resume-truncated",
         ("run", "--resume", "{tmp}/run"),
-        ("--load", "{tmp}/run/ckpt/job-000001/state.json", "truncated"),
+        ("--resume", "{tmp}/run/ckpt/job-000001/state.json", "truncated"),
         (_run_dir("truncated"),),
         proc=True,
     ),
     Case(
         "resume-tampered",
         ("run", "--resume", "{tmp}/run"),
-        ("--load", "{tmp}/run/ckpt/job-000001/state.safetensors", "sha256"),
+        ("--resume", "{tmp}/run/ckpt/job-000001/state.safetensors", "sha256"),
         (_run_dir("tampered"),),
     ),
     Case(
         "resume-foreign",
         ("run", "--resume", "{tmp}/run"),
-        ("--load", "other settings", "rollout_num_gpus"),
+        ("--resume", "other settings", "rollout_num_gpus"),
         (_run_dir("foreign"),),
     ),
     Case(  # the checkpoint is sound, but run.json lost the loop's options: nothing starts
@@ -304,6 +307,11 @@ CASES: list[Case] = [
     Case("save-interval-without-save", ("run", "--save-interval", "2"), ("--save-interval", "--save DIR")),
     Case("save-with-async", ("run", "--async", "--save", "{tmp}/c"), ("--save", "--async")),
     Case("kill-driver-without-save", ("run", "--inject", "kill-driver:0@1"), ("--inject", "--save DIR")),
+    Case(
+        "kill-driver-before-the-first-checkpoint",
+        ("run", "--save", "{tmp}/ck", "--save-interval", "5", "--steps", "8", "--inject", "kill-driver:0@3"),
+        ("--inject", "kill-driver:0@3", "first job checkpoint", "--save-interval"),
+    ),
     Case("run-steps-zero", ("run", "--steps", "0", "--run-dir", "{tmp}/run"), ("--steps",)),
     Case("run-steps-not-int", ("run", "--steps", "abc"), ("--steps",), proc=True),
     Case("run-engines-zero", ("run", "--engines", "0", "--run-dir", "{tmp}/run"), ("--engines",)),

@@ -368,3 +368,36 @@ def test_a_checkpoint_the_workers_cannot_load_fails_naming_the_file(
 
     message = loop.run_until_complete(scenario())
     assert str(small / "model.safetensors") in message and "unexpected tensors" in message, message
+
+
+@pytest.mark.slow  # two trainer groups of two worker actors each
+def test_a_job_checkpoint_keeps_each_workers_generators_and_a_resume_gives_each_its_own(
+    tmp_path: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    from lifecycle.errors import ConfigError
+    from trainer.job_state import load_job_checkpoint
+
+    flags = {**NO_FT, "save": str(tmp_path / "ckpt")}
+    group, _ = _group(tmp_path / "a", flags, workers=2, seed=5)
+
+    async def generators(g: TrainerGroup, *, checkpoint: bool) -> list[Any]:
+        try:
+            await _start(g)
+            states = [await w.call("rng_state") for w in g.workers]
+            if checkpoint:
+                assert await g.checkpoint(1) is not None
+            return states
+        finally:
+            await g.dispose()
+
+    written = loop.run_until_complete(generators(group, checkpoint=True))
+    assert not written[0]["torch"].equal(written[1]["torch"])  # each rank draws its own numbers
+    resuming = {**flags, "load": str(tmp_path / "ckpt")}
+    job = load_job_checkpoint(tmp_path / "ckpt", LifecycleConfig.from_mapping(resuming))
+    assert job.ranks == 2
+    resumed, _ = _group(tmp_path / "b", resuming, workers=2, seed=99, resume=job)
+    restored = loop.run_until_complete(generators(resumed, checkpoint=False))
+    for a, b in zip(written, restored, strict=True):  # rank for rank
+        assert a["torch"].equal(b["torch"]) and a["python"] == b["python"]
+    with pytest.raises(ConfigError, match=r"--trainer-workers: the job checkpoint .* was written by 2 workers"):
+        _group(tmp_path / "c", resuming, workers=1, resume=job)

@@ -15,7 +15,7 @@ import torch
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from trainer import job_state
+from trainer import job_state, run_manifest
 from trainer.backend import build_backend
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, latest_checkpoint, load_job_checkpoint, save_job_checkpoint
@@ -43,19 +43,20 @@ def _save(root: Path, step: int, backend: object, **lifecycle: object) -> Path:
         step,
         str(step),
         backend.get_state(),
-        dict(lifecycle),
-        {"torch": torch.get_rng_state(), "python": random.getstate()},
+        {"restarts": [[], []], **lifecycle},  # CONFIG's two engines
+        {"ranks": [{"torch": torch.get_rng_state(), "python": random.getstate()}]},
     )
     return save_job_checkpoint(root, checkpoint, CONFIG)
 
 
 def test_the_trainer_state_round_trips_exactly_and_training_continues_bit_for_bit(tmp_path: Path) -> None:
     original = _trained(2)
-    _save(tmp_path, 2, original, engines=2, restarts={"engine-1": [12.5]})
+    _save(tmp_path, 2, original, engines=2, restarts=[[], [12.5]])
     loaded = load_job_checkpoint(tmp_path, CONFIG)
-    assert (loaded.step, loaded.weight_version) == (2, "2")
-    assert loaded.lifecycle == {"engines": 2, "restarts": {"engine-1": [12.5]}}
-    assert isinstance(loaded.rng["python"], tuple) and loaded.rng["torch"].equal(torch.get_rng_state())
+    assert (loaded.step, loaded.weight_version, loaded.ranks) == (2, "2", 1)
+    assert loaded.lifecycle == {"engines": 2, "restarts": [[], [12.5]]}
+    rng = loaded.rng["ranks"][0]
+    assert isinstance(rng["python"], tuple) and rng["torch"].equal(torch.get_rng_state())
     resumed = build_backend(grpo_backend(seed=99), 0)  # another seed: everything must come from the checkpoint
     resumed.set_state(loaded.trainer)  # the optimizer's int-keyed state survives JSON
     for step in (2, 3):
@@ -164,9 +165,10 @@ def test_where_checkpoints_go_is_not_part_of_the_job(tmp_path: Path) -> None:
 def test_restart_budgets_are_read_back_checked(tmp_path: Path) -> None:
     _save(tmp_path, 1, _trained(0), restarts=[[], [3.5, 0.25]])
     assert load_job_checkpoint(tmp_path, CONFIG).restart_ages == [[], [3.5, 0.25]]
-    _save(tmp_path, 2, _trained(0), restarts={"engine-1": "soon"})
-    with pytest.raises(ConfigError, match="--load: records malformed restart budgets"):
-        _ = load_job_checkpoint(tmp_path, CONFIG).restart_ages
+    for step, restarts in enumerate(({"engine-1": "soon"}, [[1.0]], [[], [-1.0]]), start=2):  # not by engine,
+        _save(tmp_path, step, _trained(0), restarts=restarts)  # another fleet size, a negative age
+        with pytest.raises(ConfigError, match="--load: records malformed restart budgets"):
+            load_job_checkpoint(tmp_path, CONFIG)  # refused when read, before anything starts
 
 
 def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_aside(tmp_path: Path) -> None:
@@ -186,17 +188,55 @@ def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_as
 
 def test_the_run_manifest_round_trips_and_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
     saving = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "save": str(tmp_path / "ckpt")})
-    job_state.write_run_manifest(tmp_path, saving, {"steps": 4, "seed": 1})
-    values, options = job_state.read_run_manifest(tmp_path)
-    assert LifecycleConfig.from_mapping(values) == saving and options == {"steps": 4, "seed": 1}
-    job_state.write_run_manifest(tmp_path, CONFIG, {"steps": 4})
+    run_manifest.write_run_manifest(tmp_path, saving, {"steps": 4, "seed": 1})
+    got = run_manifest.read_run_manifest(tmp_path)
+    assert LifecycleConfig.from_mapping(got.config) == saving and got.options == {"steps": 4, "seed": 1}
+    assert got.cwd == Path.cwd()
+    body = json.loads(got.path.read_text())
+    got.path.write_text(json.dumps({**body, "cwd": str(tmp_path / "gone")}))
+    with pytest.raises(ConfigError, match=r"--resume: .*the run started in .*gone, which is gone"):
+        run_manifest.read_run_manifest(tmp_path)
+    run_manifest.write_run_manifest(tmp_path, CONFIG, {"steps": 4})
     with pytest.raises(ConfigError, match=r"--resume: that run wrote no job checkpoints \(no --save\)"):
-        job_state.read_run_manifest(tmp_path)
+        run_manifest.read_run_manifest(tmp_path)
     with pytest.raises(ConfigError, match="--resume: no such directory"):
-        job_state.read_run_manifest(tmp_path / "nowhere")
+        run_manifest.read_run_manifest(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="--resume: is missing: not a run directory"):
-        job_state.read_run_manifest(tmp_path / "empty")
+        run_manifest.read_run_manifest(tmp_path / "empty")
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(ConfigError, match="cannot be read"):
-        job_state.read_run_manifest(tmp_path)
+        run_manifest.read_run_manifest(tmp_path)
+
+
+def test_resume_reads_a_relative_save_directory_where_the_run_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--save runs/job/ckpt`` is relative to where the run started, wherever ``--resume`` is typed."""
+    from lifecycle.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    values = {**CONFIG.to_dict(), "rollout_num_gpus": 2, "save": "runs/job/ckpt"}
+    config = LifecycleConfig.from_mapping(values)
+    Path("runs/job").mkdir(parents=True)
+    run_manifest.write_run_manifest(Path("runs/job"), config, {"steps": 2, "custom": []})
+    facts, rng = {"restarts": [[], []]}, {"ranks": [{}]}
+    save_job_checkpoint("runs/job/ckpt", JobCheckpoint(2, "2", {"w": torch.zeros(2)}, facts, rng), config)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["run", "--resume", str(tmp_path / "runs" / "job")]) == 0  # complete: read, checked, not rerun
+    assert "is complete (2 of 2 steps); nothing to resume" in capsys.readouterr().out
+
+
+@pytest.mark.bad_input
+def test_a_checkpoint_passed_to_the_loop_without_config_load_is_refused(tmp_path: Path) -> None:
+    """The lifecycle resumes only under ``load`` (the ``resumes`` predicate): a checkpoint without it would
+    start the job afresh under the checkpoint's step numbers."""
+    from trainer.loop import RunOptions, check_options
+
+    job = JobCheckpoint(2, "2", {}, {"restarts": [[], []]}, {"ranks": [{}]}, tmp_path)
+    with pytest.raises(ConfigError, match=r"RunOptions\.resume: is a job checkpoint, but config\.load is unset"):
+        check_options(CONFIG, RunOptions(run_dir=tmp_path, resume=job))
+    resuming = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "load": str(tmp_path)})
+    check_options(resuming, RunOptions(run_dir=tmp_path, resume=job))  # the pair the loop needs
