@@ -263,8 +263,11 @@ def lattice() -> Lattice:
             valid.append(LifecycleConfig.from_mapping(flags, check_paths=False))
         except ConfigError as exc:
             invalid.append((flags, str(exc)))
-    for comps in COMPONENTS:  # a job resumed from its checkpoint, and writing more: under every FT configuration
-        resumed = {
+    # a job resumed from its checkpoint, and writing more: under every FT configuration with local engines and
+    # disk or broadcast updates (a new driver connects a new weight-update group), and with external engines
+    # (they outlive the driver, still holding what it last pushed)
+    for comps, fleet in itertools.product(COMPONENTS, ("disk", "broadcast", "external")):
+        resumed: dict[str, object] = {
             "use_fault_tolerance": bool(comps),
             "ft_components": list(comps) or None,
             "rollout_num_gpus": 2,
@@ -273,6 +276,11 @@ def lattice() -> Lattice:
             "save_interval": 1,
             "load": "runs/job/checkpoints",
         }
+        if fleet == "broadcast":
+            resumed["update_weight_transfer_mode"] = "broadcast"
+        if fleet == "external":
+            resumed["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
+            del resumed["rollout_num_gpus"]
         valid.append(LifecycleConfig.from_mapping(resumed, check_paths=False))
     groups: dict[tuple[bool, ...], list[LifecycleConfig]] = {}
     for c in valid:

@@ -24,7 +24,6 @@ from models.weights import WeightsFile, WeightsFileError, read_weights_file
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 STEP_DIR = re.compile(r"^step-(\d+)$")
-LEFTOVER = re.compile(r"^\.step-\d+\.(tmp|old)-\d+$")  # an interrupted write_checkpoint
 SHAPE = "a Hugging Face checkpoint directory (config.json + model.safetensors, as SGLang's --model-path takes)"
 
 
@@ -163,11 +162,19 @@ def prune_checkpoints(
         if path.resolve() not in kept:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
+    return removed + remove_leftovers(root, "step")
+
+
+def remove_leftovers(root: str | Path, prefix: str) -> list[Path]:
+    """The hidden directories :func:`write_directory` left for ``<prefix>-N`` when its process was killed
+    mid-write (never those of a write of this process)."""
+    leftover = re.compile(rf"^\.{re.escape(prefix)}-\d+\.(tmp|old)-\d+$")
     r = Path(root)
-    for leftover in r.glob(".step-*.*-*") if r.is_dir() else ():
-        if LEFTOVER.match(leftover.name) and not _own(leftover):
-            shutil.rmtree(leftover, ignore_errors=True)
-            removed.append(leftover)
+    removed = []
+    for path in r.glob(f".{prefix}-*.*-*") if r.is_dir() else ():
+        if leftover.match(path.name) and not _own(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
 
 

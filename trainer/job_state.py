@@ -4,7 +4,8 @@ One checkpoint is a directory ``SAVE/job-<step>`` holding ``state.safetensors`` 
 model and optimizer, RNG states) and ``state.json`` (everything else: the step to continue at, the committed
 weight version, the lifecycle's facts, the config it was written under, the sha256 of the tensor file). It is
 written whole under a hidden name and renamed into place (:func:`models.checkpoint.write_directory`), and
-``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest. Reading never
+``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest (the hidden leftover
+of a driver killed mid-write goes with the next write; no complete checkpoint is ever removed). Reading never
 unpickles: tensors come from safetensors, the rest from JSON, and each is checked before it is used.
 """
 
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
-from models.checkpoint import write_directory
+from models.checkpoint import remove_leftovers, write_directory
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
 TENSORS, MANIFEST, LATEST = "state.safetensors", "state.json", "latest"
@@ -161,6 +162,7 @@ def save_job_checkpoint(save_dir: str | os.PathLike[str], checkpoint: JobCheckpo
     with pointer.open("rb") as f:
         os.fsync(f.fileno())
     os.replace(pointer, root / LATEST)
+    remove_leftovers(root, "job")  # of a driver killed while it wrote one
     return final
 
 

@@ -98,12 +98,15 @@ def test_restart_budgets_carry_over_to_the_resumed_engines() -> None:
 @pytest.mark.slow
 def test_the_checker_explores_resumed_jobs_under_every_ft_configuration() -> None:
     resumed = [c for c in lattice().valid if c.load is not None]
-    assert sorted(tuple(sorted(c.ft_components)) for c in resumed) == [
+    fleets = {(c.update_weight_transfer_mode, bool(c.rollout_external_engine_addrs)) for c in resumed}
+    assert fleets == {("disk", False), ("broadcast", False), ("disk", True)}
+    assert sorted({tuple(sorted(c.ft_components)) for c in resumed}) == [
         (),
         ("rollout",),
         ("rollout", "train"),
         ("train",),
     ]
+    assert len(resumed) == 12
     for config in resumed:
         result = explore(config, engines=2)
         assert result.ok, result.render()

@@ -179,12 +179,16 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_340_combinations():
+def test_lattice_covers_all_348_combinations():
     lat = lattice()
     # FT x components x mode x CI x eval fleet x offload; external engines without CI and fleet; broadcast weight
     # updates in the normal mode, without CI, fleet or external engines; a resumed, checkpointing job per FT config
-    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 == 340
-    assert sum(1 for c in lat.valid if c.load is not None and c.save is not None) == 4
+    # x (disk updates, broadcast updates, external engines)
+    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 3 == 348
+    resumed = [c for c in lat.valid if c.load is not None and c.save is not None]
+    assert len(resumed) == 12
+    assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 4
+    assert sum(bool(c.rollout_external_engine_addrs) for c in resumed) == 4
     assert any(c.rollout_external_engine_addrs for c in lat.valid)
     assert any(c.update_weight_transfer_mode == "broadcast" for c in lat.valid)
     assert all(reason for _, reason in lat.invalid)

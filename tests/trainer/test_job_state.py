@@ -84,6 +84,9 @@ def test_latest_names_only_a_complete_checkpoint(tmp_path: Path, monkeypatch: py
     assert latest_checkpoint(tmp_path) == first  # still the complete one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job-000001", "latest"]  # no half-written leftovers
     assert load_job_checkpoint(tmp_path, CONFIG).step == 1
+    (tmp_path / ".job-000002.tmp-999999").mkdir()  # what a driver SIGKILLed mid-write leaves
+    _save(tmp_path, 3, backend)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job-000001", "job-000003", "latest"]  # every one kept
 
 
 @pytest.mark.bad_input
