@@ -266,7 +266,7 @@ def lattice() -> Lattice:
     # a job resumed from its checkpoint, and writing more: under every FT configuration with local engines and
     # disk or broadcast updates (a new driver connects a new weight-update group), and with external engines
     # (they outlive the driver, still holding what it last pushed)
-    for comps, fleet in itertools.product(COMPONENTS, ("disk", "broadcast", "external")):
+    for comps, engines in itertools.product(COMPONENTS, ("disk", "broadcast", "external")):
         resumed: dict[str, object] = {
             "use_fault_tolerance": bool(comps),
             "ft_components": list(comps) or None,
@@ -276,9 +276,9 @@ def lattice() -> Lattice:
             "save_interval": 1,
             "load": "runs/job/checkpoints",
         }
-        if fleet == "broadcast":
+        if engines == "broadcast":
             resumed["update_weight_transfer_mode"] = "broadcast"
-        if fleet == "external":
+        if engines == "external":
             resumed["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
             del resumed["rollout_num_gpus"]
         valid.append(LifecycleConfig.from_mapping(resumed, check_paths=False))
