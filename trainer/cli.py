@@ -211,6 +211,17 @@ def _check_factory(flag: str, path: str, example: str) -> None:
         raise ConfigError(flag, path, f"{attr!r} is not callable", fix)
 
 
+def _check_environment(model: str, rollout_fn: str | None, data_source: str | None) -> None:
+    """What this machine must have for the run (a new run's flags, or a resumed run's run.json): checked
+    before Ray starts."""
+    if model != "char":
+        _check_hf_installed(model)
+    if rollout_fn:
+        _check_factory("--rollout-function", rollout_fn, "mypkg.rollout:make_rollout_fn")
+    if data_source:
+        _check_factory("--data-source", data_source, "mypkg.data:make_source")
+
+
 def _check_hf_installed(model: str) -> None:
     """A model that transformers builds needs the hf extra: say so before Ray starts."""
     missing = [name for name in ("transformers", "tokenizers") if importlib.util.find_spec(name) is None]
@@ -280,6 +291,20 @@ def _resume(ns: argparse.Namespace) -> int:
             "--resume", str(manifest.path), f"lacks the option steps, or it is malformed ({exc})", "pass --steps N"
         ) from None
     _positive("--steps", steps)
+    _check_run_dir(run_dir)
+    try:
+        _check_environment(str(options["model"]), options["rollout_fn"], options["data_source"])
+    except ConfigError as exc:
+        raise exc.with_source(str(manifest.path)) from None
+    except KeyError as exc:
+        raise ConfigError("--resume", str(manifest.path), f"lacks the option {exc}", "restore run.json") from None
+    if options.get("router") and importlib.util.find_spec("sglang_router") is None:
+        raise ConfigError(
+            "--resume",
+            str(run_dir),
+            "the run routed through sglang-router, which is not installed here",
+            "pip install 'rl-lifecycle[router]'",
+        )
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     if ns.metrics_port is not None:
@@ -330,17 +355,12 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--trainer-workers", ns.trainer_workers)
     _positive("--keep-checkpoints", ns.keep_checkpoints)
     check_model(ns.model, ns.hf_checkpoint)
-    if ns.model != "char":
-        _check_hf_installed(ns.model)
+    _check_environment(ns.model, ns.rollout_function, ns.data_source)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
-    if ns.rollout_function:
-        _check_factory("--rollout-function", ns.rollout_function, "mypkg.rollout:make_rollout_fn")
-    if ns.data_source:
-        _check_factory("--data-source", ns.data_source, "mypkg.data:make_source")
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a
         # small machine); later files are checked as each step reads them (ReplayDataError, exit 2).

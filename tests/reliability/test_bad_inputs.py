@@ -120,7 +120,9 @@ class Case:
 
 def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) -> Setup:
     """RUN_DIR of a run started with --save (run.json and one job checkpoint), then optionally damaged:
-    ``truncated`` (its manifest cut), ``tampered`` (a tensor byte changed), ``foreign`` (another job's)."""
+    ``truncated`` (its manifest cut), ``tampered`` (a tensor byte changed), ``foreign`` (another job's),
+    ``options`` (run.json lost most of the loop's options), ``factory`` (its rollout function is not importable
+    here)."""
 
     def setup(tmp: Path) -> None:
         import torch
@@ -128,12 +130,18 @@ def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) ->
         from lifecycle.cli.args import _embedded
         from lifecycle.config import LifecycleConfig
         from trainer.job_state import JobCheckpoint, save_job_checkpoint
+        from trainer.loop import RunOptions
         from trainer.run_manifest import write_run_manifest
 
         values = {**_embedded("cpu"), **({"save": str(tmp / "run" / "ckpt")} if save else {})}
         config = LifecycleConfig.from_mapping(values)
         (tmp / "run").mkdir(parents=True, exist_ok=True)
-        write_run_manifest(tmp / "run", config, {"steps": 3, "seed": 0, "faults": []})
+        options = RunOptions(steps=3, run_dir=tmp / "run").manifest()
+        if damage == "options":
+            options = {"steps": 3, "seed": 0, "faults": []}
+        if damage == "factory":  # a rollout function this machine cannot import
+            options["rollout_fn"] = "no_such_pkg_xyz.rollout:make"
+        write_run_manifest(tmp / "run", config, options)
         if not checkpoint:
             return
         writer = LifecycleConfig.from_mapping({**values, "rollout_num_gpus": 4}) if damage == "foreign" else config
@@ -302,7 +310,13 @@ CASES: list[Case] = [
         "resume-run-json-incomplete",
         ("run", "--resume", "{tmp}/run"),
         ("--resume", "{tmp}/run/run.json", "lacks the option"),
-        (_run_dir(),),
+        (_run_dir("options"),),
+    ),
+    Case(  # checked on this machine before Ray starts, as for a new run
+        "resume-factory-not-importable",
+        ("run", "--resume", "{tmp}/run"),
+        ("{tmp}/run/run.json", "--rollout-function", "no_such_pkg_xyz"),
+        (_run_dir("factory"),),
     ),
     Case("save-interval-without-save", ("run", "--save-interval", "2"), ("--save-interval", "--save DIR")),
     Case("save-with-async", ("run", "--async", "--save", "{tmp}/c"), ("--save", "--async")),

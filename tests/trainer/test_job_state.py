@@ -222,7 +222,9 @@ def test_resume_reads_a_relative_save_directory_where_the_run_started(
     values = {**CONFIG.to_dict(), "rollout_num_gpus": 2, "save": "runs/job/ckpt"}
     config = LifecycleConfig.from_mapping(values)
     Path("runs/job").mkdir(parents=True)
-    run_manifest.write_run_manifest(Path("runs/job"), config, {"steps": 2, "custom": []})
+    from trainer.loop import RunOptions
+
+    run_manifest.write_run_manifest(Path("runs/job"), config, RunOptions(steps=2, run_dir=Path("runs/job")).manifest())
     facts, rng = {"restarts": [[], []]}, {"ranks": [{}]}
     save_job_checkpoint("runs/job/ckpt", JobCheckpoint(2, "2", {"w": torch.zeros(2)}, facts, rng), config)
     elsewhere = tmp_path / "elsewhere"
