@@ -2,9 +2,9 @@
 
 One checkpoint is a directory ``SAVE/job-<step>`` holding ``state.safetensors`` (every tensor: the trainer's
 model and optimizer, RNG states) and ``state.json`` (everything else: the step to continue at, the committed
-weight version, the lifecycle's facts, the config it was written under, the sha256 of the tensor file). It is
-written whole under a hidden name and renamed into place (:func:`models.checkpoint.write_directory`), and
-``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest (the hidden leftover
+weight version, the lifecycle's facts, the config it was written under, the sha256 of the tensor file and its
+own). It is written whole under a hidden name and renamed into place (:func:`models.checkpoint.write_directory`),
+and ``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest (the hidden leftover
 of a driver killed mid-write goes with the next write; no complete checkpoint is ever removed). Reading never
 unpickles: tensors come from safetensors, the rest from JSON, and each is checked before it is used.
 """
@@ -123,6 +123,12 @@ def _restore(value: Any, tensors: Mapping[str, torch.Tensor], where: str) -> Any
     return value
 
 
+def _digest(manifest: Mapping[str, Any]) -> str:
+    """The sha256 of a manifest's content (its own ``sha256`` entry left out), as JSON reads it back."""
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(json.loads(json.dumps(body)), sort_keys=True).encode()).hexdigest()
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -154,6 +160,7 @@ def save_job_checkpoint(save_dir: str | os.PathLike[str], checkpoint: JobCheckpo
             "files": {TENSORS: _sha256(tmp / TENSORS)},
             "state": skeleton,
         }
+        manifest["sha256"] = _digest(manifest)  # the lifecycle facts and the step are checked like the tensors
         (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True) + "\n")
 
     final = write_directory(root / name, fill)
@@ -205,6 +212,8 @@ def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfi
     where = latest_checkpoint(save_dir)
     manifest_path, tensors_path = where / MANIFEST, where / TENSORS
     manifest = _manifest(manifest_path)
+    if manifest.get("sha256") != _digest(manifest):
+        raise _refuse(manifest_path, "does not match the sha256 it records: changed since written", INTACT)
     if not tensors_path.is_file():
         raise _refuse(tensors_path, "is missing (the checkpoint is incomplete)", INTACT)
     files = manifest.get("files")

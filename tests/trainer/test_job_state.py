@@ -106,6 +106,11 @@ def test_every_bad_checkpoint_is_one_error_naming_load_and_the_fix(tmp_path: Pat
     assert "cannot be read" in refused(tmp_path) and "truncated or not a job checkpoint" in refused(tmp_path)
     (where / "state.json").write_text(json.dumps({"format": "something-else@9"}))
     assert "is not a rl-lifecycle/job-checkpoint@1 manifest" in refused(tmp_path)
+    edited = json.loads(good)
+    edited["step"] = 5  # well-formed, but not what was written: steps 1-4 would be skipped
+    (where / "state.json").write_text(json.dumps(edited))
+    message = refused(tmp_path)  # the manifest's own sha, not the tensors' ("its manifest records")
+    assert "does not match the sha256 it records" in message and "state.json'" in message
     (where / "state.json").write_text(good)
 
     tensors = where / "state.safetensors"
@@ -139,6 +144,7 @@ def test_a_pickle_in_place_of_the_tensors_is_refused_and_never_unpickled(tmp_pat
     (where / "state.safetensors").write_bytes(pickle.dumps(_Planted(marker)))
     manifest = json.loads((where / "state.json").read_text())
     manifest["files"]["state.safetensors"] = job_state._sha256(where / "state.safetensors")  # a careful forger
+    manifest["sha256"] = job_state._digest(manifest)  # (who also signs the manifest again)
     (where / "state.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="cannot be read as safetensors"):
         load_job_checkpoint(tmp_path, CONFIG)
