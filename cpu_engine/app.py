@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,8 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from cpu_engine.engine import TorchEngine
-from cpu_engine.validation import EngineRequestError
+from cpu_engine.memory import KVPoolTooLarge
+from cpu_engine.validation import EngineRequestError, shown
 from engines.protocol import (
     AbortReq,
     ContinueGenerationReqInput,
@@ -39,6 +39,7 @@ from engines.protocol import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
 )
+from lifecycle import jsonio
 from models import WeightsFileError
 
 OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")  # never behind the api key, as in SGLang
@@ -52,15 +53,16 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
     raw = await request.read()
     if not raw.strip():
         raise EngineRequestError(400, "body: Field required (send {} for the defaults)", "validation")
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise EngineRequestError(400, f"body: JSON decode error ({exc})", "validation") from None
+    try:  # the bounded reader: a body nested 100,000 deep is a 400 like any other bad JSON, not a 500
+        data = jsonio.loads(raw, source="body", allow_nan=True, allow_duplicate_keys=True)
+    except jsonio.JSONFileError as exc:
+        raise EngineRequestError(400, f"body: JSON decode error ({exc.problem})", "validation") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"body{''.join(f'.{p}' for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()
+            f"body{''.join(f'.{p}' for p in e['loc'])}: {e['msg']} (got {shown(e.get('input'))})"
+            for e in exc.errors()[:5]
         )
         raise EngineRequestError(400, problems, "validation") from None
 
@@ -221,6 +223,9 @@ def run(sock: socket.socket, args: argparse.Namespace) -> int:
         engine.load()
     except WeightsFileError as exc:
         print(f"lifecycle-torch-engine: error: --weights: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KVPoolTooLarge as exc:
+        print(f"lifecycle-torch-engine: error: {exc}", file=sys.stderr, flush=True)
         return 2
     asyncio.run(_serve(engine, sock, args))
     return 0

@@ -34,6 +34,19 @@ from models.weight_group import WeightGroup, WeightGroupError, parse_dtype
 ENGINE_VERSION = "rl-lifecycle-torch-engine 0.1.0 (SGLang 0.5.23 HTTP API)"
 
 
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` with the value of ``--api-key`` hidden: /server_info answers whoever asks."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--api-key="):
+            out.append("--api-key=<redacted>")
+        elif i > 0 and argv[i - 1] == "--api-key":
+            out.append("<redacted>")
+        else:
+            out.append(arg)
+    return out
+
+
 class TorchEngine:
     """The engine's endpoints, each composed from the scheduler and the memory."""
 
@@ -344,7 +357,7 @@ class TorchEngine:
             "weight_version": memory.weight_version,
             "weights_file": str(memory.weights_file) if memory.weights_file else None,
             "weights_sha256": memory.weights_sha256,
-            "launch_command": " ".join(sys.argv),
+            "launch_command": " ".join(redacted(sys.argv)),
             "startup_time": self.startup_time,
             "status": self.status,
             "version": ENGINE_VERSION,

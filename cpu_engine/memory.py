@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +33,25 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def physical_memory_bytes() -> int:
+    """This machine's memory (0 where unknown)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+class KVPoolTooLarge(Exception):
+    """``--max-running-requests`` asks for a KV pool larger than the machine: refused before allocating it."""
+
+    def __init__(self, slots: int, need: int, have: int) -> None:
+        gib = float(1 << 30)
+        super().__init__(
+            f"--max-running-requests {slots}: the KV pool would take {need / gib:.1f} GiB, more than this "
+            f"machine's {have / gib:.1f} GiB of memory; Fix: give fewer slots"
+        )
 
 
 class ModelMemory:
@@ -86,8 +106,13 @@ class ModelMemory:
             model = new_causal_lm(self.initial_weights, seed=self.seed)
         if self.initial_weights is not None:
             self._record(model.load_pretrained(self.initial_weights), self.initial_weights)
+        kv = model.new_kv_cache(self.kv_slots, allocate=False)
+        need, have = 2 * math.prod(kv.shape) * 4, physical_memory_bytes()  # K and V, float32
+        if have and need > have:
+            raise KVPoolTooLarge(self.kv_slots, need, have)
+        kv.allocate()
         self._model = model
-        self._kv = model.new_kv_cache(self.kv_slots)
+        self._kv = kv
 
     @property
     def is_char(self) -> bool:

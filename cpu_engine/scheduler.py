@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from cpu_engine.memory import ModelMemory
-from cpu_engine.validation import EngineRequestError, check_sampling_values, gate_sampling_params
+from cpu_engine.validation import EngineRequestError, check_sampling_values, gate_sampling_params, shown
 from engines.protocol import AbortReq, GenerateReqInput, SamplingParams
 from models import sample_token
 
@@ -171,20 +171,14 @@ class Scheduler:
         context = model.context_length
         requests = []
         for rid, prompt, p, logprob in zip(rids, prompts, params, logprob_flags, strict=True):
-            check_sampling_values(p, tokenizer.vocab_size)
             if not prompt:
                 raise EngineRequestError(400, "an empty prompt: input_ids must hold at least one token")
             bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
             if bad:
                 raise EngineRequestError(
-                    400, f"input_ids {bad[:5]} are outside the vocabulary [0, {tokenizer.vocab_size})"
+                    400, f"input_ids {shown(bad[:5])} are outside the vocabulary [0, {tokenizer.vocab_size})"
                 )
-            if len(prompt) + p.max_new_tokens > context:
-                raise EngineRequestError(
-                    400,
-                    f"Requested token count exceeds the model's maximum context length of {context} tokens: "
-                    f"{len(prompt)} prompt tokens + max_new_tokens {p.max_new_tokens}",
-                )
+            check_sampling_values(p, tokenizer.vocab_size, prompt_tokens=len(prompt), context_length=context)
             seed = p.sampling_seed if p.sampling_seed is not None else self._rng.getrandbits(63)
             stops = (p.stop,) if isinstance(p.stop, str) else tuple(p.stop or ())
             requests.append(
@@ -241,10 +235,19 @@ class Scheduler:
         while self.waiting and not self._updating and self.memory.kv.free_slots:
             req = self.waiting.popleft()
             fresh.add(id(req))
-            self._prefill(req)
+            self._alone(self._prefill, req)
         for req in list(self.running):
             if id(req) not in fresh:
-                self._decode(req)
+                self._alone(self._decode, req)
+
+    def _alone(self, work: Callable[[Request], None], req: Request) -> None:
+        """One request's step; if it raises, that request alone ends (abort, InternalError) and frees its
+        slot: a request that slipped past validation must not cost other clients theirs."""
+        try:
+            work(req)
+        except Exception as exc:
+            traceback.print_exc()
+            self.abort(req, f"internal error in the engine while serving this request: {exc!r}", "InternalError")
 
     def _prefill(self, req: Request) -> None:
         model, kv = self.memory.model, self.memory.kv

@@ -24,6 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from engines.apikey import key_env
 from engines.errors import EngineStartError
 from engines.process import ServerProcess
 
@@ -36,11 +37,20 @@ class EngineActor:
         self.engine_id = engine_id
         self.process: ServerProcess | None = None
 
-    def start(self, command: Sequence[str], timeout: float, url: str | None, health_path: str) -> str:
+    def start(
+        self,
+        command: Sequence[str],
+        timeout: float,
+        url: str | None,
+        health_path: str,
+        env: dict[str, str] | None = None,
+    ) -> str:
+        """``env``: added to the actor's environment for the server (the API key travels here, not in argv)."""
         if self.process is not None and self.process.alive:
             self.process.kill()
             self.process.wait_dead(10.0)
-        self.process = ServerProcess(command, engine_id=self.engine_id, url=url, health_path=health_path)
+        full = {**os.environ, **env} if env else None
+        self.process = ServerProcess(command, engine_id=self.engine_id, url=url, health_path=health_path, env=full)
         return self.process.start(timeout)
 
     def info(self) -> dict[str, Any]:
@@ -108,9 +118,11 @@ class RayLauncher:
         url: str | None = None,
         health_path: str = "/health",
         options: dict[str, Any] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.command = command
+        self.api_key = api_key  # the server requires it; the engine slot sends it
         self.startup_timeout = startup_timeout
         self.url = url
         self.health_path = health_path
@@ -127,7 +139,9 @@ class RayLauncher:
     async def launch(self) -> str:
         actor = self._ensure_actor()
         try:
-            url = await actor.start.remote(list(self.command()), self.startup_timeout, self.url, self.health_path)
+            url = await actor.start.remote(
+                list(self.command()), self.startup_timeout, self.url, self.health_path, key_env(self.api_key)
+            )
         except RayActorError as exc:
             self.actor = None
             raise EngineStartError(self.engine_id, f"engine actor died while starting: {exc}") from None

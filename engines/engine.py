@@ -58,7 +58,8 @@ class Engine:
         self.id = engine_id
         self.probe_endpoint = probe_endpoint
         self.launcher = launcher
-        self.api_key = api_key
+        # the key the launcher started the server with (or an external engine's owner gave), unless one is given
+        self.api_key = api_key if api_key is not None else getattr(launcher, "api_key", None)
         self.timeouts = timeouts or Timeouts()
         self.client: EngineClient | None = None
         self.url: str | None = None

@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
+from engines.apikey import given_api_key, key_env
 from engines.errors import EngineError, EngineTimeout
 from engines.process import ServerProcess, torch_engine_command
 
@@ -70,20 +71,23 @@ class Launcher(Protocol):
 LauncherFactory = Callable[[str], Launcher]
 
 
-def launcher_factory(kind: LauncherKind = "ray", command: CommandFactory | None = None) -> LauncherFactory:
+def launcher_factory(
+    kind: LauncherKind = "ray", command: CommandFactory | None = None, *, api_key: str | None = None
+) -> LauncherFactory:
     """``engine_id -> Launcher`` for a rollout manager: the CPU torch engine (or ``command``) per slot.
 
     ``kind="ray"`` runs each server inside a Ray actor (Ray must be initialised), ``"local"`` as a
-    child process of this one.
+    child process of this one. ``api_key``: every server requires it (handed over by environment, see
+    :mod:`engines.apikey`), and the engine slot sends it.
     """
     cmd: CommandFactory = command if command is not None else torch_engine_command
     if kind == "local":
-        return lambda engine_id: LocalLauncher(engine_id, cmd)
+        return lambda engine_id: LocalLauncher(engine_id, cmd, api_key=api_key)
     if kind != "ray":
         raise ValueError(f"unknown launcher kind {kind!r}: use 'ray' or 'local'")
     from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
 
-    return lambda engine_id: RayLauncher(engine_id, cmd)
+    return lambda engine_id: RayLauncher(engine_id, cmd, api_key=api_key)
 
 
 class ProcessControl:
@@ -153,17 +157,25 @@ class LocalLauncher(ProcessControl):
         startup_timeout: float = 60.0,
         url: str | None = None,
         health_path: str = "/health",
+        api_key: str | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.command = command
         self.startup_timeout = startup_timeout
         self.url = url
         self.health_path = health_path
+        self.api_key = api_key  # the server requires it; the engine slot sends it
         self.process: ServerProcess | None = None
 
     async def launch(self) -> str:
+        env = {**os.environ, **key_env(self.api_key)} if self.api_key else None
         self.process = ServerProcess(
-            self.command(), engine_id=self.engine_id, url=self.url, health_path=self.health_path, die_with_parent=True
+            self.command(),
+            engine_id=self.engine_id,
+            url=self.url,
+            health_path=self.health_path,
+            die_with_parent=True,
+            env=env,
         )
         self.process.spawn()  # from the event loop's thread: the server dies with the driver, never orphaned
         return await asyncio.to_thread(self.process.wait_ready, self.startup_timeout)
@@ -177,9 +189,10 @@ class ExternalLauncher:
     monitor's probes or a failed request, never by a process watcher, since there is no process here.
     """
 
-    def __init__(self, engine_id: str, url: str) -> None:
+    def __init__(self, engine_id: str, url: str, api_key: str | None = None) -> None:
         self.engine_id = engine_id
         self.url = url.rstrip("/")
+        self.api_key = api_key if api_key is not None else given_api_key()  # its owner's key, if it has one
         self.attached = False
 
     async def launch(self) -> str:

@@ -99,8 +99,10 @@ class RouterClient(EngineClient):
         except (KeyError, TypeError) as exc:
             raise EngineError(self.engine_id, "/workers", f"unexpected answer {str(data)[:200]!r} ({exc})") from None
 
-    async def add_worker(self, url: str, *, timeout: float | None = None) -> None:
-        await self._call("POST", "/workers", body={"url": url}, send_body=True, timeout=timeout)
+    async def add_worker(self, url: str, *, api_key: str | None = None, timeout: float | None = None) -> None:
+        """``api_key``: the worker's; the router sends it on every request it forwards there."""
+        body: dict[str, str] = {"url": url, **({"api_key": api_key} if api_key else {})}
+        await self._call("POST", "/workers", body=body, send_body=True, timeout=timeout)
 
     async def remove_worker(self, worker_id: str, *, timeout: float | None = None) -> None:
         await self._call("DELETE", f"/workers/{worker_id}", timeout=timeout)
@@ -180,12 +182,13 @@ class Router:
     async def workers(self) -> dict[str, str]:
         return await self._client().workers(timeout=min(5.0, self.request_timeout))
 
-    async def add(self, url: str) -> None:
-        """Register ``url`` and wait (bounded) until the router lists it."""
+    async def add(self, url: str, *, api_key: str | None = None) -> None:
+        """Register ``url`` (with the key it requires, sent in the body: not on the router's command line)
+        and wait (bounded) until the router lists it."""
         url = url.rstrip("/")
         client = self._client()
         if url not in await self.workers():
-            await client.add_worker(url, timeout=min(5.0, self.request_timeout))
+            await client.add_worker(url, api_key=api_key, timeout=min(5.0, self.request_timeout))
         await self._until(lambda listed: url in listed, f"{url} was not listed within")
 
     async def remove(self, url: str) -> None:

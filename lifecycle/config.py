@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import math
 import os
 import re
 import string
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, NoReturn, get_args, get_type_hints
+from typing import Any, Literal, NoReturn, TypeVar, get_args, get_type_hints
 
-from lifecycle.errors import ConfigError, UsageError
+from lifecycle.errors import ConfigError, UsageError, bounded_repr
 from lifecycle.predicates import starts_servers
 
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("health_generate", "health")
 TRANSFER_MODES = ("disk", "broadcast")
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
+T = TypeVar("T")
 
 
 class ConfigWarning(UserWarning):
@@ -45,19 +45,98 @@ class _Flag:
     help: str
     optional: bool = False  # None allowed
     choices: tuple[str, ...] = ()  # kind "choice": the allowed spellings
+    most: float | None = None  # kinds int/float: the largest value accepted (default MAX_COUNT / MAX_SECONDS)
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
 
-def setting(default: Any, help: str, *, kind: str | None = None, choices: tuple[str, ...] = ()) -> Any:
+def setting(
+    default: Any, help: str, *, kind: str | None = None, choices: tuple[str, ...] = (), most: float | None = None
+) -> Any:
     """Declare one :class:`LifecycleConfig` field *and* its flag: the one place a setting is written.
 
     ``kind`` is inferred from the field's type (bool, int, float; ``| None`` makes it optional)
-    unless given (``path``, ``components``, ``choice``).
+    unless given (``path``, ``components``, ``choice``). ``most`` bounds a number above (default
+    :data:`MAX_COUNT` for an int, :data:`MAX_SECONDS` for a float).
     """
-    return field(default=default, metadata={"help": help, "kind": kind, "choices": choices})
+    return field(default=default, metadata={"help": help, "kind": kind, "choices": choices, "most": most})
+
+
+# Every number is bounded where it is parsed, so none overflows later in Ray, asyncio, torch or a socket
+# (a 23-digit port, a 64-bit-plus seed were tracebacks deep in a run: issue 27).
+MAX_COUNT = 2**31 - 1  # a C int: what Ray, multiprocessing and torch take for a count
+MAX_SECONDS = 30 * 24 * 3600  # no wait, window or timeout of a run is longer than 30 days
+_MAX_DIGITS = 40  # a longer numeral is refused before int()/float() (Python refuses ints over 4,300 digits)
+
+
+def _show(x: float) -> str:
+    """A bound as a user writes it: ``2592000``, not ``2.592e+06``; ``0.5``."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def parse_number(text: str, kind: type[int] | type[float], lo: float, hi: float) -> int | float:
+    """``text`` as an int or a finite float in ``[lo, hi]``, or ``ValueError`` saying what is wrong in words."""
+    what = "a whole number" if kind is int else "a number"
+    stripped = text.strip()
+    if len(stripped) > _MAX_DIGITS:
+        raise ValueError(f"too long to be {what} in {_show(lo)}..{_show(hi)}")
+    try:
+        value: int | float = int(stripped) if kind is int else float(stripped)
+    except ValueError:
+        raise ValueError(f"not {what}") from None
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    if not lo <= value <= hi:
+        raise ValueError(f"out of range {_show(lo)}..{_show(hi)}")
+    return value
+
+
+class Bounded:
+    """An argparse ``type``: an int (or float) in ``[lo, hi]``, refused at parse time as one paragraph naming
+    the flag and the fix -- the one bounded-number type of every ``lifecycle`` command's own flags.
+    ``why`` says where the bound comes from (``"torch seeds are 64-bit"``)."""
+
+    def __init__(self, lo: float, hi: float, *, kind: type[int] | type[float] = int, why: str = "") -> None:
+        self.lo, self.hi, self.kind, self.why = lo, hi, kind, why
+        self.__name__ = kind.__name__  # argparse names a type by it
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            return parse_number(text, self.kind, self.lo, self.hi)
+        except ValueError as exc:
+            why = f" ({self.why})" if self.why else ""
+            raise argparse.ArgumentTypeError(
+                f"{exc}{why} (got {bounded_repr(text)}). Fix: give a value in {_show(self.lo)}..{_show(self.hi)}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"Bounded({self.lo}, {self.hi}, kind={self.kind.__name__})"
+
+
+def nonblank(text: str) -> str:
+    """An argparse ``type`` for a path or name: an empty one was read as "not given" (``--run-dir ''`` picked the
+    default folder, ``graph --write ''`` wrote into the current one), so it is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the value is empty. Fix: give it a value, or omit the flag")
+    return text
+
+
+def arg_type(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse ``type`` from a parser that raises :class:`ConfigError` (a fault spec, an address): refused
+    at parse time, before any command runs, as argparse's ``argument --flag: ...`` with the error's fix."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(
+                f"{exc.problem} (got {bounded_repr(exc.value)}). Fix: {exc.fix}"
+            ) from None
+
+    convert.__name__ = name
+    return convert
 
 
 def _flag(name: str) -> str:
@@ -82,7 +161,12 @@ def _as_number(name: str, value: object, kind: str, optional: bool) -> int | flo
         raise ConfigError(flag, value, "a number is required here, not None", f"set {flag} to a number")
     if isinstance(value, bool):
         raise ConfigError(flag, value, "expected a number, got a boolean", f"set {flag} to a number")
+    most = FLAG_BY_NAME[name].most
+    if most is None:
+        most = MAX_SECONDS if kind == "float" else MAX_COUNT
     if isinstance(value, str):
+        if len(value.strip()) > _MAX_DIGITS:
+            raise ConfigError(flag, value, f"too long for a number (at most {_show(most)})", f"set {flag} to a number")
         try:
             value = float(value) if kind == "float" or "." in value or "e" in value.lower() else int(value)
         except ValueError:
@@ -96,6 +180,9 @@ def _as_number(name: str, value: object, kind: str, optional: bool) -> int | flo
             raise ConfigError(flag, value, "too large", f"set {flag} to a finite number") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(flag, value, "must be a finite number", f"set {flag} to a finite number")
+    if value > most:  # below, the checks of each setting (positive, fractions) apply
+        unit = " seconds" if kind == "float" else ""
+        raise ConfigError(flag, value, f"too large (at most {_show(most)}{unit})", f"set {flag} to at most {_show(most)}")
     if kind == "int":
         if isinstance(value, float):
             if not value.is_integer():
@@ -325,7 +412,7 @@ class LifecycleConfig:
         choices=TRANSFER_MODES,
     )
     update_weight_buffer_size: int = setting(
-        512 * 1024**2, "Bytes per broadcast bucket (one /update_weights_from_distributed call each)."
+        512 * 1024**2, "Bytes per broadcast bucket (one /update_weights_from_distributed call each).", most=2**40
     )
     update_weight_timeout: float = setting(
         60.0, "Seconds every weight-group call and every broadcast bucket may take before it counts as failed."
@@ -709,7 +796,8 @@ def _derive_flags() -> tuple[_Flag, ...]:
         optional = type(None) in args
         base = next(a for a in args if a is not type(None)) if optional else hints[f.name]
         kind = f.metadata["kind"] or _KINDS[base]
-        flags.append(_Flag(f.name, kind, f.default, f.metadata["help"], optional, f.metadata["choices"]))
+        meta = f.metadata
+        flags.append(_Flag(f.name, kind, f.default, meta["help"], optional, meta["choices"], meta["most"]))
         if f.name == "colocate":
             flags.append(OFFLOAD)
     return tuple(flags)
@@ -719,52 +807,147 @@ FLAGS: tuple[_Flag, ...] = _derive_flags()
 FLAG_BY_NAME: dict[str, _Flag] = {f.name: f for f in FLAGS}
 
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a config of every setting is a few kB; a bigger file is not one
+
+
+def _strict_yaml_loader(path: str) -> Any:
+    """A PyYAML ``SafeLoader`` that refuses aliases and duplicate keys. An alias is how a 225-byte file
+    ("billion laughs") stands for millions of items; a settings file has no use for one. Refused while
+    composing, so the expansion is never built."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                mark = event.start_mark
+                raise ConfigError(
+                    "--config",
+                    path,
+                    f"line {mark.line + 1}: the YAML alias *{event.anchor} is not supported in a config file",
+                    "write each value out instead of an &anchor and *alias",
+                )
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
+                if key in seen:
+                    raise ConfigError(
+                        "--config",
+                        path,
+                        f"line {key_node.start_mark.line + 1}: the key {bounded_repr(key)} is given twice "
+                        "(YAML would keep only the last)",
+                        "say each setting once",
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _yaml_load(text: str, path: str) -> Any:
+    """YAML text to Python values, aliases and duplicate keys refused (see :func:`_strict_yaml_loader`)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError("--config", path, "YAML needs PyYAML", "pip install 'rl-lifecycle[yaml]', or use TOML") from None
+    loader = _strict_yaml_loader(path)(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _settings_table(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """The settings of a parsed file: its top level, or its ``[lifecycle]`` table. Beside that table, other
+    tools' tables (``[model]``) are left alone, but a plain top-level key -- a setting written above the
+    ``[lifecycle]`` header, which TOML keeps outside the table -- or a table named nearly ``lifecycle`` was
+    silently ignored: both are refused, with a did-you-mean."""
+    table = data.get("lifecycle")
+    nested = isinstance(table, dict)
+    for raw, value in data.items():
+        name = str(raw)
+        if name == "lifecycle":
+            continue
+        if isinstance(value, dict):
+            key = name.lstrip("-").replace("-", "_")
+            if key not in FLAG_BY_NAME and difflib.get_close_matches(name.lower(), ["lifecycle"], n=1, cutoff=0.75):
+                raise ConfigError(
+                    "--config",
+                    path,
+                    f"the table [{bounded_repr(name)[1:-1]}] is not [lifecycle], so its settings would be ignored",
+                    "did you mean [lifecycle]? rename the table",
+                )
+        elif nested:
+            key = name.lstrip("-").replace("-", "_")
+            close = difflib.get_close_matches(key, list(FLAG_BY_NAME), n=1)
+            hint = f"did you mean {close[0]}? " if close and close[0] != key else ""
+            raise ConfigError(
+                "--config",
+                path,
+                f"the top-level key {bounded_repr(name)} is outside the [lifecycle] table, which holds the "
+                "settings, so it would be ignored",
+                f"{hint}move it into the [lifecycle] table (below its header), or delete it",
+            )
+    return table if nested else data
+
+
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a config file into a mapping; any problem is a ConfigError naming the file."""
+    """Read a config file into a mapping; any problem is a ConfigError naming the file.
+
+    Bounded (:data:`MAX_CONFIG_BYTES`, read through :mod:`lifecycle.jsonio`) and strict: a key given twice
+    (JSON, YAML; TOML refuses it itself), a YAML alias, a top-level key outside ``[lifecycle]`` are refused,
+    never silently resolved."""
+    from lifecycle import jsonio
+
+    if not str(path).strip():  # Path("") is ".", a directory: say what is wrong
+        raise ConfigError("--config", str(path), "the path is empty", "pass a .toml, .yaml or .json file")
     p = Path(path)
     if p.is_dir():
         raise ConfigError("--config", str(p), "a directory, not a config file", "pass a .toml, .yaml or .json file")
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError("--config", str(p), "the config file does not exist", "check the path")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:  # permissions, I/O errors: name the file, never a traceback
-        raise ConfigError(
-            "--config", str(p), f"cannot read it ({exc.strerror or exc})", "check its permissions"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("--config", str(p), f"not UTF-8 text ({exc.reason})", "save the file as UTF-8 text") from None
+    if not p.is_file():  # a device or a FIFO: reading it would never end, or block
+        raise ConfigError("--config", str(p), "not a regular file", "pass a .toml, .yaml or .json file")
     suffix = p.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError("--config", str(p), f"unknown file type {suffix!r}", "use .toml, .yaml or .json")
+    try:
+        text = jsonio.read_text(p, max_bytes=MAX_CONFIG_BYTES)
+    except jsonio.JSONFileError as exc:  # too large, not UTF-8, permissions, I/O errors: never a traceback
+        fix = (
+            "save the file as UTF-8 text"
+            if "UTF-8" in exc.problem
+            else "a config holds a few settings: pass the right file"
+            if "larger" in exc.problem
+            else "check the file and its permissions"
+        )
+        raise ConfigError("--config", str(p), exc.problem, fix) from None
     try:
         if suffix == ".toml":
             import tomllib
 
             data: Any = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError(
-                    "--config", str(p), "YAML needs PyYAML", "pip install 'rl-lifecycle[yaml]', or use TOML"
-                ) from None
-            data = yaml.safe_load(text)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = jsonio.loads(text, source=p)  # duplicate keys, NaN and deep nesting refused
         else:
-            raise ConfigError("--config", str(p), f"unknown file type {suffix!r}", "use .toml, .yaml or .json")
+            data = _yaml_load(text, str(p))
     except ConfigError:
         raise
+    except jsonio.JSONFileError as exc:
+        problem = f"cannot parse the file: it {exc.problem}"
+        raise ConfigError("--config", str(p), problem, "fix the JSON there (each key once, finite numbers)") from None
     except Exception as exc:  # parser errors carry line numbers; keep them, drop the traceback
         raise ConfigError("--config", str(p), f"cannot parse the file: {exc}", "fix the syntax at that line") from None
     if data is None:
         data = {}
-    if isinstance(data, dict) and isinstance(data.get("lifecycle"), dict):
-        data = data["lifecycle"]
     if not isinstance(data, dict):
         raise ConfigError(
             "--config", str(p), "the file does not hold a table of settings", "write settings as `key = value` lines"
         )
-    return data
+    return _settings_table(data, str(p))
 
 
 class RaisingParser(argparse.ArgumentParser):

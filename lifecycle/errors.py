@@ -6,6 +6,31 @@ Every error a user can trigger names *what* was wrong (a flag, a file, a machine
 
 from __future__ import annotations
 
+import reprlib
+
+ECHO_CHARS = 200  # how much of an offending value an error message echoes
+
+
+class _Echo(reprlib.Repr):
+    """``reprlib``, which stops at a few items per level, plus an int too long to print (Python refuses a repr of
+    over 4,300 digits) shown by its size."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        digits = int(abs(x).bit_length() * 0.30103) + 1  # log10(2): an estimate, never the 4,300-digit repr
+        return super().repr_int(x, level) if digits < 60 else f"<an integer of about {digits} digits>"
+
+
+_ECHO = _Echo()
+_ECHO.maxstring = _ECHO.maxother = ECHO_CHARS
+_ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxtuple, _ECHO.maxdict, _ECHO.maxset = 3, 6, 6, 6, 6
+
+
+def bounded_repr(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, built without ever forming the whole repr: a 225-byte
+    YAML alias bomb holds millions of items, so an error echoing its ``repr`` was megabytes long (issue 27)."""
+    text = _ECHO.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class LifecycleError(Exception):
     """Base class for every error raised by rl-lifecycle."""
@@ -25,7 +50,7 @@ class ConfigError(LifecycleError, ValueError):
         self.fix = fix
         self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{flag}: {problem} (got {value!r}). Fix: {fix}")
+        super().__init__(f"{where}{flag}: {problem} (got {bounded_repr(value)}). Fix: {fix}")
 
     def with_source(self, source: str) -> ConfigError:
         """The same error, saying which file or namespace it came from."""
@@ -42,7 +67,10 @@ class UsageError(LifecycleError):
     def __init__(self, prog: str, message: str) -> None:
         self.prog = prog
         self.message = message
-        super().__init__(f"{message}. Fix: see `{prog} --help` for the accepted flags and values")
+        if "Fix:" in message:  # an argparse ``type`` (a bounded number, a fault spec) already says what to do
+            super().__init__(message)
+        else:
+            super().__init__(f"{message}. Fix: see `{prog} --help` for the accepted flags and values")
 
 
 class SpecError(LifecycleError):

@@ -23,6 +23,8 @@ from typing import Any
 import structlog
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
+from lifecycle import jsonio
+
 TRANSITION = "lifecycle.transition"
 BLOCKED = "lifecycle.blocked"
 # The facts the shells report next to the machines' moves: what the I/O did (the live invariant monitor, the
@@ -186,20 +188,21 @@ def canonical(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read an event log; a torn *last* line (a killed writer) is skipped, any other bad line raises."""
-    p = Path(path)
-    lines = p.read_bytes().split(b"\n")
+    """Read an event log; a torn *last* line (a killed writer) is skipped, any other bad line raises one
+    :class:`~lifecycle.jsonio.JSONFileError` (a ``ValueError``) naming the file and line. Read line by line
+    through :mod:`lifecycle.jsonio`, so a line nested 100,000 deep, a 5,000-digit number or ``/dev/zero`` is
+    that error too, never a traceback or a read without end. NaN is allowed: a run may log one."""
     events: list[dict[str, Any]] = []
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+    for line in jsonio.iter_lines(path):
+        if not line.raw.strip():
             continue
         try:
-            events.append(json.loads(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if number == len(lines) and is_torn_line(raw):  # no trailing newline: the writer died mid-line
+            events.append(jsonio.loads(line.raw, source=path, line=line.number, allow_nan=True))
+        except jsonio.JSONFileError as exc:
+            if not line.ended and is_torn_line(line.raw):  # no trailing newline: the writer died mid-line
                 break
             what = "not an event log" if not events else "not a JSON event line"
-            raise ValueError(f"{p}:{number}: {what} ({exc})") from None
+            raise jsonio.JSONFileError(path, f"{what} (it {exc.problem})", line.number) from None
     return events
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lifecycle import jsonio
 from lifecycle.events import STARTED, canonical, is_torn_line, read_jsonl
 
 Event = dict[str, Any]
@@ -86,7 +87,7 @@ def torn_tail(path: str | os.PathLike[str]) -> bool:
     if not last.strip():
         return False
     try:
-        json.loads(last)
-    except ValueError:
+        jsonio.loads(last, source=path, allow_nan=True)
+    except jsonio.JSONFileError:
         return is_torn_line(last)
     return False

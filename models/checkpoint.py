@@ -19,6 +19,7 @@ from typing import Any
 from safetensors.torch import save_file
 from torch import Tensor
 
+from lifecycle import jsonio
 from models.weights import WeightsFile, WeightsFileError, read_weights_file
 
 CONFIG = "config.json"
@@ -111,10 +112,10 @@ def checkpoint_config(directory: str | Path) -> dict[str, Any]:
     cfg = p / CONFIG
     if not cfg.is_file():
         raise CheckpointError(p, f"has no {CONFIG}; pass {SHAPE}")
-    try:
-        data = json.loads(cfg.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(cfg, f"cannot be read as JSON ({exc})") from None
+    try:  # bounded and strict: a deep, huge-number, non-UTF-8 or duplicate-key config.json is this one error
+        data = jsonio.read_json(cfg)
+    except jsonio.JSONFileError as exc:
+        raise CheckpointError(cfg, f"cannot be read as JSON: it {exc.problem}; write it with save_pretrained") from None
     if not isinstance(data, dict):
         raise CheckpointError(cfg, "must hold a JSON object")
     if not (p / WEIGHTS).is_file():

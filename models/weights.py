@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import load as safetensors_load
 from torch import Tensor
 
+from lifecycle import jsonio
 from lifecycle.errors import LifecycleError
 
 LoadFormat = Literal["safetensors", "pt"]
@@ -72,6 +75,77 @@ class WeightsFile:
     load_format: LoadFormat
 
 
+SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the limit the safetensors library itself puts on a header
+_NOT_SAFETENSORS = "cannot be read as safetensors"
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, Any]:
+    """The header of a safetensors file (tensor name -> dtype, shape, data_offsets), read and checked before
+    any tensor is: 8 bytes of little-endian length, then that much JSON (through :mod:`lifecycle.jsonio`).
+
+    A sparse multi-GB file with a garbage header used to be read whole (gigabytes of memory) before the
+    safetensors library looked at its first bytes. Refused here, having read at most the header: a length that
+    is absurd or runs past the file, a header that is not JSON tensor entries, tensors that do not cover the
+    rest of the file exactly (the format has no holes: a file longer than its tensors is not one).
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: {size} bytes, shorter than its header length")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > SAFETENSORS_MAX_HEADER:
+                problem = f"its header length {length:,} is absurd (at most {SAFETENSORS_MAX_HEADER:,} bytes)"
+                raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: {problem}")
+            if 8 + length > size:
+                problem = f"its header length {length:,} runs past the end of the {size:,}-byte file"
+                raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: {problem}")
+            raw = f.read(length)
+    except OSError as exc:
+        raise WeightsFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        header = jsonio.loads(raw, source=path)
+    except jsonio.JSONFileError as exc:
+        raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: its header {exc.problem}") from None
+    if not isinstance(header, dict):
+        raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: its header is not a JSON object of tensors")
+    data = size - 8 - length
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("dtype"), str)
+            or not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data
+        ):
+            problem = f"{_NOT_SAFETENSORS}: its header entry is not a tensor within the file's {data:,} data bytes"
+            raise WeightsFileError(path, problem, tensor=name[:60])
+        end = max(end, offsets[1])
+    if end != data:
+        problem = f"its tensors hold {end:,} bytes but the file has {data:,} after the header"
+        raise WeightsFileError(path, f"{_NOT_SAFETENSORS}: {problem}")
+    return header
+
+
+def _sniff_format(path: Path) -> LoadFormat:
+    """``pt`` for a zip or pickle (``torch.save``), else ``safetensors``: from the first bytes alone."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(4)
+    except OSError as exc:
+        raise WeightsFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    return "pt" if start.startswith((b"PK\x03\x04", b"\x80")) else "safetensors"
+
+
 def read_weights_file(
     path: str | Path, expected: Mapping[str, tuple[int, ...]], *, load_format: str | None = None
 ) -> WeightsFile:
@@ -82,17 +156,19 @@ def read_weights_file(
     format, missing or unexpected tensors, a wrong shape, a non-float dtype, NaN/inf.
     """
     path = resolve_weights_path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise WeightsFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     fmt: LoadFormat
     if load_format in (None, "auto"):
-        fmt = "pt" if data.startswith((b"PK\x03\x04", b"\x80")) else "safetensors"
+        fmt = _sniff_format(path)
     elif load_format in ("safetensors", "pt"):
         fmt = "pt" if load_format == "pt" else "safetensors"
     else:
         raise WeightsFileError(path, f"load_format {load_format!r} is not supported (use safetensors, pt or auto)")
+    if fmt == "safetensors":
+        read_safetensors_header(path)  # before the whole file is read: a bad one is refused having read its header
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise WeightsFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     try:
         raw: object = (
             safetensors_load(data) if fmt == "safetensors" else torch.load(io.BytesIO(data), weights_only=True)

@@ -13,27 +13,13 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast, get_origin, get_type_hints
+from typing import Any, cast
 
+from lifecycle import jsonio
 from lifecycle.errors import LifecycleError
-from rollout.sample import Sample
+from rollout.sample import Sample, sample_problem
 
 SCHEMA = "rl-lifecycle/rollout@1"
-
-
-def _field_types() -> dict[str, type | tuple[type, ...]]:
-    """The required fields of a :class:`Sample` and the JSON types that hold them (an int is a valid float)."""
-    kinds: dict[str, type | tuple[type, ...]] = {}
-    for name, hint in get_type_hints(Sample).items():
-        if name in Sample.__required_keys__:
-            base = get_origin(hint) or hint
-            kinds[name] = (int, float) if base is float else base
-    return kinds
-
-
-# Checked up front under ``trainable=True`` so a damaged-but-checksummed file is a ReplayDataError, not a
-# KeyError in a trainer worker.
-SAMPLE_FIELDS = _field_types()
 
 
 class ReplayDataError(LifecycleError):
@@ -72,13 +58,13 @@ def load_rollout(template: str, rollout_id: int, *, trainable: bool = False) -> 
         raise ReplayDataError(
             path, rollout_id, "the file does not exist", "replay only rollout ids that --save-debug-rollout-data wrote"
         )
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    try:  # bounded and strict (depth, digits, UTF-8, duplicate keys); NaN parses, the sample check refuses it
+        doc = jsonio.read_json(path, allow_nan=True)
+    except jsonio.JSONFileError as exc:
         raise ReplayDataError(
             path,
             rollout_id,
-            f"not valid JSON ({exc}); the file is truncated or corrupt",
+            f"the file {exc.problem}; it is truncated or corrupt",
             "re-create it with --save-debug-rollout-data",
         ) from None
     if not isinstance(doc, dict) or "schema" not in doc:
@@ -119,15 +105,17 @@ def load_rollout(template: str, rollout_id: int, *, trainable: bool = False) -> 
 
 
 def _check_trainable(path: Path, rollout_id: int, samples: list[dict[str, Any]]) -> None:
+    """The trainer's one sample check (:func:`rollout.sample.sample_problem`, also run on what a rollout function
+    returns), so a checksummed file with a NaN or 7.0 reward, an empty ``output_ids`` or string ids is refused
+    here, naming the sample and the field, not trained on or blamed on the trainer later."""
     fix = "replay files written by --save-debug-rollout-data of a training run"
     if not samples:
         raise ReplayDataError(path, rollout_id, "the rollout holds no samples, so there is nothing to train on", fix)
-    for index, sample in enumerate(samples):
-        for name, kind in SAMPLE_FIELDS.items():
-            value = sample.get(name)
-            if value is None or isinstance(value, bool) or not isinstance(value, kind):
-                problem = f"sample {index} has no usable {name!r} (got {value!r})"
-                raise ReplayDataError(path, rollout_id, problem, fix)
+    problem = sample_problem(samples)
+    if problem is not None:
+        where = f"sample {problem.sample}" + (f", field {problem.field!r}" if problem.field else "")
+        fix += " (each sample: rollout.sample.sample's fields, a reward in [0, 1], int token ids, output_ids not empty)"
+        raise ReplayDataError(path, rollout_id, f"{where}: {problem.detail}", fix)
 
 
 def load_samples(template: str, rollout_id: int) -> list[Sample]:

@@ -188,7 +188,7 @@ class RouterRouting:
             async with self._lock:
                 if not self.router.alive:
                     await self._start()
-            await self.router.add(engine.url)
+            await self.router.add(engine.url, api_key=engine.api_key)
         except EngineError as exc:
             return Outcome("request_failed", reason=f"router registration failed: {exc}")
         self._urls[engine.id] = engine.url.rstrip("/")

@@ -6,7 +6,8 @@ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from the Type
 """
 
 from collections.abc import Sequence
-from typing import Any, NotRequired, TypedDict
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict, cast
 
 from lifecycle.errors import LifecycleError
 
@@ -69,33 +70,63 @@ _FIELDS: dict[str, Any] = {
 }
 
 
-def checked_samples(samples: object, rollout_id: int, plugin: str) -> list[Sample]:
-    """What a rollout function returned, checked once at the boundary (``plugin`` names it and its flag), so a
-    missing field is one error here instead of a ``KeyError`` in a trainer worker."""
-    fix = "build each sample with rollout.sample.sample(...) (fields: " + ", ".join(_FIELDS) + ")"
+@dataclass(frozen=True)
+class SampleProblem:
+    """What makes a rollout's samples unusable for the trainer: which sample (None: the list itself), which
+    field (None: the sample as a whole) and what. Each reader of samples words it for its own input: a rollout
+    function (:func:`checked_samples`), a replay file (``rollout.replay``) -- one check, two messages."""
 
-    def bad(problem: str) -> SampleError:
-        return SampleError(f"{plugin}: rollout {rollout_id}: {problem}. Fix: {fix}")
+    sample: int | None
+    field: str | None
+    detail: str
+    missing: tuple[str, ...] = ()  # every required field the sample lacks (``field`` is the first)
 
+    def __str__(self) -> str:
+        if self.sample is None:
+            return self.detail
+        if self.missing:
+            return f"sample {self.sample} lacks {', '.join(self.missing)}"
+        if self.field is None:
+            return f"sample {self.sample} {self.detail}"
+        return f"sample {self.sample}: {self.field} {self.detail}"
+
+
+def sample_problem(samples: object) -> SampleProblem | None:
+    """The first reason the trainer cannot use ``samples`` (None: it can): a field missing or of the wrong type,
+    ids that are not ints, an empty ``output_ids``, a reward outside [0, 1] (NaN included)."""
     if not isinstance(samples, list) or not samples:
-        raise bad(f"returned {type(samples).__name__} {str(samples)[:60]!r}, not a non-empty list of samples")
+        return SampleProblem(
+            None, None, f"returned {type(samples).__name__} {str(samples)[:60]!r}, not a non-empty list of samples"
+        )
     for n, s in enumerate(samples):
         if not isinstance(s, dict):
-            raise bad(f"sample {n} is a {type(s).__name__}, not a dict")
+            return SampleProblem(n, None, f"is a {type(s).__name__}, not a dict")
         missing = [k for k in _FIELDS if k not in s]
         if missing:
-            raise bad(f"sample {n} lacks {', '.join(missing)}")
+            return SampleProblem(n, missing[0], "is missing", tuple(missing))
         for key, kind in _FIELDS.items():
             value = s[key]
             if isinstance(value, bool) or not isinstance(value, kind):
-                raise bad(f"sample {n}: {key} is {type(value).__name__} {str(value)[:40]!r}")
+                return SampleProblem(n, key, f"is {type(value).__name__} {str(value)[:40]!r}")
         for key in ("prompt_ids", "output_ids"):
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in s[key]):
-                raise bad(f"sample {n}: {key} must hold token ids (ints)")
+                return SampleProblem(n, key, "must hold token ids (ints)")
         if not s["output_ids"]:
-            raise bad(f"sample {n}: output_ids is empty (nothing to train on)")
-        if not 0.0 <= float(s["reward"]) <= 1.0:
-            raise bad(
-                f"sample {n}: reward {s['reward']!r} is outside [0, 1] (the loss's baseline and the report need it)"
+            return SampleProblem(n, "output_ids", "is empty (nothing to train on)")
+        if not 0 <= s["reward"] <= 1:  # no float(): a 400-digit int would overflow; NaN compares False
+            return SampleProblem(
+                n,
+                "reward",
+                f"{s['reward']!r} is outside [0, 1] (the loss's baseline and the report need it)",
             )
-    return samples  # checked field by field above
+    return None
+
+
+def checked_samples(samples: object, rollout_id: int, plugin: str) -> list[Sample]:
+    """What a rollout function returned, checked once at the boundary (``plugin`` names it and its flag), so a
+    missing field is one error here instead of a ``KeyError`` in a trainer worker."""
+    problem = sample_problem(samples)
+    if problem is not None:
+        fix = "build each sample with rollout.sample.sample(...) (fields: " + ", ".join(_FIELDS) + ")"
+        raise SampleError(f"{plugin}: rollout {rollout_id}: {problem}. Fix: {fix}")
+    return cast(list[Sample], samples)  # checked field by field above

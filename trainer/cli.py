@@ -9,20 +9,58 @@ so bad input -- an unknown fault spec, an unreachable ``--ray-address``, an unwr
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import importlib
 import importlib.util
 import math
 import os
+import re
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
-from lifecycle.config import LifecycleConfig
+from lifecycle.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank, parse_number
 from lifecycle.errors import ConfigError
 from trainer.checks import MODELS, check_async, check_hf_checkpoint, check_model, check_steps
-from trainer.faults import FAULTS, check_faults, parse_fault
+from trainer.faults import FAULTS, check_faults, fault_arg
+
+# Each number is bounded where the command line is parsed (issue 27: a 64-bit-plus --seed crashed the trainer).
+RANKS = 65536  # the trainer seeds torch with seed * RANKS + rank, and torch takes a 64-bit seed
+SEED = Bounded(0, 2**64 // RANKS - 1, why="the trainer seeds torch with seed * 65536 + rank, a 64-bit number")
+SECONDS = Bounded(0, MAX_SECONDS, kind=float)
+MAX_RAY_NODES = 64
+METRICS_HOST = "127.0.0.1"
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
+
+
+def _parse_host(text: str) -> str:
+    """``--metrics-host``: a blank one would listen on every interface (``''`` is 0.0.0.0), not what was meant."""
+    if not text.strip():
+        raise ConfigError(
+            "--metrics-host", text, "the address is empty", "pass 127.0.0.1 (default), or 0.0.0.0 for every interface"
+        )
+    return text.strip()
+
+
+def parse_ray_address(text: str) -> str:
+    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``, the port in 1..65535. A blank one is
+    refused: ``if ns.ray_address`` would read it as "no address" and start a local cluster instead."""
+    fix = "pass HOST:PORT of a running Ray head (e.g. 127.0.0.1:6379), ray://HOST:10001, or auto; omit it to start one"
+    address = text.strip()
+    if not address:
+        raise ConfigError("--ray-address", text, "the address is empty", fix)
+    if address == "auto":
+        return address
+    m = _RAY_ADDRESS.fullmatch(address)
+    if m is None:
+        raise ConfigError("--ray-address", text, "not a Ray address", fix)
+    try:
+        parse_number(m["port"], int, 1, 65535)
+    except ValueError as exc:
+        raise ConfigError("--ray-address", text, f"the port is {exc}", fix) from None
+    return address
 
 
 def register(sub: Any) -> None:
@@ -35,21 +73,31 @@ def register(sub: Any) -> None:
             "metrics.jsonl, reward.png (with matplotlib) and timeline.html into the run directory."
         ),
     )
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="RL steps (default 30)")
+    p.add_argument("--steps", type=Bounded(1, MAX_COUNT), default=None, metavar="N", help="RL steps (default 30)")
     p.add_argument(
         "--resume",
+        type=nonblank,
         default=None,
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR (its driver died) from its latest job checkpoint, with its own settings "
         "(RUN_DIR/run.json); the run must have been started with --save DIR. Only --steps, --quiet, --ray-address "
         "and --metrics-port/--metrics-host may be given with it",
     )
-    p.add_argument("--engines", type=int, default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)")
-    p.add_argument("--seed", type=int, default=0, help="seed of data, sampling and initial weights (default 0)")
-    p.add_argument("--ray-address", default=None, metavar="ADDR", help="connect to this Ray cluster (host:port)")
+    p.add_argument(
+        "--engines", type=Bounded(1, MAX_COUNT), default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)"
+    )
+    p.add_argument("--seed", type=SEED, default=0, help="seed of data, sampling and initial weights (default 0)")
+    p.add_argument(
+        "--ray-address",
+        type=arg_type(parse_ray_address, "address"),
+        default=None,
+        metavar="ADDR",
+        help="connect to this Ray cluster: HOST:PORT, ray://HOST:PORT or auto",
+    )
     p.add_argument(
         "--inject",
         action="append",
+        type=fault_arg,
         default=[],
         metavar="FAULT:INDEX@STEP",
         help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of "
@@ -58,37 +106,45 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--ray-nodes",
-        type=int,
+        type=Bounded(1, MAX_RAY_NODES, why="each is a Ray node process on this machine"),
         default=1,
         metavar="N",
         help="start a local multi-node Ray cluster: a head plus N-1 worker nodes hosting the engines (lose-node)",
     )
-    p.add_argument("--run-dir", default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
+    p.add_argument("--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
-    p.add_argument("--trainer-workers", type=int, default=1, metavar="N", help="trainer workers (default 1)")
+    p.add_argument(
+        "--trainer-workers",
+        type=Bounded(1, RANKS, why="a worker's torch seed is seed * 65536 + its rank"),
+        default=1,
+        metavar="N",
+        help="trainer workers (default 1)",
+    )
     p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
     p.add_argument(
         "--engine-request-timeout",
-        type=float,
+        type=SECONDS,
         default=30.0,
         metavar="S",
         help="bound on every engine HTTP request; one that runs out marks the engine Unhealthy (default 30)",
     )
     p.add_argument(
         "--engine-startup-timeout",
-        type=float,
+        type=SECONDS,
         default=60.0,
         metavar="S",
         help="bound on an engine's start until /health_generate answers; then start_failed (default 60)",
     )
     p.add_argument(
         "--rollout-function",
+        type=nonblank,
         default=None,
         metavar="MODULE:ATTR",
         help="your rollout fn factory: factory(task) -> async rollout_fn(rollout_id, controller) -> samples",
     )
     p.add_argument(
         "--data-source",
+        type=nonblank,
         default=None,
         metavar="MODULE:ATTR",
         help="your prompts: factory(task) -> object with prompts(rollout_id) -> list[str] (miles' data source)",
@@ -101,7 +157,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--keep-checkpoints",
-        type=int,
+        type=Bounded(1, MAX_COUNT),
         default=3,
         metavar="K",
         help="weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "
@@ -109,6 +165,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--hf-checkpoint",
+        type=nonblank,
         default=None,
         metavar="DIR",
         help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors): the char "
@@ -133,7 +190,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=Bounded(0, 65535, why="a TCP port; 0 picks a free one"),
         default=None,
         metavar="PORT",
         help="serve Prometheus metrics of every machine at http://HOST:PORT/metrics while the run lasts (0: any free "
@@ -141,7 +198,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
+        type=arg_type(_parse_host, "host"),
+        default=METRICS_HOST,
         metavar="HOST",
         help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 exposes it to the network)",
     )
@@ -231,21 +289,34 @@ def _check_hf_installed(model: str) -> None:
         )
 
 
-def _check_metrics(port: int, host: str) -> None:
-    """The exporter's extra and its address, before Ray starts: a busy port is a flag error, not a traceback."""
+def _check_metrics(port: int | None, host: str) -> None:
+    """The exporter's extra and its address, before Ray starts: each problem names its own flag (a host that is
+    not this machine's was blamed on --metrics-port), and a --metrics-host without a port is not ignored."""
+    if port is None:
+        if host != METRICS_HOST:
+            raise ConfigError(
+                "--metrics-host", host, "has no effect without --metrics-port", "add --metrics-port PORT (0: any free)"
+            )
+        return
     if importlib.util.find_spec("prometheus_client") is None:
         raise ConfigError(
             "--metrics-port", port, "needs prometheus_client, not installed", "pip install 'rl-lifecycle[metrics]'"
         )
     if not 0 <= port <= 65535:
         raise ConfigError("--metrics-port", port, "is not a TCP port", "use a port in 1..65535, or 0 for any free one")
+    host_fix = "use an address of this machine: 127.0.0.1 (default), or 0.0.0.0 for every interface"
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:  # gaierror: not a name or address this machine resolves
+        raise ConfigError("--metrics-host", host, f"cannot be resolved ({exc})", host_fix) from None
     try:
         with socket.create_server((host, port)):
             pass
     except OSError as exc:
-        raise ConfigError(
-            "--metrics-port", port, f"cannot listen on {host}:{port} ({exc.strerror or exc})", "pick a free port, or 0"
-        ) from None
+        reason = f"cannot listen on {host}:{port} ({exc.strerror or exc})"
+        if exc.errno == errno.EADDRNOTAVAIL:  # the address is not one of this machine's
+            raise ConfigError("--metrics-host", host, reason, host_fix) from None
+        raise ConfigError("--metrics-port", port, reason, "pick a free port, or 0") from None
 
 
 # what may be given with --resume: everything else is the run's own (RUN_DIR/run.json)
@@ -268,11 +339,10 @@ def _resume(ns: argparse.Namespace) -> int:
             f"continues a run with the settings it started with, but {', '.join(given)} was given too",
             f"drop those flags (only {allowed} apply)",
         )
-    from trainer.run_manifest import read_run_manifest
+    from trainer.run_manifest import check_new_run, read_run_manifest
 
     run_dir = Path(ns.resume).resolve()
-    manifest = read_run_manifest(run_dir)
-    os.chdir(manifest.cwd)  # the run's relative paths (--save runs/x/ckpt) mean what they meant when it started
+    manifest = read_run_manifest(run_dir)  # checked whole: nothing is imported, entered or written before
     options = manifest.options
     if options.get("custom"):
         raise ConfigError(
@@ -291,13 +361,6 @@ def _resume(ns: argparse.Namespace) -> int:
             "--resume", str(manifest.path), f"lacks the option steps, or it is malformed ({exc})", "pass --steps N"
         ) from None
     _positive("--steps", steps)
-    _check_run_dir(run_dir)
-    try:
-        _check_environment(str(options["model"]), options["rollout_fn"], options["data_source"])
-    except ConfigError as exc:
-        raise exc.with_source(str(manifest.path)) from None
-    except KeyError as exc:
-        raise ConfigError("--resume", str(manifest.path), f"lacks the option {exc}", "restore run.json") from None
     if options.get("router") and importlib.util.find_spec("sglang_router") is None:
         raise ConfigError(
             "--resume",
@@ -307,16 +370,31 @@ def _resume(ns: argparse.Namespace) -> int:
         )
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
-    if ns.metrics_port is not None:
-        _check_metrics(ns.metrics_port, ns.metrics_host)
-    from trainer.job_state import LATEST, load_job_checkpoint
+    _check_metrics(ns.metrics_port, ns.metrics_host)
+    from trainer.job_state import load_job_checkpoint
     from trainer.loop import RunOptions, run
+    from trainer.run_manifest import LATEST
 
     assert config.load is not None
+    opts = RunOptions.from_manifest(
+        options,
+        manifest.path,
+        steps=steps,
+        run_dir=run_dir,
+        ray_address=ns.ray_address,
+        quiet=ns.quiet,
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
+    )
+    # the run's relative paths (--save runs/x/ckpt) mean what they meant where it started (not entered yet)
+    save = manifest.cwd / config.load
+    hf = None if opts.hf_checkpoint is None else manifest.cwd / opts.hf_checkpoint
+    check_new_run(run_dir, save=str(save), load=str(save), hf_checkpoint=hf)
+    job = {**opts.job_settings(), **({"id": manifest.job_id} if manifest.job_id else {})}
     try:
-        checkpoint = load_job_checkpoint(config.load, config)  # checked whole before Ray starts
+        checkpoint = load_job_checkpoint(save, config, job)  # checked whole before Ray starts
     except ConfigError as exc:
-        if not (Path(config.load) / LATEST).is_file():
+        if not (save / LATEST).is_file():
             raise ConfigError(
                 "--resume",
                 str(run_dir),
@@ -328,17 +406,13 @@ def _resume(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
         return 0
-    opts = RunOptions.from_manifest(
-        options,
-        manifest.path,
-        steps=steps,
-        run_dir=run_dir,
-        ray_address=ns.ray_address,
-        quiet=ns.quiet,
-        metrics_port=ns.metrics_port,
-        metrics_host=ns.metrics_host,
-        resume=checkpoint,
-    )
+    _check_run_dir(run_dir)
+    os.chdir(manifest.cwd)
+    try:  # last: importing the run's rollout function runs its module's code, only once all else is checked
+        _check_environment(str(options["model"]), options["rollout_fn"], options["data_source"])
+    except ConfigError as exc:
+        raise exc.with_source(str(manifest.path)) from None
+    opts = dataclasses.replace(opts, resume=checkpoint)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)
     return 0
@@ -361,6 +435,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _check_lr(ns.lr)
     _seconds("--engine-request-timeout", ns.engine_request_timeout)
     _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
+    _check_metrics(ns.metrics_port, ns.metrics_host)  # a flag check: before anything is written
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a
         # small machine); later files are checked as each step reads them (ReplayDataError, exit 2).
@@ -373,11 +448,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
     # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once
-    run_dir = Path(ns.run_dir) if ns.run_dir else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    from trainer.run_manifest import check_new_run, default_run_dir
+
+    run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
+    # a run never writes over another run, another job's checkpoints or its own input: refused before any write
+    check_new_run(run_dir, save=config.save, load=config.load, hf_checkpoint=ns.hf_checkpoint)
     _check_run_dir(run_dir)
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
-    faults = tuple(parse_fault(spec) for spec in ns.inject)
+    faults = tuple(ns.inject)  # parsed by --inject's type
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
@@ -392,8 +471,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         steps=ns.steps,
     )
     check_steps(faults, ns.steps)
-    if ns.metrics_port is not None:
-        _check_metrics(ns.metrics_port, ns.metrics_host)
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
     from trainer.loop import RunOptions, run

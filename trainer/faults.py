@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.launcher import Launcher
-from lifecycle.config import LifecycleConfig
+from lifecycle.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
 from lifecycle.predicates import broadcasts_weights, heals_trainer, offloads_rollout, rollout_ft
@@ -85,7 +85,7 @@ FT_CONFIGS: dict[str, dict[str, object]] = {
     "rollout": FT_PRESETS["ft-rollout"],
     "both": FT_PRESETS["ft-both"],
 }
-_FAULT_RE = re.compile(r"^(?P<kind>[a-z-]+):(?P<index>\d+)@(?P<step>\d+)$")
+_FAULT_RE = re.compile(r"(?P<kind>[a-z-]+):(?P<index>[0-9]+)@(?P<step>[0-9]+)")  # ASCII digits only
 
 
 class FaultError(LifecycleError):
@@ -107,7 +107,8 @@ class Fault:
 
 
 def parse_fault(spec: str) -> Fault:
-    m = _FAULT_RE.match(spec.strip())
+    """``FAULT:INDEX@STEP``; INDEX and STEP bounded like every count (a 5,000-digit step was a traceback)."""
+    m = _FAULT_RE.fullmatch(spec.strip())
     if not m or m["kind"] not in FAULTS:
         raise ConfigError(
             "--inject",
@@ -115,7 +116,19 @@ def parse_fault(spec: str) -> Fault:
             "not a fault spec",
             f"use FAULT:INDEX@STEP with FAULT one of {', '.join(FAULTS)}, e.g. kill-engine:1@3",
         )
-    return Fault(m["kind"], int(m["index"]), int(m["step"]))
+    numbers = []
+    for part in ("index", "step"):
+        try:
+            numbers.append(int(parse_number(m[part], int, 0, MAX_COUNT)))
+        except ValueError as exc:
+            raise ConfigError(
+                "--inject", spec, f"its {part.upper()} is {exc}", f"give {part.upper()} in 0..{MAX_COUNT}"
+            ) from None
+    return Fault(m["kind"], numbers[0], numbers[1])
+
+
+# ``lifecycle run --inject``'s argparse type: a bad spec is refused while the command line is parsed
+fault_arg = arg_type(parse_fault, "fault")
 
 
 def check_faults(

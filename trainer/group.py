@@ -52,16 +52,20 @@ class TrainerGroup:
         initial_checkpoint: str | Path | None = None,
         resume: JobCheckpoint | None = None,
         seed: int = 0,
+        job: Mapping[str, Any] | None = None,
     ) -> None:
         """``backend`` names the trainer each worker runs (default: the project's, ``trainer.grpo.grpo_backend()``
         on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given,
         and a resumed job's workers then restore ``resume`` (``--load``: the core's ``restore`` move). ``seed``
-        seeds each worker's global generators (with its rank): what a backend draws from them (dropout) repeats."""
+        seeds each worker's global generators (with its rank): what a backend draws from them (dropout) repeats.
+        ``job``: the loop's settings and the job's id, which each job checkpoint records
+        (``RunOptions.job_settings``)."""
         if workers < 1:
             raise ValueError("a trainer group needs at least one worker")
         if keep_checkpoints < 1:
             raise ValueError(f"--keep-checkpoints must be at least 1, got {keep_checkpoints}")
         self.config = config
+        self.job = dict(job or {})
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
         self.run_dir = Path(run_dir)
         self.size = workers
@@ -301,7 +305,7 @@ class TrainerGroup:
         except WorkerCrashed as exc:
             return self._crashed(exc)
         checkpoint = JobCheckpoint(step, version, state, {"restarts": self.runner.restart_ages()}, rng)
-        self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config)
+        self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config, self.job)
         fact = Fact.of(CHECKPOINTED, resume_at=step, weight_version=version, path=str(self.checkpointed))
         return Outcome("checkpointed", facts=(fact,))
 

@@ -26,10 +26,12 @@ from safetensors.torch import load_file, save_file
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
+from lifecycle.jsonio import JSONFileError, iter_lines, loads, read_json, read_text
 from models.checkpoint import remove_leftovers, write_directory
+from trainer.run_manifest import LATEST
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
-TENSORS, MANIFEST, LATEST = "state.safetensors", "state.json", "latest"
+TENSORS, MANIFEST = "state.safetensors", "state.json"
 NAME = re.compile(r"^job-(\d{6,})$")
 FLAG = "--load"
 INTACT = (
@@ -48,6 +50,7 @@ class JobCheckpoint:
     lifecycle: Mapping[str, Any] = field(default_factory=dict)  # which engines exist, their restart budgets
     rng: Mapping[str, Any] = field(default_factory=dict)  # {"ranks": [each worker's rng_state(), by rank]}
     path: Path | None = None  # where it was read from
+    job_id: str | None = None  # the job that wrote it (run.json's job_id; None: written before jobs had one)
 
     @property
     def restart_ages(self) -> list[list[float]]:
@@ -85,9 +88,18 @@ def job_settings(config: LifecycleConfig | Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in LOCATION}
 
 
-def fingerprint(config: LifecycleConfig) -> str:
-    """The settings a checkpoint belongs to: a run under other settings is another job's."""
-    return hashlib.sha256(json.dumps(job_settings(config), sort_keys=True, default=str).encode()).hexdigest()
+def _plain(job: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A job's loop settings (``RunOptions.job_settings()``) as JSON reads them back, its ``id`` left out."""
+    plain: dict[str, Any] = json.loads(json.dumps({k: v for k, v in (job or {}).items() if k != "id"}, default=str))
+    return plain
+
+
+def fingerprint(config: LifecycleConfig, job: Mapping[str, Any] | None = None) -> str:
+    """The settings a checkpoint belongs to -- the config's and the loop's (``job``: seed, lr, model, trainer
+    workers, ...): a run under other settings is another job's, and its state is never continued."""
+    settings, loop = job_settings(config), _plain(job)
+    body: dict[str, Any] = {"config": settings, "job": loop} if loop else settings
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # -- nested state <-> (JSON skeleton, flat tensors) --------------------------------------------------------------
@@ -138,8 +150,14 @@ def _sha256(path: Path) -> str:
 
 
 # -- writing -----------------------------------------------------------------------------------------------------
-def save_job_checkpoint(save_dir: str | os.PathLike[str], checkpoint: JobCheckpoint, config: LifecycleConfig) -> Path:
-    """Write ``SAVE/job-<step>`` atomically, then point ``SAVE/latest`` at it (also atomically)."""
+def save_job_checkpoint(
+    save_dir: str | os.PathLike[str],
+    checkpoint: JobCheckpoint,
+    config: LifecycleConfig,
+    job: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``SAVE/job-<step>`` atomically, then point ``SAVE/latest`` at it (also atomically). ``job``: the
+    loop's settings it belongs to (``RunOptions.job_settings()``) and the job's ``id`` (run.json's job_id)."""
     root = Path(save_dir)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = {
@@ -156,10 +174,12 @@ def save_job_checkpoint(save_dir: str | os.PathLike[str], checkpoint: JobCheckpo
             "step": checkpoint.step,
             "weight_version": checkpoint.weight_version,
             "config": config.to_dict(),
-            "config_sha256": fingerprint(config),
+            "config_sha256": fingerprint(config, job),
             "files": {TENSORS: _sha256(tmp / TENSORS)},
             "state": skeleton,
         }
+        if job:  # the loop's settings and the job's identity (a bare TrainerGroup's checkpoints record none)
+            manifest["job"], manifest["job_id"] = _plain(job), job.get("id")
         manifest["sha256"] = _digest(manifest)  # the lifecycle facts and the step are checked like the tensors
         (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True) + "\n")
 
@@ -187,28 +207,35 @@ def latest_checkpoint(save_dir: str | os.PathLike[str]) -> Path:
     if not pointer.is_file():
         fix = "pass the --save directory of a run that saved one"
         raise _refuse(root, f"holds no job checkpoint (no {LATEST} file)", fix)
-    name = pointer.read_text().strip()
+    try:
+        name = read_text(pointer, max_bytes=256).strip()
+    except JSONFileError as exc:
+        raise _refuse(pointer, f"cannot be read ({exc.problem})", INTACT) from None
     if not NAME.match(name) or not (root / name).is_dir():
         raise _refuse(pointer, f"names {name!r}, which is not a checkpoint here", INTACT)
     return root / name
 
 
 def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise _refuse(path, "is missing (the checkpoint is incomplete)", INTACT) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _refuse(path, f"cannot be read ({exc}): truncated or not a job checkpoint", INTACT) from None
+    if not path.exists():
+        raise _refuse(path, "is missing (the checkpoint is incomplete)", INTACT)
+    try:  # NaN allowed: the trainer's state holds numbers a run computed (the sha256 below guards the rest)
+        manifest = read_json(path, allow_nan=True)
+    except JSONFileError as exc:
+        raise _refuse(path, f"cannot be read ({exc.problem}): truncated or not a job checkpoint", INTACT) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise _refuse(path, f"is not a {FORMAT} manifest (format {got!r})", "pass a directory lifecycle run wrote")
     return manifest
 
 
-def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfig) -> JobCheckpoint:
+def load_job_checkpoint(
+    save_dir: str | os.PathLike[str], config: LifecycleConfig, job: Mapping[str, Any] | None = None
+) -> JobCheckpoint:
     """The latest checkpoint under ``save_dir``, checked whole before anything of it is used: its format, the
-    sha256 of its tensors, and that it was written under ``config`` (a foreign job's state is never resumed)."""
+    sha256 of its tensors, that it was written under ``config`` and the loop settings ``job``, and (``job["id"]``)
+    by that job (a foreign job's state is never resumed). A checkpoint that records no loop settings (written
+    before they were recorded) is matched on the config alone."""
     where = latest_checkpoint(save_dir)
     manifest_path, tensors_path = where / MANIFEST, where / TENSORS
     manifest = _manifest(manifest_path)
@@ -219,15 +246,26 @@ def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfi
     files = manifest.get("files")
     if not isinstance(files, dict) or _sha256(tensors_path) != files.get(TENSORS):
         raise _refuse(tensors_path, "does not match the sha256 its manifest records: changed since written", INTACT)
-    if manifest.get("config_sha256") != fingerprint(config):
+    recorded_job = manifest.get("job")
+    ours_job = _plain(job) if "job" in manifest else {}
+    if manifest.get("config_sha256") != fingerprint(config, ours_job):
         recorded = manifest.get("config")
-        theirs = job_settings(recorded if isinstance(recorded, dict) else {})
-        ours = job_settings(config)
+        theirs = {**job_settings(recorded if isinstance(recorded, dict) else {})}
+        theirs.update(recorded_job if isinstance(recorded_job, dict) else {})
+        ours = {**job_settings(config), **ours_job}
         changed = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         raise _refuse(
             where,
             f"was written by a run with other settings (differing: {', '.join(changed) or 'unknown'})",
             "resume with the settings of the run that wrote it, or start a new run without --load",
+        )
+    expected, recorded_id = (job or {}).get("id"), manifest.get("job_id")
+    if expected is not None and recorded_id is not None and expected != recorded_id:
+        raise _refuse(
+            where,
+            f"was written by another job (job {str(recorded_id)[:40]!r}, not {str(expected)[:40]!r}): its save "
+            "directory was given to another run",
+            "resume the run directory whose run.json names that job, or restore this job's checkpoints there",
         )
     try:
         tensors = load_file(str(tensors_path))
@@ -238,7 +276,8 @@ def load_job_checkpoint(save_dir: str | os.PathLike[str], config: LifecycleConfi
         step, version = int(manifest["step"]), str(manifest["weight_version"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _refuse(manifest_path, f"is malformed ({exc})", INTACT) from None
-    checkpoint = JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"], where)
+    job_id = recorded_id if isinstance(recorded_id, str) else None
+    checkpoint = JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"], where, job_id)
     _check_facts(checkpoint, config)
     return checkpoint
 
@@ -248,28 +287,36 @@ def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[
     (the dead driver ran them after its checkpoint, and they are run again) move to ``metrics.superseded.jsonl``.
     Returns the kept rows and the superseded steps."""
     kept: list[dict[str, Any]] = []
-    superseded: list[str] = []
+    superseded: list[bytes] = []  # as they were, whatever they hold: nothing of the dead driver's is lost
     steps: list[int] = []
-    lines = path.read_text().splitlines() if path.exists() else []
-    for number, text in enumerate(lines, start=1):
+    try:
+        lines = list(iter_lines(path)) if path.exists() else []
+    except JSONFileError as exc:
+        raise ConfigError(FLAG, str(exc), exc.problem, "move that file aside (one row of JSON per step)") from None
+    for line in lines:
+        if not line.raw.strip():
+            continue
         try:
-            row = json.loads(text)
-        except json.JSONDecodeError:
-            if number == len(lines):  # a torn last line: the driver died writing it; its step is run again
-                superseded.append(text)
+            row = loads(line.raw, source=path, line=line.number, allow_nan=True)
+        except JSONFileError as exc:
+            if line is lines[-1]:  # a torn last line: the driver died writing it; its step is run again
+                superseded.append(line.raw)
                 continue
             raise ConfigError(
-                FLAG, f"{path}:{number}", "is not a metrics row", "remove that line (one row of JSON per step)"
+                FLAG,
+                f"{path}:{line.number}",
+                f"is not a metrics row ({exc.problem})",
+                "remove that line (one row of JSON per step)",
             ) from None
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] < step:
             kept.append(row)
         else:
-            superseded.append(text)
+            superseded.append(line.raw)
             if isinstance(row, dict) and isinstance(row.get("step"), int):
                 steps.append(row["step"])
     if superseded:
-        with path.with_name("metrics.superseded.jsonl").open("a") as f:
-            f.writelines(line + "\n" for line in superseded)
+        with path.with_name("metrics.superseded.jsonl").open("ab") as f:
+            f.writelines(raw + b"\n" for raw in superseded)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
     os.replace(tmp, path)

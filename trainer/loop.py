@@ -19,11 +19,13 @@ import functools
 import json
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from engines.apikey import run_api_key
 from engines.engine import Timeouts
 from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
 from engines.process import torch_engine_command
@@ -46,7 +48,7 @@ from trainer.checks import check_async, check_hf_checkpoint, check_model
 from trainer.faults import Fault, FaultInjector, parse_fault
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint
-from trainer.run_manifest import write_run_manifest
+from trainer.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -69,7 +71,7 @@ SHORT = {
 class RunOptions:
     steps: int = 30
     seed: int = 0
-    run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+    run_dir: Path = field(default_factory=default_run_dir)
     ray_address: str | None = None
     faults: tuple[Fault, ...] = ()
     ray_nodes: int = 1  # > 1: a local multi-node Ray cluster (head + workers hosting the engines)
@@ -117,6 +119,12 @@ class RunOptions:
             "router": self.router,
             "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
         }
+
+    def job_settings(self) -> dict[str, Any]:
+        """What, besides the config, a job checkpoint belongs to: every option that changes the trained state
+        (a Python backend object by its factory and arguments)."""
+        backend = None if self.backend is None else {"factory": self.backend.factory, "kwargs": self.backend.kwargs}
+        return {**job_options(self.manifest()), "backend": backend}
 
     @classmethod
     def from_manifest(cls, options: Mapping[str, Any], where: Path, **given: Any) -> RunOptions:
@@ -257,10 +265,13 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     run_dir.mkdir(parents=True, exist_ok=True)
     resume = opts.resume
     if resume is None and config.load is not None:  # API callers: read and check it before anything starts
-        resume = load_job_checkpoint(config.load, config)
+        resume = load_job_checkpoint(config.load, config, opts.job_settings())
     start = resume.step if resume is not None else 0
+    # a resumed (or --load) job keeps its identity, which each of its checkpoints records
+    job_id = resume.job_id if resume is not None and resume.job_id else uuid.uuid4().hex
+    job = {**opts.job_settings(), "id": job_id}
     # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
-    write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest())
+    write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from models import build_tiny_llama
 
@@ -306,12 +317,14 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         initial_checkpoint=opts.hf_checkpoint,
         resume=resume,
         seed=opts.seed,
+        job=job,
     )
     manager = RolloutManager(
         config,
         task,
         runner=runner,
-        launcher_factory=opts.engine_launcher or launcher_factory(opts.launcher, engine_command(opts)),
+        launcher_factory=opts.engine_launcher
+        or launcher_factory(opts.launcher, engine_command(opts), api_key=run_api_key(run_dir)),
         seed=opts.seed,
         rollout_fn_path=opts.rollout_fn,
         data_source_path=opts.data_source,
@@ -440,6 +453,7 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     check_model(opts.model, opts.hf_checkpoint)
     if opts.hf_checkpoint is not None:
         check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
+    check_new_run(opts.run_dir, save=config.save, load=config.load, hf_checkpoint=opts.hf_checkpoint)
 
 
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:

@@ -67,12 +67,26 @@ def build_parser(plugins: Iterable[EntryPoint] | None = None) -> argparse.Argume
         "  lifecycle run --steps 6 --inject kill-engine:1@3   # the RL loop (needs the runtime extras)\n",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.set_defaults(func=lambda ns: _no_command(parser))  # a command's own func replaces it
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in BUILTIN:
         register(sub)
     for ep in plugin_commands() if plugins is None else plugins:
         _register_plugin(sub, ep)
     return parser
+
+
+def no_subcommand(prog: str, parser: argparse.ArgumentParser, example: str) -> UsageError:
+    """The error for a command group given without its command (``lifecycle``, ``lifecycle trace``)."""
+    names = [name for action in parser._actions if isinstance(action.choices, dict) for name in action.choices]
+    return UsageError(
+        prog, f"no command given (one of {', '.join(names)}). Fix: add one, e.g. `{example}`; `{prog} --help` says more"
+    )
+
+
+def _no_command(parser: argparse.ArgumentParser) -> int:
+    """``lifecycle`` alone: one paragraph naming the commands (it printed the help page and exited 2)."""
+    raise no_subcommand("lifecycle", parser, "lifecycle explain")
 
 
 def _paragraph(exc: BaseException) -> str:
@@ -96,11 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except UsageError as exc:
         return _report(exc.prog, exc, "--debug" in argv)
-    func: Callable[[argparse.Namespace], int] | None = getattr(ns, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
-    prog = f"lifecycle {ns.command}"
+    func: Callable[[argparse.Namespace], int] = ns.func
+    prog = f"lifecycle {ns.command}" if ns.command else "lifecycle"
     try:
         return func(ns)
     except BrokenPipeError:  # `lifecycle trace show ... | head`: the reader has what it wanted

@@ -12,7 +12,7 @@ import argparse
 from importlib import resources
 from typing import Any
 
-from lifecycle.config import FLAG_BY_NAME, LifecycleConfig, add_lifecycle_arguments, load_config_file
+from lifecycle.config import FLAG_BY_NAME, LifecycleConfig, add_lifecycle_arguments, load_config_file, nonblank
 from lifecycle.errors import ConfigError
 
 EMBEDDED = {"cpu": "cpu.toml"}
@@ -39,6 +39,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config`` plus every lifecycle flag, with defaults suppressed so explicit flags win."""
     parser.add_argument(
         "--config",
+        type=nonblank,
         default="cpu",
         metavar="FILE",
         help="TOML/YAML/JSON settings file; 'cpu' = the embedded CPU defaults (default), 'none' = miles' defaults",

@@ -10,13 +10,16 @@ import time
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
-from lifecycle.config import LifecycleConfig
+from lifecycle.config import MAX_COUNT, Bounded, LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_check
 from lifecycle.invariants import INVARIANTS
 from lifecycle.machines import MACHINES
 from lifecycle.mutants import MUTANTS
 from lifecycle.predicates import evaluate
+
+
+MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
 
 
 def register(sub: Any) -> None:
@@ -39,11 +42,19 @@ def register(sub: Any) -> None:
         + "\n\nmutants (--mutant):\n"
         + "\n".join(f"  {m.name:<42} {m.bug}" for m in MUTANTS.values()),
     )
-    p.add_argument("--engines", type=int, default=2, metavar="N", help="engines per job (default 2)")
-    p.add_argument("--faults", type=int, default=2, metavar="N", help="faults injected per run at most (default 2)")
+    p.add_argument("--engines", type=Bounded(1, 4), default=2, metavar="N", help="engines per job, 1..4 (default 2)")
+    p.add_argument(
+        "--faults", type=Bounded(0, MAX_COUNT), default=2, metavar="N", help="faults injected per run at most (default 2)"
+    )
     p.add_argument("--invariant", action="append", metavar="NAME", help="check only this invariant (repeatable)")
     p.add_argument("--mutant", metavar="NAME", help="check a deliberately broken copy of the specs")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N", help="worker processes")
+    p.add_argument(
+        "--jobs",
+        type=Bounded(1, MAX_JOBS, why="each is a worker process"),
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="worker processes",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable results")
     add_debug_argument(p)
     add_config_arguments(p)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
-from lifecycle.config import LifecycleConfig
+from lifecycle.config import LifecycleConfig, nonblank
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.graph import (
     FORMATS,
@@ -26,6 +27,7 @@ from lifecycle.graph import (
     write_golden,
 )
 from lifecycle.machines import MACHINES
+from lifecycle.outputs import check_output
 from lifecycle.presets import PRESETS, preset
 
 
@@ -47,13 +49,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--machine", choices=[*MACHINES, "all"], default="all", help="which machine (default: all)")
     p.add_argument("--format", choices=FORMATS, default="mermaid", help="output format (default: mermaid)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    p.add_argument("-o", "--output", type=nonblank, metavar="FILE", help="write here (default: stdout)")
     p.add_argument("--preset", choices=PRESETS, help="a named config from lifecycle/presets.py instead of flags")
     p.add_argument("--prune", action="store_true", help="omit inactive edges and states unreachable under the config")
-    p.add_argument("--compare", metavar="REF_JSON", help="html: highlight edge changes against an earlier JSON export")
+    p.add_argument("--compare", type=nonblank, metavar="REF_JSON", help="html: highlight edge changes against an earlier JSON export")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", metavar="DIR", help="exit 1 with a diff when DIR's golden graphs are out of date")
-    mode.add_argument("--write", metavar="DIR", help="regenerate the golden graphs in DIR")
+    mode.add_argument("--check", type=nonblank, metavar="DIR", help="exit 1 with a diff when DIR's golden graphs are out of date")
+    mode.add_argument("--write", type=nonblank, metavar="DIR", help="regenerate the golden graphs in DIR")
     add_debug_argument(p)
     add_config_arguments(p)
     p.set_defaults(func=cmd_graph)
@@ -84,7 +86,7 @@ def cmd_graph(ns: argparse.Namespace) -> int:
     if ns.format == "html":
         ref = load_json(ns.compare) if ns.compare else None
         page = build_review(config, preset_name, machines, prune=ns.prune, reference=ref, reference_name=ns.compare)
-        return _emit(page.encode("utf-8"), ns.output, binary=False)
+        return _emit(page.encode("utf-8"), ns.output, binary=False, inputs=[ns.compare] if ns.compare else [])
     doc = graph_document(config, machines, preset_name=preset_name, prune=ns.prune)
     if ns.format == "json":
         text = to_json(doc)
@@ -124,8 +126,9 @@ def _cmd_check(directory: str) -> int:
     return 1
 
 
-def _emit(data: bytes, output: str | None, *, binary: bool) -> int:
+def _emit(data: bytes, output: str | None, *, binary: bool, inputs: Sequence[str] = ()) -> int:
     if output:
+        check_output(output, flag="-o", inputs=inputs)  # never the --compare file, never a file it did not write
         try:
             Path(output).write_bytes(data)
         except OSError as exc:

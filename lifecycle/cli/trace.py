@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from lifecycle.cli.args import add_debug_argument
 from lifecycle.cli.trace_check import add_check_parser
+from lifecycle.config import nonblank
 from lifecycle.errors import ConfigError
+from lifecycle.outputs import check_output
 from lifecycle.timeline import load_events, output_path, write_page
 from lifecycle.trace import Event, diff, line, load, torn_tail
 
@@ -19,23 +22,35 @@ def register(sub: Any) -> None:
     p = sub.add_parser("trace", help="show, compare or check lifecycle event logs (events.jsonl)")
     tsub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
     d = tsub.add_parser("diff", help="first divergence of two event logs in canonical form (no timestamps)")
-    d.add_argument("a", metavar="A")
-    d.add_argument("b", metavar="B")
+    d.add_argument("a", type=nonblank, metavar="A")
+    d.add_argument("b", type=nonblank, metavar="B")
     d.add_argument("--only", action="append", metavar="MACHINE", help="compare only this machine (repeatable)")
     add_debug_argument(d)
     d.set_defaults(func=cmd_diff)
     s = tsub.add_parser("show", help="print an event log, one line per event")
-    s.add_argument("file", metavar="FILE")
+    s.add_argument("file", type=nonblank, metavar="FILE")
     s.add_argument("--only", action="append", metavar="MACHINE", help="show only this machine (repeatable)")
     add_debug_argument(s)
     s.set_defaults(func=cmd_show)
     add_check_parser(tsub, _load)
     add_timeline_parser(tsub)
-    p.set_defaults(func=lambda ns: (p.print_help(), 2)[1])
+    add_debug_argument(p)
+    p.set_defaults(func=lambda ns: _no_subcommand(p))
+
+
+def _no_subcommand(p: argparse.ArgumentParser) -> int:
+    from lifecycle.cli import no_subcommand  # the package imports this module
+
+    raise no_subcommand("lifecycle trace", p, "lifecycle trace show RUN_DIR/events.jsonl")
 
 
 def _read(path: str, read: Callable[[str], list[Event]], *, flag: str = "trace", verb: str = "shown") -> list[Event]:
-    """Read a log with ``read``; every way it can be unreadable is one ``ConfigError`` naming the file."""
+    """Read a log with ``read``; every way it can be unreadable is one ``ConfigError`` naming the file. Every
+    subcommand comes here, and ``read`` goes through :func:`lifecycle.events.read_jsonl` (bounded, line by line)."""
+    if not os.path.exists(path):
+        raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file")
+    if os.path.isdir(path):
+        raise ConfigError(flag, path, "a directory, not an event log", "pass its events.jsonl file")
     try:
         events = read(path)
         torn = torn_tail(path)
@@ -103,8 +118,8 @@ def _load_timed(path: str) -> list[Event]:
 
 
 def cmd_timeline(ns: argparse.Namespace) -> int:
+    out = check_output(output_path(ns.file, ns.output), flag="-o", inputs=[ns.file])  # before anything is read
     events = _load_timed(ns.file)
-    out = output_path(ns.file, ns.output)
     try:
         written = write_page(events, ns.file, out, compress_gaps=not ns.linear)
     except OSError as exc:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from lifecycle.cli.args import add_debug_argument
-from lifecycle.config import LifecycleConfig
+from lifecycle.config import LifecycleConfig, nonblank
 from lifecycle.errors import ConfigError
 from lifecycle.events import STARTED
 from lifecycle.invariants import INVARIANTS
@@ -24,8 +24,8 @@ def add_check_parser(tsub: Any, load: Any) -> None:
         "as it writes the log). The config is read from the log's lifecycle.started line, or --config. "
         f"Judged: {', '.join(JUDGED)}.",
     )
-    c.add_argument("file", metavar="FILE", help="an events.jsonl (a torn last line is skipped)")
-    c.add_argument("--config", metavar="FILE", help="settings file for a log without a lifecycle.started line")
+    c.add_argument("file", type=nonblank, metavar="FILE", help="an events.jsonl (a torn last line is skipped)")
+    c.add_argument("--config", type=nonblank, metavar="FILE", help="settings file for a log without a lifecycle.started line")
     c.add_argument(
         "--invariant", action="append", choices=JUDGED, metavar="NAME", help="judge only this one (repeatable)"
     )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
+from lifecycle import jsonio
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.machines import MACHINES
@@ -180,13 +181,13 @@ def to_json(doc: GraphJSON) -> str:
 def load_json(path: str | Path) -> GraphJSON:
     """Read a JSON export, refusing other schemas (a version bump means the reader must change)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    try:  # bounded and strict: a deep or huge-number file is this one error, not a RecursionError
+        data = jsonio.read_json(p)
+    except jsonio.JSONFileError as exc:
         raise ConfigError(
             "--compare",
             str(p),
-            f"cannot read the graph JSON ({exc})",
+            f"cannot read the graph JSON (it {exc.problem})",
             "write one with `lifecycle graph --format json -o FILE`",
         ) from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:

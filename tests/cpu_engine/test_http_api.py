@@ -451,3 +451,37 @@ def test_the_command_line_binds_the_port_before_importing_torch() -> None:
     code = "import sys, cpu_engine.cli; print('torch' in sys.modules, 'cpu_engine.app' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_bad_request_is_refused_alone_while_other_clients_complete(support, engine):
+    """Issue 27, cause 7, on a real process: several clients generate while others send what the engine cannot
+    compute (tiny, NaN or infinite temperature; a seed past 64 bits); each bad one is a 400 in SGLang's message
+    shape, every normal one completes. (The in-process witnesses that re-introduce the old validator and the old
+    scheduler step are in test_sampling_isolation.py.)"""
+    normal = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
+    bad = [
+        {"temperature": 1e-300},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"sampling_seed": 1 << 64},
+    ]
+
+    async def main() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        good = [
+            asyncio.ensure_future(
+                support.raw(engine.url, "POST", "/generate", body={"text": f"p{i}", "sampling_params": normal})
+            )
+            for i in range(4)
+        ]
+        refused = [
+            await support.raw(engine.url, "POST", "/generate", body={"text": "x", "sampling_params": {**normal, **b}})
+            for b in bad
+        ]
+        return list(await asyncio.gather(*good)), refused
+
+    good, refused = run(main())
+    for status, text in good:
+        assert status == 200 and json.loads(text)["meta_info"]["finish_reason"]["type"] == "length", text
+    for (status, text), b in zip(refused, bad, strict=True):
+        assert status == 400, (b, text)
+        assert next(iter(b)) in MessageErrorBody.model_validate_json(text).error.message, text

@@ -94,8 +94,8 @@ def test_a_taken_port_is_one_line_and_exit_2():
     err = info.value
     assert err.returncode == 2 and not proc.alive
     assert err.output.strip().splitlines() == [
-        f"lifecycle-torch-engine: error: --port {port}: 127.0.0.1:{port} is already in use "
-        "(use --port 0 for a free one)"
+        f"lifecycle-torch-engine: error: --port {port}: 127.0.0.1:{port} is already in use; "
+        "Fix: use --port 0 for a free one"
     ]
     assert "exited with code 2 before it was ready" in str(err)
 
@@ -106,7 +106,8 @@ def test_a_missing_weights_file_is_one_line_and_exit_2(tmp_path):
         proc.start(timeout=30)
     assert info.value.returncode == 2
     assert info.value.output.strip().splitlines() == [
-        f"lifecycle-torch-engine: error: --weights: {tmp_path / 'nope.safetensors'}: no such file or directory"
+        f"lifecycle-torch-engine: error: --weights: {tmp_path / 'nope.safetensors'}: no such file or directory; "
+        "Fix: give a checkpoint directory (config.json + model.safetensors)"
     ]
 
 

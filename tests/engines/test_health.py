@@ -98,6 +98,28 @@ def test_threshold_of_consecutive_failures_is_reported_once():
     assert sum(o.name == "probe" for o in reports) >= 2  # one probe round report per round
 
 
+def test_only_consecutive_failures_count_a_success_starts_the_count_again():
+    """fail, ok, fail, ok, fail never reaches a threshold of 2 (a flaky but healthy engine stays); fail, fail does.
+    Rounds are driven one by one (no sleeps): the probe answers from a script, whoever sends it."""
+    script = ["failed", "ok", "failed", "ok", "failed", "failed"]
+
+    async def probe(timeout: float) -> Outcome:
+        answer = script.pop(0)
+        return Outcome("probe_ok") if answer == "ok" else Outcome("probe_failed", reason=f"answer {len(script)}")
+
+    async def run() -> list[Outcome]:
+        monitor, reports = _monitor(_config(rollout_health_check_interval=3600.0, rollout_health_check_timeout=5.0))
+        monitor.add_engine(("rollout", 0), probe)
+        await monitor.resume(CMD)  # running; its own loop sends the first round, then sleeps an hour
+        while script:
+            await monitor.probe_round()
+        await monitor.stop()
+        return reports
+
+    verdicts = [o.name for o in asyncio.run(run()) if o.name != "probe"]
+    assert verdicts == ["probe_failed"] * 4 + ["threshold_reached"]
+
+
 def test_a_marked_engine_is_not_probed_again():
     async def run() -> HealthMonitor:
         monitor, _ = _monitor(_config())

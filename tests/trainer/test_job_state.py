@@ -196,16 +196,19 @@ def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_as
 
 
 def test_the_run_manifest_round_trips_and_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
+    from trainer.loop import RunOptions
+
     saving = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "save": str(tmp_path / "ckpt")})
-    run_manifest.write_run_manifest(tmp_path, saving, {"steps": 4, "seed": 1})
+    options = RunOptions(steps=4, seed=1, run_dir=tmp_path).manifest()
+    run_manifest.write_run_manifest(tmp_path, saving, options)
     got = run_manifest.read_run_manifest(tmp_path)
-    assert LifecycleConfig.from_mapping(got.config) == saving and got.options == {"steps": 4, "seed": 1}
+    assert LifecycleConfig.from_mapping(got.config) == saving and got.options == options
     assert got.cwd == Path.cwd()
     body = json.loads(got.path.read_text())
     got.path.write_text(json.dumps({**body, "cwd": str(tmp_path / "gone")}))
     with pytest.raises(ConfigError, match=r"--resume: .*the run started in .*gone, which is gone"):
         run_manifest.read_run_manifest(tmp_path)
-    run_manifest.write_run_manifest(tmp_path, CONFIG, {"steps": 4})
+    run_manifest.write_run_manifest(tmp_path, CONFIG, options)
     with pytest.raises(ConfigError, match=r"--resume: that run wrote no job checkpoints \(no --save\)"):
         run_manifest.read_run_manifest(tmp_path)
     with pytest.raises(ConfigError, match="--resume: no such directory"):
