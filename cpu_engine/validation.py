@@ -67,7 +67,6 @@ def gate_sampling_params(raw: dict[str, Any] | None) -> SamplingParams:
 
 # Bounds on what one request may ask of the scheduler every client shares (one event loop, one token per
 # step for each running request): a stop list is scanned at every token, so its size is bounded too.
-GREEDY_BELOW = 1e-6  # SGLang samples greedily below this temperature; here 0 is greedy and (0, 1e-6) refused
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024  # per stop string
 MAX_STOP_TOKEN_IDS = 1024
@@ -92,11 +91,6 @@ def check_sampling_values(
     t = p.temperature
     if not math.isfinite(t) or t < 0:
         problems.append(f"temperature must be a finite number >= 0, got {shown(t)}")
-    elif 0 < t < GREEDY_BELOW:
-        problems.append(
-            f"temperature {t!r} is below {GREEDY_BELOW:g}, where logits / temperature overflows; "
-            "send 0 for greedy sampling"
-        )
     if not 0 < p.top_p <= 1:  # NaN fails every comparison
         problems.append(f"top_p must be in (0, 1], got {shown(p.top_p)}")
     if not (p.top_k == -1 or 1 <= p.top_k < INT64):

@@ -131,9 +131,7 @@ def arg_type(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
         try:
             return parse(text)
         except ConfigError as exc:
-            raise argparse.ArgumentTypeError(
-                f"{exc.problem} (got {bounded_repr(exc.value)}). Fix: {exc.fix}"
-            ) from None
+            raise argparse.ArgumentTypeError(f"{exc.problem} (got {bounded_repr(exc.value)}). Fix: {exc.fix}") from None
 
     convert.__name__ = name
     return convert
@@ -182,7 +180,9 @@ def _as_number(name: str, value: object, kind: str, optional: bool) -> int | flo
         raise ConfigError(flag, value, "must be a finite number", f"set {flag} to a finite number")
     if value > most:  # below, the checks of each setting (positive, fractions) apply
         unit = " seconds" if kind == "float" else ""
-        raise ConfigError(flag, value, f"too large (at most {_show(most)}{unit})", f"set {flag} to at most {_show(most)}")
+        raise ConfigError(
+            flag, value, f"too large (at most {_show(most)}{unit})", f"set {flag} to at most {_show(most)}"
+        )
     if kind == "int":
         if isinstance(value, float):
             if not value.is_integer():
@@ -816,7 +816,7 @@ def _strict_yaml_loader(path: str) -> Any:
     composing, so the expansion is never built."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type hints
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
@@ -850,10 +850,10 @@ def _strict_yaml_loader(path: str) -> Any:
 def _yaml_load(text: str, path: str) -> Any:
     """YAML text to Python values, aliases and duplicate keys refused (see :func:`_strict_yaml_loader`)."""
     try:
-        import yaml
+        loader = _strict_yaml_loader(path)(text)
     except ImportError:
-        raise ConfigError("--config", path, "YAML needs PyYAML", "pip install 'rl-lifecycle[yaml]', or use TOML") from None
-    loader = _strict_yaml_loader(path)(text)
+        fix = "pip install 'rl-lifecycle[yaml]', or use TOML"
+        raise ConfigError("--config", path, "YAML needs PyYAML", fix) from None
     try:
         return loader.get_single_data()
     finally:
@@ -891,7 +891,9 @@ def _settings_table(data: dict[str, Any], path: str) -> dict[str, Any]:
                 "settings, so it would be ignored",
                 f"{hint}move it into the [lifecycle] table (below its header), or delete it",
             )
-    return table if nested else data
+    if isinstance(table, dict):
+        return table
+    return data
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -925,6 +927,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             else "check the file and its permissions"
         )
         raise ConfigError("--config", str(p), exc.problem, fix) from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write: not part of the settings
     try:
         if suffix == ".toml":
             import tomllib
@@ -936,6 +939,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = _yaml_load(text, str(p))
     except ConfigError:
         raise
+    except RecursionError:  # TOML and YAML parse nesting recursively
+        raise ConfigError("--config", str(p), "nested too deeply", "write each setting as `key = value`") from None
     except jsonio.JSONFileError as exc:
         problem = f"cannot parse the file: it {exc.problem}"
         raise ConfigError("--config", str(p), problem, "fix the JSON there (each key once, finite numbers)") from None

@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lifecycle.errors import LifecycleError
@@ -92,7 +91,8 @@ def loads(
     except RecursionError:
         raise JSONFileError(source, f"is nested deeper than {MAX_DEPTH} levels", line) from None
     except json.JSONDecodeError as exc:
-        raise JSONFileError(source, f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", line) from None
+        problem = f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        raise JSONFileError(source, problem, line) from None
     except ValueError as exc:  # the 4,300-digit limit, a refused constant, a duplicate key
         raise JSONFileError(source, f"is not valid JSON ({str(exc)[:200]})", line) from None
     if _too_deep(value, MAX_DEPTH):
@@ -169,7 +169,8 @@ def iter_lines(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_B
             number += 1
             ended = raw.endswith(b"\n")
             if not ended and len(raw) > max_line_bytes:
-                raise JSONFileError(path, f"has a line longer than {max_line_bytes:,} bytes: not a JSON-lines file", number)
+                problem = f"has a line longer than {max_line_bytes:,} bytes: not a JSON-lines file"
+                raise JSONFileError(path, problem, number)
             yield Line(number, raw[:-1] if ended else raw, ended)
 
 

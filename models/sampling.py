@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 
 
+GREEDY_BELOW = 1e-6  # SGLang's sampling epsilon: below it a request is sampled greedily
+
 def sample_token(
     logits: Tensor,
     *,
@@ -20,17 +22,19 @@ def sample_token(
 ) -> tuple[int, float]:
     """Pick the next token; returns ``(token_id, logprob)``.
 
-    ``temperature`` 0 is greedy. The logprob is of the chosen token under ``softmax(logits / T)``
+    A ``temperature`` below ``GREEDY_BELOW`` (0 included) is greedy, as in SGLang: ``logits / 1e-300`` would
+    overflow to NaN. The logprob is of the chosen token under ``softmax(logits / T)``
     (``softmax(logits)`` when greedy), before top-k/top-p/banning -- SGLang's default reporting, so
     a trainer can recompute it with :meth:`TinyCausalLM.token_logprobs`.
     """
     logits = logits.float()
-    scaled = logits / temperature if temperature > 0 else logits
+    greedy = temperature < GREEDY_BELOW
+    scaled = logits if greedy else logits / temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
     work = scaled.clone()
     if banned:
         work[list(banned)] = -math.inf
-    if temperature <= 0:
+    if greedy:
         token = int(torch.argmax(work))
         return token, float(logprobs[token])
     if 0 < top_k < work.numel():

@@ -84,7 +84,11 @@ def register(sub: Any) -> None:
         "and --metrics-port/--metrics-host may be given with it",
     )
     p.add_argument(
-        "--engines", type=Bounded(1, MAX_COUNT), default=None, metavar="N", help="rollout engines (sets --rollout-num-gpus)"
+        "--engines",
+        type=Bounded(1, MAX_COUNT),
+        default=None,
+        metavar="N",
+        help="rollout engines (sets --rollout-num-gpus)",
     )
     p.add_argument("--seed", type=SEED, default=0, help="seed of data, sampling and initial weights (default 0)")
     p.add_argument(
@@ -111,7 +115,9 @@ def register(sub: Any) -> None:
         metavar="N",
         help="start a local multi-node Ray cluster: a head plus N-1 worker nodes hosting the engines (lose-node)",
     )
-    p.add_argument("--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)")
+    p.add_argument(
+        "--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)"
+    )
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
     p.add_argument(
         "--trainer-workers",
@@ -453,7 +459,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     # a run never writes over another run, another job's checkpoints or its own input: refused before any write
     check_new_run(run_dir, save=config.save, load=config.load, hf_checkpoint=ns.hf_checkpoint)
-    _check_run_dir(run_dir)
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     faults = tuple(ns.inject)  # parsed by --inject's type
@@ -471,6 +476,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         steps=ns.steps,
     )
     check_steps(faults, ns.steps)
+    _check_run_dir(run_dir)  # last: it creates the folder, and a refused run must leave nothing behind
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
     from trainer.loop import RunOptions, run

@@ -17,6 +17,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from lifecycle.cli import check, explain, graph, trace
+from lifecycle.cli.args import no_subcommand
 from lifecycle.config import RaisingParser
 from lifecycle.errors import LifecycleError, UsageError
 
@@ -74,14 +75,6 @@ def build_parser(plugins: Iterable[EntryPoint] | None = None) -> argparse.Argume
     for ep in plugin_commands() if plugins is None else plugins:
         _register_plugin(sub, ep)
     return parser
-
-
-def no_subcommand(prog: str, parser: argparse.ArgumentParser, example: str) -> UsageError:
-    """The error for a command group given without its command (``lifecycle``, ``lifecycle trace``)."""
-    names = [name for action in parser._actions if isinstance(action.choices, dict) for name in action.choices]
-    return UsageError(
-        prog, f"no command given (one of {', '.join(names)}). Fix: add one, e.g. `{example}`; `{prog} --help` says more"
-    )
 
 
 def _no_command(parser: argparse.ArgumentParser) -> int:

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Any
 
 from lifecycle.config import FLAG_BY_NAME, LifecycleConfig, add_lifecycle_arguments, load_config_file, nonblank
-from lifecycle.errors import ConfigError
+from lifecycle.errors import ConfigError, UsageError
 
 EMBEDDED = {"cpu": "cpu.toml"}
 
@@ -68,6 +68,15 @@ def config_from_args(ns: argparse.Namespace, *, check_paths: bool = True) -> Lif
         raise
     config.emit_warnings()
     return config
+
+
+def no_subcommand(prog: str, parser: argparse.ArgumentParser, example: str) -> UsageError:
+    """The error for a command group given without its command (``lifecycle``, ``lifecycle trace``): one paragraph
+    naming the commands, where argparse printed the help page and exited 2."""
+    names = [name for action in parser._actions if isinstance(action.choices, dict) for name in action.choices]
+    return UsageError(
+        prog, f"no command given (one of {', '.join(names)}). Fix: add one, e.g. `{example}`; `{prog} --help` says more"
+    )
 
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,6 @@ from lifecycle.machines import MACHINES
 from lifecycle.mutants import MUTANTS
 from lifecycle.predicates import evaluate
 
-
 MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
 
 
@@ -44,7 +43,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--engines", type=Bounded(1, 4), default=2, metavar="N", help="engines per job, 1..4 (default 2)")
     p.add_argument(
-        "--faults", type=Bounded(0, MAX_COUNT), default=2, metavar="N", help="faults injected per run at most (default 2)"
+        "--faults",
+        type=Bounded(0, MAX_COUNT),
+        default=2,
+        metavar="N",
+        help="faults injected per run at most (default 2)",
     )
     p.add_argument("--invariant", action="append", metavar="NAME", help="check only this invariant (repeatable)")
     p.add_argument("--mutant", metavar="NAME", help="check a deliberately broken copy of the specs")

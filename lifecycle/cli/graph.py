@@ -52,9 +52,16 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", type=nonblank, metavar="FILE", help="write here (default: stdout)")
     p.add_argument("--preset", choices=PRESETS, help="a named config from lifecycle/presets.py instead of flags")
     p.add_argument("--prune", action="store_true", help="omit inactive edges and states unreachable under the config")
-    p.add_argument("--compare", type=nonblank, metavar="REF_JSON", help="html: highlight edge changes against an earlier JSON export")
+    p.add_argument(
+        "--compare",
+        type=nonblank,
+        metavar="REF_JSON",
+        help="html: highlight edge changes against an earlier JSON export",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", type=nonblank, metavar="DIR", help="exit 1 with a diff when DIR's golden graphs are out of date")
+    mode.add_argument(
+        "--check", type=nonblank, metavar="DIR", help="exit 1 with a diff when DIR's golden graphs are out of date"
+    )
     mode.add_argument("--write", type=nonblank, metavar="DIR", help="regenerate the golden graphs in DIR")
     add_debug_argument(p)
     add_config_arguments(p)

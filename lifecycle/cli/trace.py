@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lifecycle.cli.args import add_debug_argument
+from lifecycle.cli.args import add_debug_argument, no_subcommand
 from lifecycle.cli.trace_check import add_check_parser
 from lifecycle.config import nonblank
 from lifecycle.errors import ConfigError
@@ -39,8 +39,6 @@ def register(sub: Any) -> None:
 
 
 def _no_subcommand(p: argparse.ArgumentParser) -> int:
-    from lifecycle.cli import no_subcommand  # the package imports this module
-
     raise no_subcommand("lifecycle trace", p, "lifecycle trace show RUN_DIR/events.jsonl")
 
 

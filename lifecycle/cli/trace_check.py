@@ -25,7 +25,9 @@ def add_check_parser(tsub: Any, load: Any) -> None:
         f"Judged: {', '.join(JUDGED)}.",
     )
     c.add_argument("file", type=nonblank, metavar="FILE", help="an events.jsonl (a torn last line is skipped)")
-    c.add_argument("--config", type=nonblank, metavar="FILE", help="settings file for a log without a lifecycle.started line")
+    c.add_argument(
+        "--config", type=nonblank, metavar="FILE", help="settings file for a log without a lifecycle.started line"
+    )
     c.add_argument(
         "--invariant", action="append", choices=JUDGED, metavar="NAME", help="judge only this one (repeatable)"
     )

@@ -455,12 +455,11 @@ def test_the_command_line_binds_the_port_before_importing_torch() -> None:
 
 def test_a_bad_request_is_refused_alone_while_other_clients_complete(support, engine):
     """Issue 27, cause 7, on a real process: several clients generate while others send what the engine cannot
-    compute (tiny, NaN or infinite temperature; a seed past 64 bits); each bad one is a 400 in SGLang's message
+    compute (a NaN or infinite temperature; a seed past 64 bits); each bad one is a 400 in SGLang's message
     shape, every normal one completes. (The in-process witnesses that re-introduce the old validator and the old
     scheduler step are in test_sampling_isolation.py.)"""
     normal = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
     bad = [
-        {"temperature": 1e-300},
         {"temperature": float("nan")},
         {"temperature": float("inf")},
         {"sampling_seed": 1 << 64},

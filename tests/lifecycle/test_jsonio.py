@@ -101,6 +101,21 @@ def test_read_jsonl_names_the_bad_line_and_allows_nan(tmp_path: Path) -> None:
         list(jsonio.read_jsonl(path))
 
 
+def test_the_event_log_reader_goes_through_jsonio(tmp_path: Path) -> None:
+    """``events.read_jsonl`` (behind every ``trace`` subcommand): NaN allowed, a torn last line still skipped,
+    a deep or huge line one error naming the line."""
+    from lifecycle.events import read_jsonl
+
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "x", "loss": NaN}\n{"event": "y"}\n{"event": "z", "na')
+    events = read_jsonl(path)
+    assert [e["event"] for e in events] == ["x", "y"] and math.isnan(events[0]["loss"])
+    for bad in (DEEP, '{"n": ' + HUGE + "}"):
+        path.write_text('{"event": "x"}\n' + bad + "\n")
+        with pytest.raises(JSONFileError, match=r"events\.jsonl:2: not a JSON event line"):
+            read_jsonl(path)
+
+
 # -- the checks can fail: the old readers put back ---------------------------------------------------------------
 def _check_refused(path: Path) -> None:
     with pytest.raises(JSONFileError):

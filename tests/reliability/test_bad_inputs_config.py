@@ -26,14 +26,15 @@ from lifecycle.errors import ConfigError
 pytestmark = pytest.mark.bad_input
 
 
-def _bomb(levels: int, width: int = 9) -> str:
-    """'Billion laughs': each level a list of ``width`` aliases of the one before (width**levels items)."""
-    lines = ["a0: &a0 [" + ", ".join(['"lol"'] * width) + "]"]
-    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels)]
-    return "\n".join(lines) + "\n"
+def _bomb(levels: int) -> str:
+    """'Billion laughs' as a setting's value: each level a list of nine aliases of the one before, 9**levels items."""
+    names = "abcdefghijklmnop"
+    parts = ["&a [" + ",".join("x" * 9) + "]"]
+    parts += [f"&{names[i]} [" + ",".join([f"*{names[i - 1]}"] * 9) + "]" for i in range(1, levels)]
+    return "rollout_num_gpus: [" + ", ".join(parts) + "]\n"
 
 
-BOMB = _bomb(6)  # 225 bytes, 9**6 = 531,441 strings: a 3.5 MB "paragraph" when the error echoed repr(value)
+BOMB = _bomb(6)  # ~200 bytes, 9**6 = 531,441 strings: a 3.5 MB "paragraph" when the error echoed repr(value)
 BIG_BOMB = _bomb(12)  # 9**12: neither its expansion nor its repr fits anywhere
 C = "{tmp}/c"
 BIG_INT = "9" * 23
@@ -41,34 +42,123 @@ DIGITS_5000 = "9" * 5000
 
 CASES: list[Case] = [
     # --- config files: bounded, strict (cause 3, 4) ------------------------------------------------------------
-    Case("yaml-alias-bomb", ("explain", "--config", C + ".yaml"), (C + ".yaml", "alias"), (_write("c.yaml", BOMB),)),
-    Case("yaml-alias-bomb-big", ("run", "--config", C + ".yml"), (C + ".yml", "alias"), (_write("c.yml", BIG_BOMB),)),
-    Case("yaml-alias-in-table", ("check", "--config", C + ".yaml"), ("*n", "alias"), (_write("c.yaml", "x: &n 2\nlifecycle: {rollout_num_gpus: *n}\n"),)),
-    Case("yaml-duplicate-key", ("explain", "--config", C + ".yaml"), (C + ".yaml", "'rollout_num_gpus'", "twice"), (_write("c.yaml", "rollout_num_gpus: 2\nrollout_num_gpus: 4\n"),), proc=True),
-    Case("yaml-duplicate-in-table", ("graph", "--config", C + ".yaml"), (C + ".yaml", "'colocate'", "line 4"), (_write("c.yaml", "lifecycle:\n  rollout_num_gpus: 2\n  colocate: true\n  colocate: false\n"),)),
-    Case("json-duplicate-key", ("explain", "--config", C + ".json"), (C + ".json", "duplicate key 'rollout_num_gpus'"), (_write("c.json", '{"rollout_num_gpus": 2, "rollout_num_gpus": 4}'),), proc=True),
-    Case("json-duplicate-in-table", ("check", "--config", C + ".json"), (C + ".json", "duplicate key 'save'"), (_write("c.json", '{"lifecycle": {"save": "a", "save": "b"}}'),)),
-    Case("json-nan", ("explain", "--config", C + ".json"), (C + ".json", "NaN"), (_write("c.json", '{"rollout_health_check_interval": NaN}'),)),
-    Case("json-deep", ("explain", "--config", C + ".json"), (C + ".json", "nested deeper"), (_write("c.json", "[" * 100_000 + "]" * 100_000),)),
-    Case("toml-key-above-table", ("explain", "--config", C + ".toml"), (C + ".toml", "'rolout_num_gpus'", "[lifecycle]", "did you mean rollout_num_gpus"), (_write("c.toml", "rolout_num_gpus = 4\n[lifecycle]\nrollout_num_gpus = 2\n"),), proc=True),
-    Case("toml-setting-above-table", ("run", "--config", C + ".toml"), (C + ".toml", "'colocate'", "outside the [lifecycle] table"), (_write("c.toml", "colocate = true\n[lifecycle]\nrollout_num_gpus = 2\n"),)),
-    Case("toml-table-typo", ("explain", "--config", C + ".toml"), (C + ".toml", "[lifecycl]", "did you mean [lifecycle]"), (_write("c.toml", "[model]\nname = 'x'\n[lifecycl]\nrollout_num_gpus = 2\n"),)),
-    Case("yaml-key-beside-table", ("explain", "--config", C + ".yaml"), (C + ".yaml", "'eval_interval'"), (_write("c.yaml", "eval_interval: 3\nlifecycle:\n  rollout_num_gpus: 2\n"),)),
-    Case("config-too-large", ("explain", "--config", C + ".toml"), (C + ".toml", "larger than"), (_write("c.toml", "# padding\n" * 120_000),)),
+    Case("yaml-alias-bomb", ("explain", "--config", C + ".yaml"), (C + ".yaml", "YAML alias *a "), (_write("c.yaml", BOMB),)),
+    Case("yaml-alias-bomb-big", ("run", "--config", C + ".yml"), (C + ".yml", "YAML alias *a "), (_write("c.yml", BIG_BOMB),)),
+    Case(
+        "yaml-alias-in-table",
+        ("check", "--config", C + ".yaml"),
+        ("YAML alias *n ",),
+        (_write("c.yaml", "x: &n 2\nlifecycle: {rollout_num_gpus: *n}\n"),),
+    ),
+    Case(
+        "yaml-duplicate-key",
+        ("explain", "--config", C + ".yaml"),
+        (C + ".yaml", "'rollout_num_gpus'", "twice"),
+        (_write("c.yaml", "rollout_num_gpus: 2\nrollout_num_gpus: 4\n"),),
+        proc=True,
+    ),
+    Case(
+        "yaml-duplicate-in-table",
+        ("graph", "--config", C + ".yaml"),
+        (C + ".yaml", "'colocate'", "line 4"),
+        (_write("c.yaml", "lifecycle:\n  rollout_num_gpus: 2\n  colocate: true\n  colocate: false\n"),),
+    ),
+    Case(
+        "json-duplicate-key",
+        ("explain", "--config", C + ".json"),
+        (C + ".json", "duplicate key 'rollout_num_gpus'"),
+        (_write("c.json", '{"rollout_num_gpus": 2, "rollout_num_gpus": 4}'),),
+        proc=True,
+    ),
+    Case(
+        "json-duplicate-in-table",
+        ("check", "--config", C + ".json"),
+        (C + ".json", "duplicate key 'save'"),
+        (_write("c.json", '{"lifecycle": {"save": "a", "save": "b"}}'),),
+    ),
+    Case(
+        "json-nan",
+        ("explain", "--config", C + ".json"),
+        (C + ".json", "NaN"),
+        (_write("c.json", '{"rollout_health_check_interval": NaN}'),),
+    ),
+    Case(
+        "json-deep",
+        ("explain", "--config", C + ".json"),
+        (C + ".json", "nested deeper"),
+        (_write("c.json", "[" * 100_000 + "]" * 100_000),),
+    ),
+    Case(
+        "toml-key-above-table",
+        ("explain", "--config", C + ".toml"),
+        (C + ".toml", "'rolout_num_gpus'", "[lifecycle]", "did you mean rollout_num_gpus"),
+        (_write("c.toml", "rolout_num_gpus = 4\n[lifecycle]\nrollout_num_gpus = 2\n"),),
+        proc=True,
+    ),
+    Case(
+        "toml-setting-above-table",
+        ("run", "--config", C + ".toml"),
+        (C + ".toml", "'colocate'", "outside the [lifecycle] table"),
+        (_write("c.toml", "colocate = true\n[lifecycle]\nrollout_num_gpus = 2\n"),),
+    ),
+    Case(
+        "toml-table-typo",
+        ("explain", "--config", C + ".toml"),
+        (C + ".toml", "[lifecycl]", "did you mean [lifecycle]"),
+        (_write("c.toml", "[model]\nname = 'x'\n[lifecycl]\nrollout_num_gpus = 2\n"),),
+    ),
+    Case(
+        "yaml-key-beside-table",
+        ("explain", "--config", C + ".yaml"),
+        (C + ".yaml", "'eval_interval'"),
+        (_write("c.yaml", "eval_interval: 3\nlifecycle:\n  rollout_num_gpus: 2\n"),),
+    ),
+    Case(
+        "config-too-large",
+        ("explain", "--config", C + ".toml"),
+        (C + ".toml", "larger than"),
+        (_write("c.toml", "# padding\n" * 120_000),),
+    ),
     Case("config-a-device", ("explain", "--config", "/dev/zero"), ("--config", "/dev/zero", "not a regular file")),
     Case("config-empty-path", ("explain", "--config", ""), ("--config", "empty")),
-    Case("config-huge-value", ("explain", "--config", C + ".json"), (C + ".json", "--rollout-num-gpus"), (_write("c.json", json.dumps({"rollout_num_gpus": [1] * 200_000})),)),
-    Case("toml-int-overflow", ("explain", "--config", C + ".toml"), (C + ".toml", "--rollout-num-gpus", "too large"), (_write("c.toml", "rollout_num_gpus = 9223372036854775807\n"),)),
+    Case(
+        "config-huge-value",
+        ("explain", "--config", C + ".json"),
+        (C + ".json", "--rollout-num-gpus"),
+        (_write("c.json", json.dumps({"rollout_num_gpus": [1] * 200_000})),),
+    ),
+    Case(
+        "toml-int-overflow",
+        ("explain", "--config", C + ".toml"),
+        (C + ".toml", "--rollout-num-gpus", "too large"),
+        (_write("c.toml", "rollout_num_gpus = 9223372036854775807\n"),),
+    ),
     # --- numbers that parse but overflow, bounded at parse time (cause 2) ---------------------------------------
     Case("run-seed-past-64-bits", ("run", "--seed", BIG_INT), ("--seed", "64-bit", "Fix: give a value in 0..")),
     Case("run-seed-past-torch", ("run", "--seed", str(2**48)), ("--seed", "281474976710655")),
     Case("run-seed-negative", ("run", "--seed=-1"), ("--seed", "0..")),
     Case("run-seed-5000-digits", ("run", "--seed", DIGITS_5000), ("--seed", "too long")),
-    Case("run-ray-address-port-23-digits", ("run", "--ray-address", "host:" + BIG_INT), ("--ray-address", "port", "1..65535"), proc=True),
+    Case(
+        "run-ray-address-port-23-digits",
+        ("run", "--ray-address", "host:" + BIG_INT),
+        ("--ray-address", "port", "1..65535"),
+        proc=True,
+    ),
     Case("run-ray-address-port-zero", ("run", "--ray-address", "127.0.0.1:0"), ("--ray-address", "1..65535")),
-    Case("run-ray-address-no-port", ("run", "--ray-address", "localhost"), ("--ray-address", "'localhost'", "HOST:PORT")),
-    Case("run-inject-step-5000-digits", ("run", "--inject", "kill-engine:0@" + DIGITS_5000), ("--inject", "STEP", f"0..{MAX_COUNT}"), proc=True),
-    Case("run-inject-index-overflow", ("run", "--inject", f"kill-engine:{BIG_INT}@1"), ("--inject", "INDEX", f"0..{MAX_COUNT}")),
+    Case(
+        "run-ray-address-no-port", ("run", "--ray-address", "localhost"), ("--ray-address", "'localhost'", "HOST:PORT")
+    ),
+    Case(
+        "run-inject-step-5000-digits",
+        ("run", "--inject", "kill-engine:0@" + DIGITS_5000),
+        ("--inject", "STEP", "too long"),
+        proc=True,
+    ),
+    Case(
+        "run-inject-index-overflow",
+        ("run", "--inject", f"kill-engine:{BIG_INT}@1"),
+        ("--inject", "INDEX", f"0..{MAX_COUNT}"),
+    ),
     Case("run-inject-unicode-digits", ("run", "--inject", "kill-engine:\u0661@1"), ("--inject", "FAULT:INDEX@STEP")),
     Case("run-steps-overflow", ("run", "--steps", BIG_INT), ("--steps", f"1..{MAX_COUNT}")),
     Case("run-engines-overflow", ("run", "--engines", BIG_INT), ("--engines",)),
@@ -76,12 +166,24 @@ CASES: list[Case] = [
     Case("run-ray-nodes-too-many", ("run", "--ray-nodes", "100000"), ("--ray-nodes", "1..64")),
     Case("run-keep-checkpoints-overflow", ("run", "--keep-checkpoints", BIG_INT), ("--keep-checkpoints",)),
     Case("run-metrics-port-overflow", ("run", "--metrics-port", BIG_INT), ("--metrics-port", "0..65535")),
-    Case("run-request-timeout-overflow", ("run", "--engine-request-timeout", "1e12"), ("--engine-request-timeout", "2592000")),
+    Case(
+        "run-request-timeout-overflow",
+        ("run", "--engine-request-timeout", "1e12"),
+        ("--engine-request-timeout", "2592000"),
+    ),
     Case("run-startup-timeout-nan", ("run", "--engine-startup-timeout", "nan"), ("--engine-startup-timeout", "finite")),
     Case("explain-gpus-overflow", ("explain", "--rollout-num-gpus", BIG_INT), ("--rollout-num-gpus", "too large")),
-    Case("explain-gpus-5000-digits", ("explain", "--rollout-num-gpus", DIGITS_5000), ("--rollout-num-gpus", "too long")),
-    Case("explain-window-overflow", ("explain", "--engine-restart-window", "1e300"), ("--engine-restart-window", "seconds")),
-    Case("explain-buffer-overflow", ("explain", "--update-weight-buffer-size", BIG_INT), ("--update-weight-buffer-size",)),
+    Case(
+        "explain-gpus-5000-digits", ("explain", "--rollout-num-gpus", DIGITS_5000), ("--rollout-num-gpus", "too long")
+    ),
+    Case(
+        "explain-window-overflow",
+        ("explain", "--engine-restart-window", "1e300"),
+        ("--engine-restart-window", "seconds"),
+    ),
+    Case(
+        "explain-buffer-overflow", ("explain", "--update-weight-buffer-size", BIG_INT), ("--update-weight-buffer-size",)
+    ),
     Case("check-jobs-overflow", ("check", "--jobs", "99999999999999"), ("--jobs", "1..256")),
     Case("check-faults-overflow", ("check", "--faults", BIG_INT), ("--faults",)),
     Case("check-engines-23-digits", ("check", "--engines", BIG_INT), ("--engines", "1..4")),
@@ -102,13 +204,17 @@ CASES: list[Case] = [
     Case("trace-show-empty", ("trace", "show", ""), ("FILE", "empty")),
     Case("trace-check-config-empty", ("trace", "check", "{tmp}/e.jsonl", "--config", ""), ("--config", "empty")),
     # --- weak messages: the right flag, no usage block (cause 9) ----------------------------------------------------
-    Case("run-metrics-host-not-local", ("run", "--metrics-port", "0", "--metrics-host", "192.0.2.1"), ("--metrics-host", "192.0.2.1")),
+    Case(
+        "run-metrics-host-not-local",
+        ("run", "--metrics-port", "0", "--metrics-host", "192.0.2.1"),
+        ("--metrics-host", "192.0.2.1"),
+    ),
     Case("no-command", (), ("no command", "explain", "run"), proc=True),
     Case("trace-no-subcommand", ("trace",), ("lifecycle trace", "show", "timeline"), proc=True),
     Case("unknown-command", ("nosuch",), ("'nosuch'", "explain")),
     Case("graph-check-and-write", ("graph", "--check", "a", "--write", "b"), ("--check", "--write")),
     Case("trace-diff-one-side", ("trace", "diff", "{tmp}/a.jsonl"), ("B",)),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -147,7 +253,7 @@ def test_the_bounds_are_what_torch_takes() -> None:
     torch = pytest.importorskip("torch")
     top = trainer.cli.SEED.hi * trainer.cli.RANKS + trainer.cli.RANKS - 1
     torch.Generator().manual_seed(int(top))  # the largest seed, with the largest rank
-    with pytest.raises(RuntimeError if False else (RuntimeError, ValueError, OverflowError)):
+    with pytest.raises((RuntimeError, ValueError, OverflowError)):
         torch.Generator().manual_seed(int(top) + 1)
 
 
@@ -162,7 +268,10 @@ def test_good_input_still_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "Traceback" not in capsys.readouterr().err
     ns = cli.build_parser().parse_args(["run", "--seed", str(2**48 - 1), "--ray-address", "ray://h:10001"])
     assert ns.seed == 2**48 - 1 and ns.ray_address == "ray://h:10001"
-    assert cli.build_parser().parse_args(["run", "--ray-address", "auto", "--inject", "kill-engine:1@3"]).inject[0].step == 3
+    assert (
+        cli.build_parser().parse_args(["run", "--ray-address", "auto", "--inject", "kill-engine:1@3"]).inject[0].step
+        == 3
+    )
 
 
 def test_load_config_file_refuses_in_the_library_too(tmp_path: Path) -> None:
@@ -197,9 +306,11 @@ def _safe_load(text: str, path: str) -> Any:
     return yaml.safe_load(text)
 
 
-def test_catches_yaml_aliases(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_catches_yaml_aliases(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)
-    with pytest.raises(AssertionError, match="alias"):
+    with pytest.raises(AssertionError, match="YAML alias"):
         check_in_process(_case("yaml-alias-bomb"), tmp_path, capsys)
 
 
@@ -217,16 +328,19 @@ def test_a_big_bomb_is_never_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path:
     """The alias is refused while the file is composed: no Python value of it is ever constructed."""
     import yaml
 
+    class Built(BaseException):  # not an Exception: the loader's own handler must not wrap it
+        pass
+
     def built(self: Any, node: Any) -> Any:
-        raise AssertionError("the loader constructed the document")
+        raise Built("the loader constructed the document")
 
     monkeypatch.setattr(yaml.constructor.BaseConstructor, "construct_document", built)
     path = tmp_path / "c.yaml"
     path.write_text(BIG_BOMB)
-    with pytest.raises(ConfigError, match=r"alias \*a0"):
+    with pytest.raises(ConfigError, match=r"alias \*a"):
         load_config_file(path)
     monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)  # the old loader builds it
-    with pytest.raises(AssertionError, match="constructed"):
+    with pytest.raises(Built):
         load_config_file(path)
 
 
@@ -312,7 +426,9 @@ def _old_check_metrics(port: int | None, host: str) -> None:
         with socket.create_server((host, port)):
             pass
     except OSError as exc:
-        raise ConfigError("--metrics-port", port, f"cannot listen on {host}:{port} ({exc})", "pick a free port") from None
+        raise ConfigError(
+            "--metrics-port", port, f"cannot listen on {host}:{port} ({exc})", "pick a free port"
+        ) from None
 
 
 def test_catches_the_wrong_flag_blamed(

@@ -199,11 +199,12 @@ def test_corpus_is_distinct_and_covers_every_trace_subcommand() -> None:
 
 # -- a sparse 5 GB model.safetensors: refused from its header, never read whole ------------------------------------
 # Not through check_in_process: its snapshot hashes every file whole (5 GB in memory). ``tree_stat`` stands in.
-def _sparse_weights(header: bytes) -> Callable[[Path], None]:
-    """A char checkpoint directory whose model.safetensors is 5 GB on paper (a hole: nothing big is written)."""
+def _sparse_weights(header: bytes, config: str = CHAR_CONFIG) -> Callable[[Path], None]:
+    """A checkpoint directory (the char model's by default) whose model.safetensors is 5 GB on paper (a hole:
+    nothing big is written)."""
 
     def setup(tmp: Path) -> None:
-        _write("ckpt/config.json", CHAR_CONFIG)(tmp)
+        _write("ckpt/config.json", config)(tmp)
         with (tmp / "ckpt" / "model.safetensors").open("wb") as f:
             f.write(header)
             f.truncate(FIVE_GB)
@@ -223,6 +224,12 @@ SPARSE: list[Case] = [
         HF,
         ("--hf-checkpoint", "{tmp}/ckpt/model.safetensors", "header is not valid JSON"),
         (_sparse_weights(struct.pack("<Q", 64) + b"\x00garbage" * 8),),
+    ),
+    Case(  # a Hugging Face model_type: the header is checked before the model is built (transformers)
+        "hf-weights-sparse-llama-garbage-header",
+        HF,
+        ("--hf-checkpoint", "{tmp}/ckpt/model.safetensors", "header is not valid JSON"),
+        (_sparse_weights(struct.pack("<Q", 64) + b"\x00garbage" * 8, '{"model_type": "llama"}'),),
     ),
     Case(
         "hf-weights-sparse-deep-header",
