@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-
 GREEDY_BELOW = 1e-6  # SGLang's sampling epsilon: below it a request is sampled greedily
+
 
 def sample_token(
     logits: Tensor,

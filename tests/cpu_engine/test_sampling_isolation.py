@@ -4,7 +4,8 @@ Two layers, each with a test that puts the old code back and shows the witness t
 
 * the validator (``check_sampling_values``) refuses, per request and before anything is queued, every
   sampling parameter the engine cannot compute (NaN, infinities, 64-bit overflows, huge stop lists; a
-  temperature below 1e-6, whose logits would overflow, is sampled greedily as SGLang does) -- 400 in SGLang's ``{"error": {"message"}}`` shape;
+  temperature below 1e-6, whose logits would overflow, is sampled greedily as SGLang does) -- 400 in
+  SGLang's ``{"error": {"message"}}`` shape;
 * the scheduler fails only the request whose step raised: its batch-mates and other clients' requests
   complete (before, one request's sampling error aborted every request in flight).
 """
