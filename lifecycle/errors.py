@@ -66,6 +66,8 @@ class UsageError(LifecycleError):
 
     def __init__(self, prog: str, message: str) -> None:
         self.prog = prog
+        if len(message) > 3 * ECHO_CHARS:  # argparse echoes a value whole: `--launcher <5,000 characters>`
+            message = f"{message[: 2 * ECHO_CHARS]}...{message[-ECHO_CHARS // 2 :]}"
         self.message = message
         if "Fix:" in message:  # an argparse ``type`` (a bounded number, a fault spec) already says what to do
             super().__init__(message)

@@ -165,7 +165,8 @@ def tree_snapshot(root: Path) -> dict[str, str]:
             out[rel] = "dir"
         elif path.is_file():
             try:
-                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+                with path.open("rb") as f:  # in chunks: a case's file may be large (or sparse)
+                    out[rel] = hashlib.file_digest(f, "sha256").hexdigest()
             except OSError as exc:  # an unreadable file (a permission case) is still one that must not change
                 out[rel] = f"unreadable:{exc.errno}:{path.stat().st_size}"
         else:

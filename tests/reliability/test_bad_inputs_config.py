@@ -42,8 +42,18 @@ DIGITS_5000 = "9" * 5000
 
 CASES: list[Case] = [
     # --- config files: bounded, strict (cause 3, 4) ------------------------------------------------------------
-    Case("yaml-alias-bomb", ("explain", "--config", C + ".yaml"), (C + ".yaml", "YAML alias *a "), (_write("c.yaml", BOMB),)),
-    Case("yaml-alias-bomb-big", ("run", "--config", C + ".yml"), (C + ".yml", "YAML alias *a "), (_write("c.yml", BIG_BOMB),)),
+    Case(
+        "yaml-alias-bomb",
+        ("explain", "--config", C + ".yaml"),
+        (C + ".yaml", "YAML alias *a "),
+        (_write("c.yaml", BOMB),),
+    ),
+    Case(
+        "yaml-alias-bomb-big",
+        ("run", "--config", C + ".yml"),
+        (C + ".yml", "YAML alias *a "),
+        (_write("c.yml", BIG_BOMB),),
+    ),
     Case(
         "yaml-alias-in-table",
         ("check", "--config", C + ".yaml"),
@@ -121,6 +131,12 @@ CASES: list[Case] = [
     ),
     Case("config-a-device", ("explain", "--config", "/dev/zero"), ("--config", "/dev/zero", "not a regular file")),
     Case("config-empty-path", ("explain", "--config", ""), ("--config", "empty")),
+    Case(
+        "toml-deep",
+        ("explain", "--config", C + ".toml"),
+        (C + ".toml", "nested too deeply"),
+        (_write("c.toml", "a = " + "[" * 5000 + "]" * 5000 + "\n"),),
+    ),
     Case(
         "config-huge-value",
         ("explain", "--config", C + ".json"),
@@ -203,6 +219,7 @@ CASES: list[Case] = [
     Case("graph-compare-empty", ("graph", "--format", "html", "--compare", ""), ("--compare", "empty")),
     Case("trace-show-empty", ("trace", "show", ""), ("FILE", "empty")),
     Case("trace-check-config-empty", ("trace", "check", "{tmp}/e.jsonl", "--config", ""), ("--config", "empty")),
+    Case("run-launcher-5000-chars", ("run", "--launcher", "x" * 5000), ("--launcher", "'ray', 'local'")),
     # --- weak messages: the right flag, no usage block (cause 9) ----------------------------------------------------
     Case(
         "run-metrics-host-not-local",
@@ -235,7 +252,13 @@ def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
     assert not _paragraph_problems(plain.stderr, names), (_paragraph_problems(plain.stderr, names), plain.stderr)
 
 
-SHORT = ["yaml-alias-bomb", "config-huge-value", "explain-gpus-5000-digits", "run-inject-step-5000-digits"]
+SHORT = [
+    "yaml-alias-bomb",
+    "config-huge-value",
+    "explain-gpus-5000-digits",
+    "run-inject-step-5000-digits",
+    "run-launcher-5000-chars",
+]
 
 
 @pytest.mark.parametrize("case_id", SHORT)
@@ -263,6 +286,8 @@ def test_good_input_still_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "c.toml").write_text("[model]\nname = 'x'\n[lifecycle]\nrollout_num_gpus = 2\n")
     assert cli.main(["explain", "--config", str(tmp_path / "c.toml")]) == 0
     (tmp_path / "c.yaml").write_text("rollout_num_gpus: 2\nengine_restart_window: 86400\n")
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbfrollout_num_gpus = 2\n")  # a byte-order mark is no setting
+    assert cli.main(["explain", "--config", str(tmp_path / "bom.toml")]) == 0
     assert cli.main(["explain", "--config", str(tmp_path / "c.yaml")]) == 0
     assert cli.main(["explain", "--rollout-num-gpus", str(MAX_COUNT - 1), "--update-weight-buffer-size", "4e9"]) == 0
     assert "Traceback" not in capsys.readouterr().err
@@ -298,6 +323,14 @@ def test_catches_an_unbounded_echo(
     monkeypatch.setattr(lifecycle.errors, "bounded_repr", repr)  # ConfigError echoes repr(value), as before
     with pytest.raises(AssertionError, match="-character paragraph"):
         test_an_error_echoes_a_bounded_value("config-huge-value", tmp_path, capsys)
+
+
+def test_catches_an_unbounded_usage_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(lifecycle.errors, "ECHO_CHARS", 10**9)  # argparse's message kept whole, as before
+    with pytest.raises(AssertionError, match="-character paragraph"):
+        test_an_error_echoes_a_bounded_value("run-launcher-5000-chars", tmp_path, capsys)
 
 
 def _safe_load(text: str, path: str) -> Any:
