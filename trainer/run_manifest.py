@@ -249,11 +249,14 @@ def check_new_run(
     """A run never writes over what it did not create: not another run's directory, not another job's
     checkpoints, not its own input. Checked before anything is written; ``load`` set: the run continues the job
     whose checkpoints are there (``--resume``, or ``--load``), which may then use its run directory and save dir."""
-    if hf_checkpoint is not None and _inside(Path(hf_checkpoint), run_dir):
+    # the run writes its files into RUN_DIR and its weights under RUN_DIR/weights (pruned to --keep-checkpoints)
+    hf = None if hf_checkpoint is None else Path(hf_checkpoint)
+    if hf is not None and (_inside(hf, run_dir / "weights") or _same(hf, run_dir)):
         raise ConfigError(
             "--hf-checkpoint",
             str(hf_checkpoint),
-            f"is inside --run-dir {run_dir}: the run writes its weights there and would overwrite its own input",
+            f"is --run-dir {run_dir} or inside its weights directory, which the run writes (and prunes): it would "
+            "overwrite its own input",
             f"copy the checkpoint out of {run_dir} (cp -r), or pass another --run-dir",
         )
     found = holds_run(run_dir)

@@ -166,11 +166,11 @@ CASES: list[Case] = [
         (lambda tmp: _tiny_checkpoint(tmp / "run" / "weights" / "step-2"),),
         proc=True,
     ),
-    Case(  # the run directory holds nothing of a run yet: the input is still inside what the run writes
-        "hf-checkpoint-inside-a-fresh-run-dir",
-        ("run", "--hf-checkpoint", "{tmp}/out/given", "--run-dir", "{tmp}/out"),
+    Case(  # the checkpoint directory is the run directory: the run's files go into the model's folder
+        "hf-checkpoint-is-the-run-dir",
+        ("run", "--hf-checkpoint", "{tmp}/out", "--run-dir", "{tmp}/out"),
         ("--hf-checkpoint", "--run-dir", "{tmp}/out"),
-        (lambda tmp: _tiny_checkpoint(tmp / "out" / "given"),),
+        (lambda tmp: _tiny_checkpoint(tmp / "out"),),
     ),
     # --- 5d: an output path over its input, or over a file no command of ours wrote -----------------------------
     Case(
@@ -333,6 +333,8 @@ def test_a_run_may_continue_its_own_directory_and_checkpoints(tmp_path: Path) ->
     check_new_run(run, save=ckpt, load=ckpt, hf_checkpoint=None)
     check_new_run(tmp_path / "new", save=str(tmp_path / "new" / "ckpt"), load=None, hf_checkpoint=None)
     check_new_run(tmp_path / "new", save=str(tmp_path / "fork"), load=ckpt, hf_checkpoint=run / "weights")
+    # a model kept beside the run's own files (scripts/gpu_check.py builds one into RUN_DIR/model) is never written
+    check_new_run(tmp_path / "new", save=None, load=None, hf_checkpoint=tmp_path / "new" / "model")
     (tmp_path / "empty").mkdir()
     check_new_run(tmp_path / "empty", save=str(tmp_path / "empty"), load=None, hf_checkpoint=None)
 
@@ -505,8 +507,11 @@ def test_catches_an_hf_checkpoint_inside_the_run_dir(
 ) -> None:
     monkeypatch.setattr("trainer.run_manifest._inside", lambda path, folder: False)
     _stop_before_writing(monkeypatch)
-    with pytest.raises(RuntimeError, match="got past"):
-        check_in_process(_case("hf-checkpoint-inside-a-fresh-run-dir"), tmp_path, capsys)
+    with pytest.raises(AssertionError, match="does not name '--hf-checkpoint'"):  # only the run-dir check is left
+        check_in_process(_case("hf-checkpoint-inside-its-run-dir"), tmp_path, capsys)
+    monkeypatch.setattr("trainer.run_manifest._same", lambda a, b: False)
+    with pytest.raises(RuntimeError, match="got past"):  # the model's own folder as the run directory
+        check_in_process(_case("hf-checkpoint-is-the-run-dir"), tmp_path / "same", capsys)
 
 
 def test_catches_an_output_over_its_input(
