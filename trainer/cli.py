@@ -25,12 +25,10 @@ from lifecycle.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, a
 from lifecycle.errors import ConfigError
 from trainer.checks import MODELS, check_async, check_hf_checkpoint, check_model, check_steps
 from trainer.faults import FAULTS, check_faults, fault_arg
+from trainer.run_manifest import BOUNDS
 
 # Each number is bounded where the command line is parsed (issue 27: a 64-bit-plus --seed crashed the trainer).
-RANKS = 65536  # the trainer seeds torch with seed * RANKS + rank, and torch takes a 64-bit seed
-SEED = Bounded(0, 2**64 // RANKS - 1, why="the trainer seeds torch with seed * 65536 + rank, a 64-bit number")
 SECONDS = Bounded(0, MAX_SECONDS, kind=float)
-MAX_RAY_NODES = 64
 METRICS_HOST = "127.0.0.1"
 _RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
 
@@ -73,7 +71,7 @@ def register(sub: Any) -> None:
             "metrics.jsonl, reward.png (with matplotlib) and timeline.html into the run directory."
         ),
     )
-    p.add_argument("--steps", type=Bounded(1, MAX_COUNT), default=None, metavar="N", help="RL steps (default 30)")
+    p.add_argument("--steps", type=BOUNDS["steps"], default=None, metavar="N", help="RL steps (default 30)")
     p.add_argument(
         "--resume",
         type=nonblank,
@@ -90,7 +88,9 @@ def register(sub: Any) -> None:
         metavar="N",
         help="rollout engines (sets --rollout-num-gpus)",
     )
-    p.add_argument("--seed", type=SEED, default=0, help="seed of data, sampling and initial weights (default 0)")
+    p.add_argument(
+        "--seed", type=BOUNDS["seed"], default=0, help="seed of data, sampling and initial weights (default 0)"
+    )
     p.add_argument(
         "--ray-address",
         type=arg_type(parse_ray_address, "address"),
@@ -110,7 +110,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--ray-nodes",
-        type=Bounded(1, MAX_RAY_NODES, why="each is a Ray node process on this machine"),
+        type=BOUNDS["ray_nodes"],
         default=1,
         metavar="N",
         help="start a local multi-node Ray cluster: a head plus N-1 worker nodes hosting the engines (lose-node)",
@@ -121,7 +121,7 @@ def register(sub: Any) -> None:
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
     p.add_argument(
         "--trainer-workers",
-        type=Bounded(1, RANKS, why="a worker's torch seed is seed * 65536 + its rank"),
+        type=BOUNDS["workers"],
         default=1,
         metavar="N",
         help="trainer workers (default 1)",
@@ -163,7 +163,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--keep-checkpoints",
-        type=Bounded(1, MAX_COUNT),
+        type=BOUNDS["keep_checkpoints"],
         default=3,
         metavar="K",
         help="weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "

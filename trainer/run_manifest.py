@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lifecycle.config import MAX_COUNT, MAX_SECONDS, LifecycleConfig
+from lifecycle.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.jsonio import JSONFileError, read_json
 
@@ -74,11 +74,30 @@ def write_run_manifest(
     return path
 
 
+# -- the bounds of lifecycle run's numbered options: its flags (trainer.cli) parse with these, and run.json is
+# checked against the same ones -- a run.json holds nothing a command line could not give ------------------------
+RANKS = 65536  # the trainer seeds torch with seed * RANKS + rank, and torch takes a 64-bit seed
+BOUNDS: dict[str, Bounded] = {
+    "steps": Bounded(1, MAX_COUNT),
+    "seed": Bounded(0, 2**64 // RANKS - 1, why="a worker's torch seed is seed * 65536 + its rank, a 64-bit number"),
+    "ray_nodes": Bounded(1, 64, why="each is a Ray node process on this machine"),
+    "workers": Bounded(1, RANKS, why="a worker's torch seed is seed * 65536 + its rank"),
+    "keep_checkpoints": Bounded(1, MAX_COUNT),
+}
+
+
+def worker_seed(seed: int, rank: int) -> int:
+    """A trainer worker's torch/random seed: distinct per rank, and at most 64 bits under ``BOUNDS``."""
+    return seed * RANKS + rank
+
+
 # -- the options' schema: each checker returns the problem, or None -----------------------------------------------
-def _int(low: int, high: int) -> Callable[[Any], str | None]:
+def _int(name: str) -> Callable[[Any], str | None]:
+    low, high = BOUNDS[name].lo, BOUNDS[name].hi
+
     def check(v: Any) -> str | None:
         ok = isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-        return None if ok else f"must be an integer in {low}..{high}"
+        return None if ok else f"must be an integer in {int(low)}..{int(high)}"
 
     return check
 
@@ -120,19 +139,19 @@ def _timeouts(v: Any) -> str | None:
 
 # the bounds of lifecycle run's own flags (trainer.cli): a run.json holds nothing a command line could not give
 OPTIONS: dict[str, Callable[[Any], str | None]] = {
-    "steps": _int(1, MAX_COUNT),
-    "seed": _int(0, 2**48 - 1),  # the trainer seeds torch with seed * 65536 + rank, a 64-bit number
+    "steps": _int("steps"),
+    "seed": _int("seed"),
     "faults": _strings,
-    "ray_nodes": _int(1, 64),
+    "ray_nodes": _int("ray_nodes"),
     "timeouts": _timeouts,
     "launcher": _one_of("ray", "local"),
-    "workers": _int(1, 65536),
+    "workers": _int("workers"),
     "lr": _positive_number,
     "model_size": _text(),
     "rollout_fn": _text(optional=True, factory=True),
     "data_source": _text(optional=True, factory=True),
     "async_mode": _one_of(True, False),
-    "keep_checkpoints": _int(1, MAX_COUNT),
+    "keep_checkpoints": _int("keep_checkpoints"),
     "hf_checkpoint": _text(optional=True),
     "model": _text(),
     "router": _one_of(True, False, None),

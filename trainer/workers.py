@@ -37,9 +37,11 @@ class TrainerWorker:
         # that draws from them (dropout) repeats itself across runs, and a job checkpoint's RNG state is the job's
         import random
 
-        torch.manual_seed(seed * 65536 + rank)
-        random.seed(seed * 65536 + rank)
         from trainer.backend import build_backend
+        from trainer.run_manifest import worker_seed
+
+        torch.manual_seed(worker_seed(seed, rank))
+        random.seed(worker_seed(seed, rank))
 
         self.rank = rank
         self.spec = spec

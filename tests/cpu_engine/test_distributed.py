@@ -81,6 +81,26 @@ def test_a_broadcast_leaves_every_engine_holding_rank_0s_tensors_tensor_for_tens
     assert all(i["weight_groups"] == ["weight_update_group"] for i in infos)
 
 
+def test_a_destroyed_group_is_gone_from_the_engine_and_the_next_update_forms_it_again(receivers):
+    """The engine's side of the teardown: after ``/destroy_weights_update_group`` it holds no group, so the next
+    update's ``/init_weights_update_group`` is accepted (a kept group would be refused: "destroy it first")."""
+
+    async def main() -> list[list[str]]:
+        cs = clients(receivers)
+        held = []
+        for _ in range(2):
+            group = await join(cs)
+            for c in cs:
+                await c.destroy_weights_update_group()
+            group.close()
+            held += [(await c.server_info()).internal_states[0]["weight_groups"] for c in cs]
+        for c in cs:
+            await c.close()
+        return held
+
+    assert asyncio.run(asyncio.wait_for(main(), BOUND)) == [[]] * 4
+
+
 def test_an_engine_killed_mid_broadcast_fails_rank_0_and_the_survivor_within_the_bound(receivers):
     source = TinyCausalLM("tiny", seed=98)
     state = {n: p.detach().contiguous() for n, p in source.named_parameters()}

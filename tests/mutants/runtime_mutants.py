@@ -46,6 +46,22 @@ T_CONTROLLER, T_CORE, T_RUNNER = (
     "tests/lifecycle/test_core.py",
     "tests/lifecycle/test_runner.py",
 )
+GROUP, ROUTING, ENGINE, LAUNCHER, BROADCAST, WEIGHT_GROUP = (
+    "trainer/group.py",
+    "rollout/routing.py",
+    "engines/engine.py",
+    "engines/launcher.py",
+    "trainer/broadcast.py",
+    "models/weight_group.py",
+)
+T_RESUME, T_WITHDRAW, T_HEALTH, T_SLOT, T_STOP, T_TEARDOWN = (
+    "tests/trainer/test_resume_restores.py",
+    "tests/rollout/test_routing_withdraw.py",
+    "tests/engines/test_health.py",
+    "tests/engines/test_engine_slot_duties.py",
+    "tests/lifecycle/test_core_stop.py",
+    "tests/trainer/test_broadcast_teardown.py",
+)
 
 MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
@@ -175,6 +191,198 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "            raise self.engine_failure(instance)",
         "            return",
         (f"{T_CONTROLLER}::test_no_rollout_ft_starts_no_monitor_and_a_dead_engine_fails_naming_the_flag",),
+    ),
+    # -- what a resumed run restores (issue 27) ---------------------------------------------------------------
+    RuntimeMutant(
+        "resume_rng_not_restored",
+        "a resumed trainer restores the model and optimizer but not the random generators (it draws new numbers)",
+        GROUP,
+        '                await w.call("set_rng_state", self.resume.rng["ranks"][w.rank])\n',
+        "",
+        (f"{T_RESUME}::test_each_resumed_worker_gets_the_trainer_state_and_its_own_ranks_generators",),
+    ),
+    RuntimeMutant(
+        "resume_rng_of_rank_0_everywhere",
+        "every resumed worker gets rank 0's random generators (the ranks draw the same numbers)",
+        GROUP,
+        'self.resume.rng["ranks"][w.rank]',
+        'self.resume.rng["ranks"][0]',
+        (f"{T_RESUME}::test_each_resumed_worker_gets_the_trainer_state_and_its_own_ranks_generators",),
+    ),
+    RuntimeMutant(
+        "resume_relabels_version_0",
+        "a resumed job relaunches its engines with the checkpoint's weights labelled v0 (versions go backwards)",
+        GROUP,
+        'return await self._write_weights(self.resume.weight_version if self.resume is not None else "0")',
+        'return await self._write_weights("0")',
+        (f"{T_RESUME}::test_a_resumed_job_labels_the_weights_it_relaunches_with_with_the_checkpoints_version",),
+    ),
+    RuntimeMutant(
+        "restart_ages_never_restored",
+        "a resumed job forgets its engines' spent restarts (a crash-looping engine gets a fresh budget per resume)",
+        GROUP,
+        "            self.runner.restore_restart_ages(resume.restart_ages)  # before the first operation\n",
+        "",
+        (f"{T_RESUME}::test_restart_budget_ages_survive_a_resume_on_another_clock",),
+    ),
+    RuntimeMutant(
+        "restart_ages_read_as_times",
+        "a checkpoint's restart ages are read back as times of the new driver's clock (the budget is wrong)",
+        RUNNER,
+        "tuple(tuple(now - a for a in row) for row in ages)",
+        "tuple(tuple(a for a in row) for row in ages)",
+        (f"{T_RESUME}::test_restart_budget_ages_survive_a_resume_on_another_clock",),
+    ),
+    RuntimeMutant(
+        "restart_ages_saved_as_times",
+        "a checkpoint keeps restart times of the dead driver's monotonic clock, meaningless to the next one",
+        RUNNER,
+        "return [[round(now - t, 3) for t in e.restarts] for e in self.state.engines]",
+        "return [[round(t, 3) for t in e.restarts] for e in self.state.engines]",
+        (f"{T_RESUME}::test_restart_budget_ages_survive_a_resume_on_another_clock",),
+    ),
+    # -- withdrawing a drained or marked engine from routing ------------------------------------------------
+    RuntimeMutant(
+        "local_withdraw_keeps_member",
+        "in-process routing keeps a withdrawn engine: requests still reach a drained or marked engine",
+        ROUTING,
+        '        self._members.pop(engine.id, None)\n        return Outcome("done")',
+        '        return Outcome("done")',
+        (f"{T_WITHDRAW}::test_a_withdrawn_engine_gets_no_more_requests_in_process",),
+    ),
+    RuntimeMutant(
+        "router_withdraw_forgets_router",
+        "withdrawing drops the engine from the shell's books but never unregisters it at the sglang-router",
+        ROUTING,
+        "            await self.router.remove(url)\n",
+        "            pass\n",
+        (f"{T_WITHDRAW}::test_withdrawing_unregisters_the_engine_at_the_router_itself",),
+    ),
+    RuntimeMutant(
+        "stop_routing_unbound",
+        "the engine's stop_routing effect does nothing: an engine that leaves Serving stays routed",
+        CONTROLLER,
+        '"engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),',
+        '"engine.stop_routing": lambda c: asyncio.sleep(0),',
+        (f"{T_CONTROLLER}::test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_drain",),
+    ),
+    # -- a monitor's consecutive failures ---------------------------------------------------------------------
+    RuntimeMutant(
+        "probe_success_keeps_failure_count",
+        "a successful probe does not reset the failure count: a flaky but healthy engine is marked in the end",
+        HEALTH,
+        "            h.failures = 0\n",
+        "            pass\n",
+        (f"{T_HEALTH}::test_only_consecutive_failures_count_a_success_starts_the_count_again",),
+    ),
+    RuntimeMutant(
+        "failure_threshold_off_by_one",
+        "the monitor marks an engine one failed probe after the threshold",
+        HEALTH,
+        "if h.failures < self.config.rollout_health_check_failure_threshold:",
+        "if h.failures <= self.config.rollout_health_check_failure_threshold:",
+        (f"{T_HEALTH}::test_only_consecutive_failures_count_a_success_starts_the_count_again",),
+    ),
+    # -- confirming a stop ------------------------------------------------------------------------------------
+    RuntimeMutant(
+        "kill_reports_dead_unconfirmed",
+        "the engine slot reports a kill as dead once SIGKILL is sent, before the death is confirmed",
+        ENGINE,
+        "if not await self.launcher.wait_dead(self.timeouts.death):",
+        "if False:",
+        (f"{T_SLOT}::test_a_kill_whose_death_is_not_confirmed_is_alive_not_dead",),
+    ),
+    RuntimeMutant(
+        "wait_dead_timeout_is_death",
+        "a process still running when the wait for its death runs out is reported dead",
+        LAUNCHER,
+        "        except EngineTimeout:\n            return False\n        return True",
+        "        except EngineTimeout:\n            return True\n        return True",
+        (f"{T_SLOT}::test_a_process_that_has_not_exited_is_not_reported_dead",),
+    ),
+    RuntimeMutant(
+        "alive_after_kill_taken_as_dead",
+        "the core takes a kill answered 'alive' as a death: Stopped (or restarted beside) a live zombie",
+        CORE,
+        '                if o.name == "alive":\n                    self.fail_run(',
+        '                if o.name == "never":\n                    self.fail_run(',
+        (
+            f"{T_STOP}::test_a_stop_whose_death_is_not_confirmed_never_reaches_stopped_and_stops_the_run",
+            f"{T_STOP}::test_a_recovery_whose_kill_is_not_confirmed_never_starts_a_second_process",
+        ),
+    ),
+    # -- tearing down the weight-update group on both sides ----------------------------------------------------
+    RuntimeMutant(
+        "destroy_forgets_the_engines",
+        "destroying the weight-update group forgets its engines first: they stay in it and refuse the next init",
+        BROADCAST,
+        "members, self.members = self.members, []",
+        "members, self.members = [], []",
+        (f"{T_TEARDOWN}::test_destroying_the_group_makes_rank_0_and_every_engine_that_joined_leave",),
+    ),
+    RuntimeMutant(
+        "trainer_never_leaves_the_group",
+        "destroying the weight-update group makes the engines leave but not trainer worker 0 (rank 0)",
+        BROADCAST,
+        "await asyncio.gather(leave, *calls, return_exceptions=True)",
+        "leave.close()\n        await asyncio.gather(*calls, return_exceptions=True)",
+        (f"{T_TEARDOWN}::test_destroying_the_group_makes_rank_0_and_every_engine_that_joined_leave",),
+    ),
+    RuntimeMutant(
+        "engine_leave_never_sent",
+        "an engine slot's leave_group never calls /destroy_weights_update_group on its server",
+        ENGINE,
+        "        if self.client is not None:\n            with contextlib.suppress(EngineError):\n"
+        "                await self.client.destroy_weights_update_group(",
+        "        if self.client is None:\n            with contextlib.suppress(EngineError):\n"
+        "                await self.client.destroy_weights_update_group(",
+        (f"{T_SLOT}::test_leaving_the_weight_update_group_reaches_the_server",),
+    ),
+    RuntimeMutant(
+        "engine_keeps_destroyed_group",
+        "the CPU engine closes a destroyed group but keeps it registered: the next init is refused",
+        "cpu_engine/engine.py",
+        "group = self.groups.pop(body.group_name, None)",
+        "group = self.groups.get(body.group_name)",
+        (
+            "tests/cpu_engine/test_distributed.py::"
+            "test_a_destroyed_group_is_gone_from_the_engine_and_the_next_update_forms_it_again",
+        ),
+    ),
+    RuntimeMutant(
+        "leaving_keeps_the_connections",
+        "leaving the group only flags it closed: members blocked in a collective wait out their whole deadline",
+        WEIGHT_GROUP,
+        "        self.closed = True\n        with contextlib.suppress(Exception):  # already broken: nothing more to "
+        "release\n            self.pg.shutdown()\n        del self.pg\n",
+        "        self.closed = True\n",
+        (f"{T_TEARDOWN}::test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_its_deadline",),
+    ),
+    # -- publishing an engine only once it holds the weights ---------------------------------------------------
+    RuntimeMutant(
+        "load_unverified",
+        "a weight load counts as loaded without /model_info reporting the version (it serves the old weights)",
+        ENGINE,
+        "if got != version:",
+        "if False:",
+        (f"{T_SLOT}::test_a_load_counts_only_once_the_server_reports_the_version",),
+    ),
+    RuntimeMutant(
+        "refused_load_finishes_update",
+        "an engine that refused the weights finishes its update and serves with the old ones",
+        CORE,
+        '                if o.name == "loaded":\n',
+        '                if o.name in ("loaded", "refused"):\n',
+        (f"{T_CORE}::test_an_engine_that_refuses_the_weights_never_serves_with_the_old_ones",),
+    ),
+    RuntimeMutant(
+        "launch_publishes",
+        "an engine is registered for routing as soon as its server answers, before it holds the weights (miles #1724)",
+        CONTROLLER,
+        '        if outcome.name == "ready":\n            self._watch(engine)\n',
+        '        if outcome.name == "ready":\n            await self.routings[self._group(cmd)].publish(engine)\n'
+        "            self._watch(engine)\n",
+        (f"{T_CONTROLLER}::test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_drain",),
     ),
 )
 BY_NAME = {m.name: m for m in MUTANTS}

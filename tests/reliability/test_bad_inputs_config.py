@@ -274,7 +274,9 @@ def test_an_error_echoes_a_bounded_value(case_id: str, tmp_path: Path, capsys: p
 def test_the_bounds_are_what_torch_takes() -> None:
     """--seed's bound is exactly what the trainer's torch.manual_seed(seed * 65536 + rank) accepts."""
     torch = pytest.importorskip("torch")
-    top = trainer.cli.SEED.hi * trainer.cli.RANKS + trainer.cli.RANKS - 1
+    from trainer.run_manifest import BOUNDS, worker_seed
+
+    top = worker_seed(int(BOUNDS["seed"].hi), int(BOUNDS["workers"].hi) - 1)
     torch.Generator().manual_seed(int(top))  # the largest seed, with the largest rank
     with pytest.raises((RuntimeError, ValueError, OverflowError)):
         torch.Generator().manual_seed(int(top) + 1)
@@ -409,7 +411,9 @@ def test_catches_keys_outside_the_table(
 def test_catches_an_unbounded_seed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.cli, "SEED", int)  # `type=int`, as before
+    import trainer.run_manifest
+
+    monkeypatch.setitem(trainer.run_manifest.BOUNDS, "seed", int)  # `type=int`, as before
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-seed-past-64-bits"), tmp_path, capsys)

@@ -286,6 +286,39 @@ def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(
     assert "recover" not in moves[last_stop:] and "confirm_dead" in moves[last_stop:]
 
 
+@pytest.mark.routing
+@pytest.mark.recovery
+def test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_drain(rig: Rig) -> None:
+    """The shell's half of publication: an engine whose server answers but holds no committed weights yet is
+    not in the group's routing, and one drained after a generate leaves it (``stop_routing``)."""
+
+    def published() -> list[str]:
+        return rig.c.routing().members()
+
+    def serving() -> list[str]:
+        return [e.id for e in rig.c.routable()]
+
+    _kill(rig)
+    assert published() == serving() == []
+    rig.update()  # recovered: a new process, answering, loaded under the lock -- Quiesced, not routed
+    assert rig.state() == "Quiesced" and published() == serving() == []
+    seen: list[tuple[list[str], list[str]]] = []
+    inner = rig.manager.executor.rollout_fn
+    assert inner is not None
+
+    async def spied(rollout_id: int, controller: InferenceController) -> list[Any]:
+        seen.append((published(), serving()))
+        return await inner(rollout_id, controller)
+
+    rig.manager.executor.rollout_fn = spied
+    try:
+        rig.run(rig.manager.generate(8))
+    finally:
+        rig.manager.executor.rollout_fn = inner
+    assert seen == [(["engine-0"], ["engine-0"])]
+    assert published() == serving() == []  # drained at the end of the generate: withdrawn
+
+
 # -- the construction gate, and rollout FT as the one gate ------------------------------------------------------
 @pytest.mark.construction_gate
 def test_replay_constructs_nothing_and_starts_nothing(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ class CountingClient:
 
 
 def _engine(i: int) -> Any:
-    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), url=f"http://127.0.0.1:{30000 + i}/")
+    url = f"http://127.0.0.1:{30000 + i}/"
+    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), url=url, api_key=None)
 
 
 async def _never_unhealthy(engine_id: str, reason: str) -> None:
@@ -54,10 +55,10 @@ class ListingRouter:
     def __init__(self) -> None:
         self.listed: set[str] = set()
 
-    async def add(self, url: str) -> None:
+    async def add(self, url: str, **kw: Any) -> None:
         self.listed.add(url.rstrip("/"))
 
-    async def remove(self, url: str) -> None:
+    async def remove(self, url: str, **kw: Any) -> None:
         self.listed.discard(url.rstrip("/"))
 
 
