@@ -215,7 +215,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         GROUP,
         'return await self._write_weights(self.resume.weight_version if self.resume is not None else "0")',
         'return await self._write_weights("0")',
-        (f"{T_RESUME}::test_a_resumed_job_labels_the_weights_it_relaunches_with_with_the_checkpoints_version",),
+        (f"{T_RESUME}::test_a_resumed_job_labels_the_relaunched_weights_with_the_checkpoints_version",),
     ),
     RuntimeMutant(
         "restart_ages_never_restored",

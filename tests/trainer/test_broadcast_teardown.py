@@ -21,7 +21,7 @@ from lifecycle.runner import Runner
 pytest.importorskip("ray")  # trainer.workers imports it; no cluster is started here
 pytest.importorskip("torch")
 
-from trainer.broadcast import WeightBroadcast  # noqa: E402
+from trainer.broadcast import WeightBroadcast
 
 FLAGS = {"rollout_num_gpus": 2, "update_weight_transfer_mode": "broadcast", "update_weight_timeout": 30.0}
 
@@ -85,7 +85,6 @@ def test_a_member_that_died_does_not_keep_the_others_in_the_group() -> None:
     _do(runner, "init_weight_group")
     assert _do(runner, "destroy_weight_group") == "done"  # best effort: the dead one has left by dying
     assert engines[1].calls[-1] == "leave" and sender.calls[-1] == "leave_weight_group"
-
 
 
 def test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_its_deadline() -> None:

@@ -21,14 +21,17 @@ from lifecycle.runner import Runner
 
 pytest.importorskip("ray")  # trainer.workers imports it; no cluster is started here
 
-from trainer.backend import BackendSpec  # noqa: E402
-from trainer.group import TrainerGroup  # noqa: E402
-from trainer.job_state import JobCheckpoint  # noqa: E402
+from trainer.backend import BackendSpec
+from trainer.group import TrainerGroup
+from trainer.job_state import JobCheckpoint
 
-from .conftest import bind_rollout_stand_in  # noqa: E402
+from .conftest import bind_rollout_stand_in
 
 FLAGS = {"rollout_num_gpus": 2, "save": "ckpt", "load": "ckpt"}
-RNG = [{"torch": "state of rank 0", "python": [3, [1, 2], None]}, {"torch": "state of rank 1", "python": [3, [4], None]}]
+RNG = [
+    {"torch": "state of rank 0", "python": [3, [1, 2], None]},
+    {"torch": "state of rank 1", "python": [3, [4], None]},
+]
 
 
 class RecordingWorker:
@@ -85,7 +88,7 @@ def test_each_resumed_worker_gets_the_trainer_state_and_its_own_ranks_generators
         assert restored.index("set_rng_state") > restored.index("set_state")
 
 
-def test_a_resumed_job_labels_the_weights_it_relaunches_with_with_the_checkpoints_version(tmp_path: Path) -> None:
+def test_a_resumed_job_labels_the_relaunched_weights_with_the_checkpoints_version(tmp_path: Path) -> None:
     path, version = asyncio.run(_group(tmp_path, _checkpoint(version="7")).start())  # type: ignore[misc]
     assert version == "7" and path.endswith("step-7")  # not "0": the engines would serve v0 after v7
     fresh = asyncio.run(_group(tmp_path / "fresh", None).start())
