@@ -153,7 +153,6 @@ REPLAY = ("run", "--quiet", "--run-dir", "{tmp}/run", "--load-debug-rollout-data
 R0 = "{tmp}/replay/0.json"
 
 
-
 def tree_snapshot(root: Path) -> dict[str, str]:
     """Every path under ``root`` with what it holds (a file's sha256, a link's target, ``dir``)."""
     out: dict[str, str] = {}
@@ -177,6 +176,7 @@ def tree_snapshot(root: Path) -> dict[str, str]:
 def written(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """What a refused command created, changed or removed (empty: nothing)."""
     return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
 
 # -- the checks ---------------------------------------------------------------------------------------------
 def _paragraph_problems(err: str, names: list[str]) -> list[str]:
@@ -223,5 +223,3 @@ def _cli(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[s
         env=env,
         cwd=REPO,
     )
-
-
