@@ -223,3 +223,17 @@ def _cli(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[s
         env=env,
         cwd=REPO,
     )
+
+
+def check_subprocess(case: Case, tmp: Path, *, debug: bool = False) -> None:
+    """``case`` as a real ``python -m lifecycle.cli`` process: exit 2, one paragraph, nothing written (and with
+    ``debug``, ``--debug`` shows the traceback, still exit 2)."""
+    argv, names = case.materialise(tmp)
+    before = tree_snapshot(tmp)
+    plain = _cli(argv)
+    assert plain.returncode == 2, plain
+    assert not written(before, tree_snapshot(tmp)), f"{case.id}: wrote {written(before, tree_snapshot(tmp))}"
+    assert not _paragraph_problems(plain.stderr, names), (_paragraph_problems(plain.stderr, names), plain.stderr)
+    if debug:
+        traced = _cli(["--debug", *argv])
+        assert traced.returncode == 2 and "Traceback (most recent call last)" in traced.stderr, traced

@@ -30,7 +30,6 @@ from badinput import (
     REPO,
     SAMPLE,
     Case,
-    _cli,
     _edit_json,
     _free_port,
     _mkdir,
@@ -40,8 +39,7 @@ from badinput import (
     _small_checkpoint,
     _write,
     check_in_process,
-    tree_snapshot,
-    written,
+    check_subprocess,
 )
 
 import lifecycle.cli as cli
@@ -477,14 +475,7 @@ PROC = [c for c in CASES if c.proc]
 
 @pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
 def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
-    argv, names = case.materialise(tmp_path)
-    before = tree_snapshot(tmp_path)
-    plain = _cli(argv)
-    assert plain.returncode == 2, plain
-    assert not written(before, tree_snapshot(tmp_path)), f"{case.id}: wrote {written(before, tree_snapshot(tmp_path))}"
-    assert not _paragraph_problems(plain.stderr, names), (_paragraph_problems(plain.stderr, names), plain.stderr)
-    debug = _cli(["--debug", *argv])
-    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr, debug
+    check_subprocess(case, tmp_path, debug=True)
 
 
 def test_corpus_is_large_and_distinct() -> None:

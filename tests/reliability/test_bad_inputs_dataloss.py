@@ -24,12 +24,10 @@ from typing import Any
 import pytest
 from badinput import (
     Case,
-    _cli,
-    _paragraph_problems,
     _write,
     check_in_process,
+    check_subprocess,
     tree_snapshot,
-    written,
 )
 
 import lifecycle.cli as cli
@@ -290,12 +288,7 @@ PROC = [c for c in CASES if c.proc]
 
 @pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
 def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
-    argv, names = case.materialise(tmp_path)
-    before = tree_snapshot(tmp_path)
-    plain = _cli(argv)
-    assert plain.returncode == 2, plain
-    assert not written(before, tree_snapshot(tmp_path)), f"{case.id}: wrote {written(before, tree_snapshot(tmp_path))}"
-    assert not _paragraph_problems(plain.stderr, names), (_paragraph_problems(plain.stderr, names), plain.stderr)
+    check_subprocess(case, tmp_path)
 
 
 def _case(case_id: str) -> Case:
