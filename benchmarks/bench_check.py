@@ -13,14 +13,13 @@ import argparse
 import time
 
 from lifecycle import world as world_module
-from lifecycle.cli.check import _expected_cost
 from lifecycle.explore import explore, lattice, run_check
 from lifecycle.presets import preset
 
 
 def full(engines: int, jobs: int, faults: int) -> tuple[int, int, int, int, float]:
     lat = lattice()
-    groups = sorted(lat.groups.values(), key=_expected_cost, reverse=True)  # as `lifecycle check` does
+    groups = lat.largest_first()  # as `lifecycle check` does
     t0 = time.perf_counter()
     states = transitions = 0
     for r in run_check(groups, engines=engines, jobs=jobs, max_faults=faults):

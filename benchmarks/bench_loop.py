@@ -51,13 +51,12 @@ GOAL = 0.01
 
 
 class Timer:
-    """Time spent inside outermost ``fire`` calls made during a step: wall and this thread's CPU.
+    """Time spent inside the outermost calls of the lifecycle layer made during a step (:func:`timed_layer`):
+    wall and this thread's CPU.
 
     CPU time (``time.thread_time``) is the layer's own cost: it does not count the moments the OS
     runs another process (a busy 2-core machine preempts often). Wall time counts them: an upper
-    bound. An async ``fire`` does not suspend unless an effect handler awaits (the loop registers
-    none; ``LeanAsyncMachine`` awaits ``transitions``' callbacks without tasks), so its CPU time is
-    its own too, not other coroutines'.
+    bound. The layer's calls are synchronous, so its CPU time is its own, not other coroutines'.
     """
 
     def __init__(self) -> None:

@@ -53,14 +53,17 @@ class HealthMonitor:
         *,
         seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         log: EventLog | None = None,
     ) -> None:
+        """``clock`` and ``sleep`` are one time source (tests pass a fake one and drive every round exactly)."""
         self.config = config
         self.log = log  # every probe result, and whether it was acted on (metrics, the live invariant monitor)
         self._report = report
         self._engines: dict[Slot, EngineHealth] = {}
         self._rng = random.Random(seed)
         self._clock = clock
+        self._sleep = sleep
         self._epoch = 0
         self._running = False
         self._loops: set[asyncio.Task[None]] = set()  # probe loops still running (a paused one ends after its sleep)
@@ -121,7 +124,7 @@ class HealthMonitor:
             await self.probe_round(epoch)
             if epoch != self._epoch:
                 return
-            await asyncio.sleep(self._period())
+            await self._sleep(self._period())
 
     async def probe_round(self, epoch: int | None = None) -> None:
         """Probe every engine past its startup grace, concurrently; one ``probe`` report per round."""
@@ -136,14 +139,14 @@ class HealthMonitor:
 
     async def _probe_one(self, slot: Slot, h: EngineHealth, epoch: int) -> None:
         timeout = float(self.config.rollout_health_check_timeout or 0)
-        sent = time.monotonic()
+        sent = self._clock()
         try:
             result = await asyncio.wait_for(h.probe(timeout), timeout)
         except TimeoutError:
             result = Outcome("probe_failed", reason=f"no answer within {timeout:g}s")
         h.probes += 1
         group, index = slot
-        seconds = round(time.monotonic() - sent, 6)
+        seconds = round(self._clock() - sent, 6)
         if self._engines.get(slot) is not h:
             return  # removed while the probe was out (marked, stopped, restarted)
         if epoch != self._epoch or not self._running:  # the monitor was paused while this probe was out

@@ -9,7 +9,7 @@ from lifecycle.events import EventLog, bind_context, capture
 from lifecycle.ledger import EffectLedger
 from lifecycle.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER, WEIGHT_SYNC
 from lifecycle.predicates import PREDICATES, evaluate
-from lifecycle.runtime import AsyncLifecycleMachine, FireResult, LifecycleMachine
+from lifecycle.runtime import FireResult, LifecycleMachine
 from lifecycle.spec import MachineSpec, StateSpec, T
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "ROLLOUT",
     "TRAINER",
     "WEIGHT_SYNC",
-    "AsyncLifecycleMachine",
     "ConfigError",
     "ConfigWarning",
     "EffectLedger",

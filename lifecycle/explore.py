@@ -19,7 +19,7 @@ from typing import Any
 from lifecycle.config import LifecycleConfig
 from lifecycle.errors import ConfigError
 from lifecycle.invariants import INVARIANTS, check_reach, check_state, check_step
-from lifecycle.predicates import vector
+from lifecycle.predicates import evaluate, vector
 from lifecycle.spec import MachineSpec, Step
 from lifecycle.world import Checker, Node, Transition
 
@@ -220,6 +220,17 @@ class Lattice:
     valid: list[LifecycleConfig]
     invalid: list[tuple[dict[str, Any], str]]
     groups: dict[tuple[bool, ...], list[LifecycleConfig]]
+
+    def largest_first(self) -> list[list[LifecycleConfig]]:
+        """The groups, largest expected exploration first, so that parallel workers finish together."""
+        return sorted(self.groups.values(), key=_expected_cost, reverse=True)
+
+
+def _expected_cost(group: list[LifecycleConfig]) -> tuple[bool, ...]:
+    """An eval fleet, monitors and offload each multiply the states (measured: the fleet about 3x, rollout FT
+    about 2x)."""
+    p = evaluate(group[0])
+    return (p["eval_fleet_enabled"], p["monitors_rollout"], p["offloads_rollout"], p["ci_injects_rollout_faults"])
 
 
 def lattice() -> Lattice:

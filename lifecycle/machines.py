@@ -1,4 +1,5 @@
-"""The five machines of an RL job, as data: engine, health monitor, rollout manager, eval fleet, trainer.
+"""The six machines of an RL job, as data: engine, health monitor, rollout manager, eval fleet, trainer,
+weight-update group.
 
 Read each table top to bottom: ``T(trigger, source(s), dest, when=guards, effects=...)``.
 Guards and effect gates are predicate *names* from :mod:`lifecycle.predicates`; effects are
@@ -110,7 +111,6 @@ ENGINE = MachineSpec(
 # discarded; an engine *death* reported by Ray is acted on even while paused.
 MONITOR = MachineSpec(
     name="monitor",
-    is_async=True,
     doc="Rollout health monitor of one server group (probes /health_generate concurrently).",
     states=(
         S("Init", doc="not created"),

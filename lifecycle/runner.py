@@ -22,10 +22,13 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core import (
+    COMMITTED_WEIGHTS,
+    PENDING_WEIGHTS,
     Command,
     Completed,
     Core,
     Event,
+    Failure,
     JobState,
     Move,
     Op,
@@ -51,7 +54,11 @@ class UnboundEffect(LifecycleError):
 
 
 class RunFailed(LifecycleError):
-    """The run has stopped (the core's reason); the parts' explainers give the detailed error first."""
+    """The run has stopped (the core's failure); the parts' explainers give the detailed error first."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+        super().__init__(f"{failure}. Fix: {failure.fix}" if failure.fix else str(failure))
 
 
 class OperationRefused(LifecycleError):
@@ -92,7 +99,7 @@ class Runner:
         self._machines: dict[str, LifecycleMachine] = {}
         self._issued: dict[Command, tuple[int, str, str, str]] = {}  # the move that issued a command
         self._watchers: list[Callable[[Move], None]] = []
-        self._explainers: list[Callable[[], None]] = []
+        self._explainers: list[Callable[[Failure], None]] = []
         self._lock = asyncio.Lock()
         self._checked = False
 
@@ -108,9 +115,10 @@ class Runner:
         """Call ``fn`` with every move as it is applied (shells keep their data in step: committed weights)."""
         self._watchers.append(fn)
 
-    def explain(self, fn: Callable[[], None]) -> None:
-        """``fn`` raises the error that names a failure of its part (the engine, the flag, the fix) and returns
-        when the failure is another part's; :meth:`check_failed` asks every part."""
+    def explain(self, fn: Callable[[Failure], None]) -> None:
+        """``fn(failure)`` raises the error that names a failure of its part (the engine, the flag, the fix) and
+        returns when the failure is another part's (it reads the failure's fields); :meth:`check_failed` asks
+        every part."""
         self._explainers.append(fn)
 
     def unbound(self) -> list[str]:
@@ -181,9 +189,9 @@ class Runner:
                 commands = self._apply(done, {c.instance: o.reason for c, o in results})
 
     async def _carry_out(self, cmd: Command) -> Outcome:
-        handler = self.handlers.get(f"{cmd.machine}.{cmd.effect}")
+        handler = self.handlers.get(cmd.handler)
         if handler is None:  # checked at the first operation; a mutated spec can still get here
-            return Outcome(ERROR, reason=f"no handler for {cmd.machine}.{cmd.effect}")
+            return Outcome(ERROR, reason=f"no handler for {cmd.handler}")
         try:
             if cmd.delay > 0:
                 await asyncio.sleep(cmd.delay)
@@ -259,6 +267,15 @@ class Runner:
                 for fact in outcome.facts:
                     self.log.emit(fact.event, **dict(fact.fields))
 
+    def weights(self, cmd: Command) -> tuple[str, str] | None:
+        """The weights an engine's ``transfer_weights`` loads, as the core's command names them (committed, or
+        the trainer's pending ones): (checkpoint path, weight version), or None when there are none yet."""
+        if cmd.weights == PENDING_WEIGHTS:
+            return self.pending
+        if cmd.weights == COMMITTED_WEIGHTS:
+            return self.committed
+        raise LifecycleError(f"{cmd.instance}: {cmd.effect} names no weights to load ({cmd.weights!r})")
+
     # -- a job checkpoint's part (--save, --load) ----------------
     def restart_ages(self) -> list[list[float]]:
         """How long ago each rollout engine's counted restarts were (a clock-free form a checkpoint keeps)."""
@@ -282,9 +299,10 @@ class Runner:
     def check_failed(self) -> None:
         """When the run has stopped, raise why: a handler's exception, else the error of the part that failed
         (its explainer names the engine or worker, the state and the flag), else :class:`RunFailed`."""
-        if not self.state.failed:
+        failed = self.state.failed
+        if failed is None:
             return
         self.raise_failure()
         for explain in self._explainers:
-            explain()
-        raise RunFailed(self.state.failed)
+            explain(failed)
+        raise RunFailed(failed)

@@ -201,7 +201,6 @@ class MachineSpec:
     states: tuple[StateSpec, ...]
     transitions: tuple[TransitionSpec, ...]
     initial: str = "Init"
-    is_async: bool = False
     doc: str = ""
     environment: frozenset[str] = frozenset()
     _compiled: dict[object, CompiledSpec] = field(

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lifecycle.events import BLOCKED, COMMITTED, PROBE, RESUMED, STARTED, TRANSITION, VIOLATED, WEIGHTS, read_jsonl
+from lifecycle.faults import FAULT_EVENTS, FAULT_INJECTED
 from lifecycle.machines import MACHINES
 
 Event = Mapping[str, Any]
 MarkerKind = Literal["fault", "blocked", "violation", "probe", "weights", "committed", "resumed", "event"]
 Level = Literal["info", "warn", "error"]
 
-FAULT_EVENTS = frozenset({"fault.injected", "fault.fired"})
 # Lanes top to bottom: the drivers first (rollout manager, its monitor, the eval fleet, the weight
 # group), then the trainer, then the many engines; machines not listed here come last, by name.
 MACHINE_ORDER = ("rollout", "monitor", "eval_fleet", "weight_sync", "trainer", "engine")
@@ -428,7 +428,7 @@ def _blocked(e: Event, t: float, i: int, lane: str) -> Marker:
 
 
 def _fault(e: Event, t: float, i: int, lane: str | None) -> Marker:
-    what = "injected" if e.get("event") == "fault.injected" else "fired"
+    what = "injected" if e.get("event") == FAULT_INJECTED else "fired"
     state = e.get("state_before", e.get("state"))
     detail = _detail(
         f"fault {what}: {e.get('fault')}",

@@ -58,10 +58,11 @@ def line(e: Event) -> str:
     """One event as one readable line."""
     ctx = " ".join(f"{k}={e[k]}" for k in ("step", "rollout_id") if k in e)
     if e.get("event") == "lifecycle.blocked":
-        who = f"{e.get('machine')}[{e.get('instance')}]"
-        core = f"{who} {e.get('state')} --{e.get('trigger')}--x blocked by {e.get('blocked_by')}"
+        who = f"{_field(e, 'machine')}[{_field(e, 'instance')}]"
+        core = f"{who} {_field(e, 'state')} {_arrow(e, 'x')} blocked by {_field(e, 'blocked_by')}"
     elif "src" in e:
-        core = f"{e.get('machine')}[{e.get('instance')}] {e.get('src')} --{e.get('trigger')}--> {e.get('dst')}"
+        who = f"{_field(e, 'machine')}[{_field(e, 'instance')}]"
+        core = f"{who} {_field(e, 'src')} {_arrow(e, '>')} {_field(e, 'dst')}"
         if e.get("effects"):
             core += f"  effects={','.join(e['effects'])}"
     elif e.get("event") == STARTED:
@@ -73,6 +74,18 @@ def line(e: Event) -> str:
     else:
         core = json.dumps(e, sort_keys=True)
     return f"{ctx + '  ' if ctx else ''}{core}"
+
+
+def _field(e: Event, key: str) -> str:
+    """A value as text; one the event lacks (or holds as null) is ``?``, never Python's ``None``."""
+    value = e.get(key)
+    return "?" if value is None else str(value)
+
+
+def _arrow(e: Event, head: str) -> str:
+    """``--trigger-->``, or a bare ``-->`` when the event names no trigger."""
+    trigger = e.get("trigger")
+    return f"--{head}" if trigger is None else f"--{trigger}--{head}"
 
 
 def torn_tail(path: str | os.PathLike[str]) -> bool:

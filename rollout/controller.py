@@ -20,7 +20,7 @@ from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
-from lifecycle.core import EVAL, ROLLOUT, Command, Fact, Move, Outcome, instance_name
+from lifecycle.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
 from lifecycle.errors import LifecycleError
 from lifecycle.events import PROBE, ROUTED, EventLog
 from lifecycle.names import EngineStateName
@@ -57,8 +57,6 @@ class InferenceController:
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
-        # the receiving side of a broadcast update, bound by the group's owner (trainer.broadcast)
-        self.receive_broadcast: Callable[[Engine], Awaitable[Outcome]] | None = None
         # where each group's requests go: a real sglang-router per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -192,20 +190,16 @@ class InferenceController:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
         self.runner.check_failed()
 
-    def _explain(self) -> None:
-        """An engine stopped the run: name it, where it was and the fix."""
-        instance = self.runner.state.failed.split(" ", 1)[0]
-        if instance.startswith("router-"):
-            raise ControllerError(
-                f"{self.runner.state.failed}. Fix: --use-fault-tolerance --ft-components rollout restarts the "
-                "router and registers the Serving engines again; or run without the router (--no-router)"
-            )
-        if instance.startswith(("engine-", "eval-")):
-            raise self.engine_failure(instance)
-        if instance == "rollout":  # the servers did not start: name the engines that did not
-            raise self.start_failure()
+    def _explain(self, failed: Failure) -> None:
+        """An engine or a router stopped the run: name it, where it was and the fix."""
+        if failed.machine == "router":
+            raise ControllerError(f"{failed}. Fix: {failed.fix}")
+        if failed.machine == "engine":
+            raise self.engine_failure(failed.instance)
+        if failed.machine == "rollout" and failed.state == "StartingServers" and not failed.reason:
+            raise self.start_failure(failed)  # the servers did not start: name the engines that did not
 
-    def start_failure(self) -> ControllerError:
+    def start_failure(self, failed: Failure) -> ControllerError:
         lines = []
         for engine_id, where in self.marked.items():
             if where != "Starting":
@@ -220,7 +214,7 @@ class InferenceController:
                 "longer --engine-startup-timeout"
             )
             lines.append(f"{engine_id}: {reason}. {fix}")
-        detail = "; ".join(lines) or self.runner.state.failed
+        detail = "; ".join(lines) or str(failed)
         return ControllerError(f"the rollout servers did not start: {detail}")
 
     def engine_failure(self, instance: str) -> EngineFailed:
@@ -296,14 +290,9 @@ class InferenceController:
         return await engine.kill()
 
     async def _load(self, cmd: Command) -> Outcome:
-        """A rollout engine in the trainer's update gets the new weights (by broadcast while the core's group
-        broadcasts); everyone else the committed ones, from their checkpoint."""
-        runner = self.runner
-        if cmd.lane == "trainer" and runner.core.broadcasting(runner.state):
-            if self.receive_broadcast is None:
-                return Outcome("refused", reason="broadcast mode, but no weight-update group is bound")
-            return await self.receive_broadcast(self.slot(cmd))
-        weights = runner.pending if cmd.lane == "trainer" and cmd.group == ROLLOUT else runner.committed
+        """The engine loads the weights the core's command names (committed, or the trainer's new ones) from
+        their checkpoint; a broadcast member's receive is another command (the weight-update group's)."""
+        weights = self.runner.weights(cmd)
         if weights is None:
             return Outcome("refused", reason="no weights to load: the job committed none yet")
         return await self.slot(cmd).load(*weights)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -21,3 +22,20 @@ def test_benchmark_imports(path: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # its main() runs only under __main__
     assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
+
+
+def private_imports(source: str) -> list[str]:
+    """``from M import _name`` in a benchmark: a private name it would break on when M is refactored."""
+    return [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
+
+
+def test_benchmarks_import_no_private_name() -> None:
+    found = {p.name: private_imports(p.read_text()) for p in BENCHMARKS}
+    assert not any(found.values()), found
+    assert private_imports("from lifecycle.cli.check import _expected_cost") == ["lifecycle.cli.check._expected_cost"]

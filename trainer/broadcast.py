@@ -2,8 +2,9 @@
 every engine of the snapshot a receiver.
 
 It carries out the ``weight_sync`` machine's three commands -- connect (``init_weight_group``), broadcast
-(``broadcast_weights``) and destroy (``destroy_weight_group``) -- and binds the receiving side of each
-engine's ``transfer_weights`` while a broadcast runs. Whom to connect is the core's (the engines it marked
+(``broadcast_weights``) and destroy (``destroy_weight_group``) -- and the receiving side of each member's
+``transfer_weights`` while the group broadcasts (the core's command says so: ``engine.transfer_weights.broadcast``,
+with the weights to receive). Whom to connect is the core's (the engines it marked
 as joining); when to connect, mark stale, reconnect or give up is the core's too. Every call here is
 bounded by ``--update-weight-timeout``: the collectives themselves (gloo's deadline) and, a little
 longer, the calls that wait for them, so a dead or hung peer is a failed broadcast, never a hang.
@@ -15,7 +16,7 @@ import asyncio
 import socket
 
 from engines.engine import Bucket, Engine
-from lifecycle.core import Command, Outcome
+from lifecycle.core import BROADCAST, Command, Outcome
 from lifecycle.runner import Runner
 from models.weight_group import TensorMeta, buckets
 from rollout.controller import InferenceController
@@ -44,12 +45,12 @@ class WeightBroadcast:
         self.members: list[Engine] = []
         self._buckets: list[Bucket] | None = None
         self.broadcasts = 0  # completed broadcasts (tests and the benchmark read it)
-        controller.receive_broadcast = self.receive
         runner.provide(
             {
                 "weight_sync.init_weight_group": self._connect,
                 "weight_sync.broadcast_weights": self._broadcast,
                 "weight_sync.destroy_weight_group": self._destroy,
+                f"engine.transfer_weights.{BROADCAST}": self._receive,
             }
         )
 
@@ -109,9 +110,11 @@ class WeightBroadcast:
         await asyncio.gather(leave, *calls, return_exceptions=True)  # who cannot answer has left by dying
         return Outcome("done")
 
-    async def receive(self, engine: Engine) -> Outcome:
-        """An engine's ``transfer_weights`` during a broadcast: it receives every bucket."""
-        pending = self.runner.pending
-        if pending is None:
+    async def _receive(self, cmd: Command) -> Outcome:
+        """A member's ``transfer_weights`` while the group broadcasts: it receives every bucket of the weights
+        the core's command names (the trainer's new ones)."""
+        weights = self.runner.weights(cmd)
+        if weights is None:
             return Outcome("refused", reason="no weights pending: the trainer wrote none for this update")
-        return await engine.receive(await self.buckets(), pending[1], self.timeout + MARGIN)
+        engine = self.controller.slot(cmd)
+        return await engine.receive(await self.buckets(), weights[1], self.timeout + MARGIN)

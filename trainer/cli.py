@@ -23,8 +23,9 @@ from typing import Any
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
 from lifecycle.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank, parse_number
 from lifecycle.errors import ConfigError
+from lifecycle.faults import FAULTS
 from trainer.checks import MODELS, check_async, check_hf_checkpoint, check_model, check_steps
-from trainer.faults import FAULTS, check_faults, fault_arg
+from trainer.faults import check_faults, fault_arg
 from trainer.run_manifest import BOUNDS
 
 # Each number is bounded where the command line is parsed (issue 27: a 64-bit-plus --seed crashed the trainer).

@@ -1,29 +1,11 @@
 """Fault injection: ``lifecycle run --inject FAULT:INDEX@STEP`` and the reliability matrix.
 
-Seven faults, each a *real* failure of a real part (no mocked errors):
+The kinds, what each strikes and what it needs, are one table (:data:`lifecycle.faults.FAULT_KINDS`);
+this module extends every kind with how it is applied -- a *real* failure of a real part, no mocked
+errors (:data:`INJECTORS`) -- and what the run promises (:data:`OUTCOMES`, read by :func:`expected`).
 
-========================  ==========================================================================
-``kill-engine``           the engine's Ray actor process dies (SIGKILL of server and actor); Ray
-                          reports the actor's death to the slot's watcher
-``hang-engine``           the server process is SIGSTOPped: health and generate stall, nothing dies;
-                          only a bounded wait (request timeout, probe timeout) can notice it
-``kill-http``             only the HTTP server process dies; the actor lives (its pid is unchanged)
-``crash-during-update``   the server is SIGKILLed the moment its engine machine enters a weight
-                          update (a ``live`` and ``transient`` state), before the HTTP call
-``crash-during-offload``  the same when its weights are released (needs ``--offload-rollout``)
-``crash-during-broadcast`` the server is SIGKILLed between two buckets of a broadcast update (needs
-                          ``--update-weight-transfer-mode broadcast`` and more than one bucket)
-``lose-node``             the Ray worker node hosting the engine is removed (``--ray-nodes 3``)
-``crash-trainer``         a trainer worker actor's process dies
-``crash-trainer-in-broadcast`` trainer worker 0 (the broadcast's rank 0) is SIGKILLed between two buckets
-``kill-router``           the rollout group's sglang-router process is SIGKILLed (INDEX is 0); its
-                          watcher reports it, and it comes back empty
-``kill-driver``           the driver process itself is SIGKILLed (INDEX is 0; needs ``--save``): every
-                          engine and worker dies with it; ``lifecycle run --resume RUN_DIR`` continues
-========================  ==========================================================================
-
-The armed faults (update, offload) act from an event-log sink, synchronously inside the machine
-transition, so the crash lands at an exact lifecycle point rather than "some time later".
+The armed faults (update, offload, broadcast) act from an event-log sink, synchronously inside the
+machine transition, so the crash lands at an exact lifecycle point rather than "some time later".
 :func:`expected` is the contract of the matrix: for every fault and FT configuration, whether the
 run recovers or stops, and why. ``tests/reliability/test_matrix.py`` proves each cell and writes
 ``docs/reliability.md`` from it.
@@ -37,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,39 +27,15 @@ from engines.launcher import Launcher
 from lifecycle.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import EventLog
+from lifecycle.faults import FAULT_FIRED, FAULT_INJECTED, FAULT_KINDS, FAULTS, KINDS, kinds
 from lifecycle.predicates import broadcasts_weights, heals_trainer, offloads_rollout, rollout_ft
 from lifecycle.presets import FT_PRESETS
 from lifecycle.runner import Runner
 
-FAULTS = (
-    "kill-engine",
-    "hang-engine",
-    "kill-http",
-    "crash-during-update",
-    "crash-during-offload",
-    "crash-during-broadcast",
-    "lose-node",
-    "crash-trainer",
-    "crash-trainer-in-broadcast",
-    "kill-router",
-    "kill-driver",
-)
-ENGINE_FAULTS = FAULTS[:7]
-TRAINER_FAULTS = ("crash-trainer", "crash-trainer-in-broadcast")
-BROADCAST_FAULTS = ("crash-during-broadcast", "crash-trainer-in-broadcast")  # they need broadcast mode
-FAULT_DOCS = {
-    "kill-engine": "engine actor process SIGKILL (Ray reports the actor dead)",
-    "hang-engine": "engine server SIGSTOP: health and generate stall, nothing dies",
-    "kill-http": "HTTP server process SIGKILL, the Ray actor stays alive",
-    "crash-during-update": "server SIGKILL on entering a weight update, before the HTTP call",
-    "crash-during-offload": "server SIGKILL on entering Offloaded (--offload-rollout)",
-    "crash-during-broadcast": "server SIGKILL between two buckets of a broadcast weight update",
-    "lose-node": "the Ray worker node hosting the engine is removed (--ray-nodes 3)",
-    "crash-trainer": "trainer worker actor process dies",
-    "crash-trainer-in-broadcast": "trainer worker 0 (the broadcast's rank 0) SIGKILL between two buckets",
-    "kill-router": "the rollout sglang-router process SIGKILL (it restarts empty)",
-    "kill-driver": "the driver (lifecycle run itself) SIGKILLs itself; lifecycle run --resume RUN_DIR continues",
-}
+ENGINE_FAULTS = kinds(target="engine")
+TRAINER_FAULTS = kinds(target="trainer")
+BROADCAST_FAULTS = kinds(needs="broadcast")  # they need broadcast mode
+FAULT_DOCS = {k.name: k.doc for k in FAULT_KINDS}
 # The four FT configurations of the matrix, by their column names (the flags are the presets').
 FT_CONFIGS: dict[str, dict[str, object]] = {
     "none": FT_PRESETS["no-ft"],
@@ -210,57 +168,78 @@ def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleCon
     return LifecycleConfig.from_mapping({**FT_CONFIGS[name], **MODES[mode], "rollout_num_gpus": engines})
 
 
+@dataclass(frozen=True)
+class Promise:
+    """What a run promises for one fault kind: what happens when the FT that heals it is on, and when it is off."""
+
+    recovers: str
+    stops: str = ""  # "" for a kind every run recovers from
+
+
+_ENGINE_STOPS = "EngineFailed names the engine, the state it was in and the reason; rollout FT off"
+_ENGINE = Promise(
+    "engine marked Unhealthy, relaunched, loads the current weights before it is routed; run completes", _ENGINE_STOPS
+)
+# no trainer, so no update_weights to recover it: the next generate does
+_ENGINE_NO_TRAINER = (
+    "engine marked Unhealthy, relaunched at the next generate (no trainer), loads the committed weights "
+    "before it is routed; run completes"
+)
+OUTCOMES: dict[str, Promise] = {
+    "kill-engine": _ENGINE,
+    "hang-engine": _ENGINE,
+    "kill-http": _ENGINE,
+    "crash-during-update": _ENGINE,
+    "crash-during-offload": _ENGINE,
+    "crash-during-broadcast": Promise(
+        "the broadcast fails within --update-weight-timeout and the group is destroyed; the engine is "
+        "relaunched, the survivor reloads the committed checkpoint before it is routed, the next update "
+        "reconnects; run completes",
+        _ENGINE_STOPS,
+    ),
+    "lose-node": Promise(
+        "engine marked Unhealthy, relaunched on a surviving node, loads the current weights before it is routed; "
+        "run completes",
+        _ENGINE_STOPS,
+    ),
+    "crash-trainer": Promise(
+        "worker replaced and restored from saved state, step retried, run completes",
+        "TrainerFailed names the worker, the trainer state and the crash; train FT off",
+    ),
+    "crash-trainer-in-broadcast": Promise(
+        "the broadcast fails, every engine of the snapshot is taken out; the worker is replaced and restored, "
+        "the update runs again over a new group; run completes",
+        "TrainerFailed names the worker and the state (UpdatingWeights); train FT off",
+    ),
+    "kill-router": Promise(
+        "router restarted empty; every engine is registered again as it enters Serving; run completes",
+        "the run stops at once naming the router and the fix; rollout FT off",
+    ),
+    # whatever the FT configuration: the job's state is on disk, not in the driver
+    "kill-driver": Promise(
+        "the driver dies with its engines and workers; lifecycle run --resume restores the last checkpoint, "
+        "relaunches the engines, loads its weights before any is routed, runs the later steps again; "
+        "every step trained once"
+    ),
+}
+# Which configurations heal a fault, by the part it strikes (the predicates decide).
+HEALS: dict[str, Callable[[LifecycleConfig], bool]] = {
+    "engine": rollout_ft,
+    "router": rollout_ft,
+    "trainer": heals_trainer,
+    "driver": lambda config: True,
+}
+
+
 def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
     config = ft_config(ft, mode=mode)
-    if kind == "kill-driver":  # whatever the FT configuration: the job's state is on disk, not in the driver
-        return Expected(
-            "recovers",
-            "the driver dies with its engines and workers; lifecycle run --resume restores the last checkpoint, "
-            "relaunches the engines, loads its weights before any is routed, runs the later steps again; "
-            "every step trained once",
-        )
-    if kind == "crash-trainer-in-broadcast":
-        if heals_trainer(config):
-            return Expected(
-                "recovers",
-                "the broadcast fails, every engine of the snapshot is taken out; the worker is replaced and restored, "
-                "the update runs again over a new group; run completes",
-            )
-        return Expected("stops", "TrainerFailed names the worker and the state (UpdatingWeights); train FT off")
-    if kind == "crash-trainer":
-        if heals_trainer(config):
-            return Expected("recovers", "worker replaced and restored from saved state, step retried, run completes")
-        return Expected("stops", "TrainerFailed names the worker, the trainer state and the crash; train FT off")
-    if kind == "crash-during-broadcast":
-        if rollout_ft(config):
-            return Expected(
-                "recovers",
-                "the broadcast fails within --update-weight-timeout and the group is destroyed; the engine is "
-                "relaunched, the survivor reloads the committed checkpoint before it is routed, the next update "
-                "reconnects; run completes",
-            )
-        return Expected("stops", "EngineFailed names the engine, the state it was in and the reason; rollout FT off")
-    if kind == "kill-router":
-        if rollout_ft(config):
-            return Expected(
-                "recovers",
-                "router restarted empty; every engine is registered again as it enters Serving; run completes",
-            )
-        return Expected("stops", "the run stops at once naming the router and the fix; rollout FT off")
-    if rollout_ft(config) and mode == "rollout-only":  # no trainer, so no update_weights to recover it
-        return Expected(
-            "recovers",
-            "engine marked Unhealthy, relaunched at the next generate (no trainer), loads the committed weights "
-            "before it is routed; run completes",
-        )
-    if rollout_ft(config):
-        where = " on a surviving node" if kind == "lose-node" else ""
-        return Expected(
-            "recovers",
-            f"engine marked Unhealthy, relaunched{where}, loads the current weights before it is routed; run completes",
-        )
-    return Expected("stops", "EngineFailed names the engine, the state it was in and the reason; rollout FT off")
+    target = KINDS[kind].target
+    if not HEALS[target](config):
+        return Expected("stops", OUTCOMES[kind].stops)
+    if target == "engine" and mode == "rollout-only":
+        return Expected("recovers", _ENGINE_NO_TRAINER)
+    return Expected("recovers", OUTCOMES[kind].recovers)
 
 
 # -- the injector -----------------------------------------------------------------------------------------
@@ -325,109 +304,113 @@ class FaultInjector:
 
     async def inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         """Apply ``fault`` now; a ``fault.injected`` event (target, details) goes to the controller's log."""
+        record = await INJECTORS[fault.kind](self, fault, controller, trainer, time.monotonic() - self._t0)
+        if controller is not None and controller.log is not None:
+            controller.log.emit(FAULT_INJECTED, fault=str(fault), target=record.target, **record.detail)
+        return record
+
+    async def _kill_driver(
+        self, fault: Fault, controller: Controller | None, trainer: Workers, now: float
+    ) -> Injection:
         log = controller.log if controller is not None else None
-        if fault.kind == "kill-driver":  # on the record first: nothing of this process runs after the signal
-            if log is not None:
-                log.emit("fault.injected", fault=str(fault), target="driver", pid=os.getpid())
-            os.kill(os.getpid(), signal.SIGKILL)
-        record = await self._inject(fault, controller, trainer)
-        if log is not None:
-            log.emit("fault.injected", fault=str(fault), target=record.target, **record.detail)
-        return record
+        if log is not None:  # on the record first: nothing of this process runs after the signal
+            log.emit(FAULT_INJECTED, fault=str(fault), target="driver", pid=os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise FaultError(f"{fault}: the driver outlived its own SIGKILL")
 
-    async def _inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
-        now = time.monotonic() - self._t0
-        if fault.kind == "crash-trainer-in-broadcast":
-            if controller is None or controller.log is None:
-                raise FaultError(f"{fault}: there is no event log to arm the fault on")
-            worker = await trainer.worker_pid(fault.index)
-            record = Injection(fault, f"trainer worker {fault.index}", at=now, detail={"pid": worker})
-            self.injections.append(record)
-            self._arm_bucket(controller.log, worker, record)
-            return record
-        if fault.kind == "crash-trainer":
-            if not 0 <= fault.index < trainer.size:
-                raise ConfigError(
-                    "--inject", str(fault), f"there are {trainer.size} workers", "use a valid worker rank"
-                )
-            record = Injection(fault, f"trainer worker {fault.index}", at=now)
-            await trainer.crash_worker(fault.index)
-            await asyncio.sleep(0.5)  # the process is gone before the next call
-            self.injections.append(record)
-            return record
-        if fault.kind == "kill-router":
-            if controller is None:
-                raise FaultError(f"{fault}: there is no rollout manager")
-            routing = controller.routing()
-            kill = getattr(routing, "kill", None)
-            if kill is None:
-                raise FaultError(f"{fault}: requests are routed in-process (--no-router): there is no router to kill")
-            record = Injection(fault, routing.name, at=now, detail={"deaths_before": routing.deaths})
-            self.injections.append(record)
-            await kill()
-            deadline = time.monotonic() + self.detect_timeout
-            while routing.deaths == record.detail["deaths_before"]:  # its watcher reported the death
-                if time.monotonic() > deadline:
-                    raise FaultError(f"{routing.name}: death not reported within {self.detect_timeout:g}s")
-                await asyncio.sleep(0.02)
-            return record
-        engines = list(controller.engines) if controller is not None else []
-        if not 0 <= fault.index < len(engines):
-            raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
-        assert controller is not None
-        engine = engines[fault.index]
-        record = Injection(fault, engine.id, at=now, detail={"state_before": controller.state_of(engine)})
+    async def _crash_trainer_in_broadcast(
+        self, fault: Fault, controller: Controller | None, trainer: Workers, now: float
+    ) -> Injection:
+        if controller is None or controller.log is None:
+            raise FaultError(f"{fault}: there is no event log to arm the fault on")
+        worker = await trainer.worker_pid(fault.index)
+        record = Injection(fault, f"trainer worker {fault.index}", at=now, detail={"pid": worker})
         self.injections.append(record)
-        launcher = engine.launcher
-        if fault.kind == "kill-engine":
-            record.detail["actor"] = await _info(launcher)
-            launcher.crash()
-            await self._detected(controller, engine)
-        elif fault.kind == "kill-http":
-            record.detail["actor"] = await _info(launcher)
-            await launcher.kill()  # the server process only: a Ray actor stays alive
-            await self._detected(controller, engine)
-            record.detail["actor_after"] = await _info(launcher)
-        elif fault.kind == "hang-engine":
-            record.detail["server_pid"] = await launcher.pause_server()
-        elif fault.kind in ("crash-during-update", "crash-during-offload"):
-            if fault.kind == "crash-during-offload" and not offloads_rollout(controller.config):
-                raise ConfigError(
-                    "--inject", str(fault), "rollout engines are never offloaded", "add --offload-rollout"
-                )
-            core = controller.runner.core  # the engine states the fault lands in, read off the spec's tags
-            offloaded = frozenset(state for state, released in core.releases.items() if "weights" in released)
-            targets = core.updating_engine if fault.kind == "crash-during-update" else offloaded
-            pid = await launcher.server_pid()
-            if pid is None:
-                raise FaultError(f"{fault}: {engine.id} has no server process to crash")
-            if controller.log is None:
-                raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
-            record.detail["server_pid"] = pid
-            self._arm(controller.log, engine.id, targets, pid, record)
-        elif fault.kind == "crash-during-broadcast":
-            if not broadcasts_weights(controller.config):
-                raise ConfigError(
-                    "--inject",
-                    str(fault),
-                    "the weights are never broadcast",
-                    "add --update-weight-transfer-mode broadcast",
-                )
-            server = await launcher.server_pid()
-            if server is None or controller.log is None:
-                raise FaultError(f"{fault}: {engine.id} has no server process, or there is no event log")
-            record.detail["server_pid"] = server
-            self._arm_bucket(controller.log, server, record, group=True)
-        elif fault.kind == "lose-node":
-            from engines.actor import remove_node
-
-            node = str((await launcher.info()).get("node_id") or "")
-            if not node:
-                raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
-            record.detail["node"] = node
-            await asyncio.to_thread(remove_node, node)
-            await self._detected(controller, engine)
+        self._arm_bucket(controller.log, worker, record)
         return record
+
+    async def _crash_trainer(
+        self, fault: Fault, controller: Controller | None, trainer: Workers, now: float
+    ) -> Injection:
+        if not 0 <= fault.index < trainer.size:
+            raise ConfigError("--inject", str(fault), f"there are {trainer.size} workers", "use a valid worker rank")
+        record = Injection(fault, f"trainer worker {fault.index}", at=now)
+        await trainer.crash_worker(fault.index)
+        await asyncio.sleep(0.5)  # the process is gone before the next call
+        self.injections.append(record)
+        return record
+
+    async def _kill_router(
+        self, fault: Fault, controller: Controller | None, trainer: Workers, now: float
+    ) -> Injection:
+        if controller is None:
+            raise FaultError(f"{fault}: there is no rollout manager")
+        routing = controller.routing()
+        kill = getattr(routing, "kill", None)
+        if kill is None:
+            raise FaultError(f"{fault}: requests are routed in-process (--no-router): there is no router to kill")
+        record = Injection(fault, routing.name, at=now, detail={"deaths_before": routing.deaths})
+        self.injections.append(record)
+        await kill()
+        deadline = time.monotonic() + self.detect_timeout
+        while routing.deaths == record.detail["deaths_before"]:  # its watcher reported the death
+            if time.monotonic() > deadline:
+                raise FaultError(f"{routing.name}: death not reported within {self.detect_timeout:g}s")
+            await asyncio.sleep(0.02)
+        return record
+
+    # -- the engine faults: each strikes the engine slot INDEX (:func:`_on_engine` finds it) --------------------
+    async def _kill_engine(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        record.detail["actor"] = await _info(engine.launcher)
+        engine.launcher.crash()
+        await self._detected(controller, engine)
+
+    async def _kill_http(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        record.detail["actor"] = await _info(engine.launcher)
+        await engine.launcher.kill()  # the server process only: a Ray actor stays alive
+        await self._detected(controller, engine)
+        record.detail["actor_after"] = await _info(engine.launcher)
+
+    async def _hang_engine(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        record.detail["server_pid"] = await engine.launcher.pause_server()
+
+    async def _crash_during(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        """crash-during-update and crash-during-offload: armed on the engine's move into those states."""
+        if fault.kind == "crash-during-offload" and not offloads_rollout(controller.config):
+            raise ConfigError("--inject", str(fault), "rollout engines are never offloaded", "add --offload-rollout")
+        core = controller.runner.core  # the engine states the fault lands in, read off the spec's tags
+        offloaded = frozenset(state for state, released in core.releases.items() if "weights" in released)
+        targets = core.updating_engine if fault.kind == "crash-during-update" else offloaded
+        pid = await engine.launcher.server_pid()
+        if pid is None:
+            raise FaultError(f"{fault}: {engine.id} has no server process to crash")
+        if controller.log is None:
+            raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
+        record.detail["server_pid"] = pid
+        self._arm(controller.log, engine.id, targets, pid, record)
+
+    async def _crash_during_broadcast(
+        self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection
+    ) -> None:
+        if not broadcasts_weights(controller.config):
+            raise ConfigError(
+                "--inject", str(fault), "the weights are never broadcast", "add --update-weight-transfer-mode broadcast"
+            )
+        server = await engine.launcher.server_pid()
+        if server is None or controller.log is None:
+            raise FaultError(f"{fault}: {engine.id} has no server process, or there is no event log")
+        record.detail["server_pid"] = server
+        self._arm_bucket(controller.log, server, record, group=True)
+
+    async def _lose_node(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        from engines.actor import remove_node
+
+        node = str((await engine.launcher.info()).get("node_id") or "")
+        if not node:
+            raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
+        record.detail["node"] = node
+        await asyncio.to_thread(remove_node, node)
+        await self._detected(controller, engine)
 
     def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
         """One-shot sink: SIGKILL ``pid`` inside the transition of ``instance`` into ``targets``."""
@@ -447,7 +430,7 @@ class FaultInjector:
 
             def after() -> None:  # outside the dispatch loop that is calling us
                 log.remove_sink(sink)
-                log.emit("fault.fired", fault=str(record.fault), target=instance, state=event.get("dst"), pid=pid)
+                log.emit(FAULT_FIRED, fault=str(record.fault), target=instance, state=event.get("dst"), pid=pid)
 
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon(after)
@@ -476,7 +459,7 @@ class FaultInjector:
 
             def after() -> None:
                 log.remove_sink(sink)
-                log.emit("fault.fired", fault=str(record.fault), target=record.target, state="Broadcasting", pid=pid)
+                log.emit(FAULT_FIRED, fault=str(record.fault), target=record.target, state="Broadcasting", pid=pid)
 
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().call_soon(after)
@@ -498,3 +481,41 @@ async def _info(launcher: Launcher) -> dict[str, Any]:
         return dict(await launcher.info())
     except Exception as exc:  # the actor is already gone: say so instead of failing the injection
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+Inject = Callable[[FaultInjector, Fault, "Controller | None", Workers, float], Awaitable[Injection]]
+EngineFault = Callable[[FaultInjector, Fault, Controller, EngineSlot, Injection], Awaitable[None]]
+
+
+def _on_engine(apply: EngineFault) -> Inject:
+    """An engine fault's injector: find engine slot INDEX, note its state, then ``apply`` the fault to it."""
+
+    async def inject(
+        injector: FaultInjector, fault: Fault, controller: Controller | None, trainer: Workers, now: float
+    ) -> Injection:
+        engines = list(controller.engines) if controller is not None else []
+        if controller is None or not 0 <= fault.index < len(engines):
+            raise ConfigError("--inject", str(fault), f"there are {len(engines)} engines", "use a valid engine index")
+        engine = engines[fault.index]
+        record = Injection(fault, engine.id, at=now, detail={"state_before": controller.state_of(engine)})
+        injector.injections.append(record)
+        await apply(injector, fault, controller, engine, record)
+        return record
+
+    return inject
+
+
+# How each kind of the table is applied (tests/reliability/test_fault_table.py: one per kind, no more).
+INJECTORS: dict[str, Inject] = {
+    "kill-engine": _on_engine(FaultInjector._kill_engine),
+    "hang-engine": _on_engine(FaultInjector._hang_engine),
+    "kill-http": _on_engine(FaultInjector._kill_http),
+    "crash-during-update": _on_engine(FaultInjector._crash_during),
+    "crash-during-offload": _on_engine(FaultInjector._crash_during),
+    "crash-during-broadcast": _on_engine(FaultInjector._crash_during_broadcast),
+    "lose-node": _on_engine(FaultInjector._lose_node),
+    "crash-trainer": FaultInjector._crash_trainer,
+    "crash-trainer-in-broadcast": FaultInjector._crash_trainer_in_broadcast,
+    "kill-router": FaultInjector._kill_router,
+    "kill-driver": FaultInjector._kill_driver,
+}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command, Fact, Outcome
+from lifecycle.core import Command, Fact, Failure, Outcome
 from lifecycle.errors import ConfigError, LifecycleError
 from lifecycle.events import CHECKPOINTED, EventLog
 from lifecycle.ledger import EffectLedger
@@ -190,10 +190,9 @@ class TrainerGroup:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
         self.runner.check_failed()
 
-    def _explain(self) -> None:
+    def _explain(self, failed: Failure) -> None:
         """The trainer stopped the run: name the worker, the state it was in and the fix."""
-        failed = self.runner.state.failed
-        if not failed.startswith("trainer"):
+        if failed.machine != "trainer":
             return
         where, reason = self._crash
         dead = ", ".join(str(w.rank) for w in self.workers if not w.answered_last) or "?"

@@ -16,7 +16,6 @@ from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_che
 from lifecycle.invariants import INVARIANTS
 from lifecycle.machines import MACHINES
 from lifecycle.mutants import MUTANTS
-from lifecycle.predicates import evaluate
 
 MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
 
@@ -70,13 +69,6 @@ def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
     return config_from_args(ns, check_paths=False)
 
 
-def _expected_cost(group: list[LifecycleConfig]) -> tuple[bool, ...]:
-    """Largest explorations first, so that two workers finish together: an eval fleet, monitors and
-    offload each multiply the states (measured: the fleet about 3x, rollout FT about 2x)."""
-    p = evaluate(group[0])
-    return (p["eval_fleet_enabled"], p["monitors_rollout"], p["offloads_rollout"], p["ci_injects_rollout_faults"])
-
-
 def cmd_check(ns: argparse.Namespace) -> int:
     only = frozenset(ns.invariant) if ns.invariant else None
     for name in only or ():
@@ -96,7 +88,7 @@ def cmd_check(ns: argparse.Namespace) -> int:
         skipped = 0
     else:
         lat = lattice()
-        groups = sorted(lat.groups.values(), key=_expected_cost, reverse=True)
+        groups = lat.largest_first()
         skipped = len(lat.invalid)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []

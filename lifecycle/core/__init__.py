@@ -6,9 +6,12 @@ returns the next state, the machine moves it made and the commands the shells mu
 or a refusal naming the predicate or state that blocks it.
 """
 
-from lifecycle.core.core import COUPLED, LEDGER_ONLY, Core, next_delay
+from lifecycle.core.core import COUPLED, DISPATCH, EFFECT_TABLE, LEDGER_ONLY, Core, Handling, next_delay
 from lifecycle.core.model import (
+    BROADCAST,
+    COMMITTED_WEIGHTS,
     EVAL,
+    PENDING_WEIGHTS,
     ROLLOUT,
     BlockedMove,
     Command,
@@ -16,6 +19,7 @@ from lifecycle.core.model import (
     EngineState,
     Event,
     Fact,
+    Failure,
     JobState,
     Move,
     Op,
@@ -27,7 +31,12 @@ from lifecycle.core.model import (
 from lifecycle.core.plan import ENGINE_PLAN, NEWS, OPERATIONS, RESULTS, SNAPSHOT, Operation
 
 __all__ = [
+    "BROADCAST",
+    "COMMITTED_WEIGHTS",
+    "PENDING_WEIGHTS",
     "COUPLED",
+    "DISPATCH",
+    "EFFECT_TABLE",
     "ENGINE_PLAN",
     "EVAL",
     "LEDGER_ONLY",
@@ -47,6 +56,8 @@ __all__ = [
     "Op",
     "Operation",
     "Fact",
+    "Failure",
+    "Handling",
     "Outcome",
     "Refusal",
     "Result",

@@ -6,26 +6,31 @@ in ``engines/``, ``rollout/``, ``trainer/``) calls it for every operation and ev
 out the commands it returns and reports their results back. Each rule is written here once:
 
 * a machine moves only by its spec (:meth:`MachineSpec.compile`); guards are the named predicates;
-* couplings: which engine moves go with a rollout-manager move (``ENGINE_PLAN``), which effect of one
-  machine moves another (``_couple``), the snapshot rule (``SNAPSHOT``), an engine that may not be
-  recovered fails at once (its spec's ``fail`` guard), the restart budget;
+* couplings: which engine moves go with a rollout-manager move (``ENGINE_PLAN``), what the core does with
+  each effect -- moves another machine, labels the move, or hands a shell a command (``EFFECT_TABLE``), the
+  snapshot rule (``SNAPSHOT``), an engine that may not be recovered fails at once (its spec's ``fail``
+  guard), the restart budget, which weights each engine loads and how;
 * operations are programs of phases (:mod:`.plan`), continued as the commands they wait for come back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 from lifecycle.config import LifecycleConfig
 from lifecycle.core.model import (
+    BROADCAST,
+    COMMITTED_WEIGHTS,
     EVAL,
+    PENDING_WEIGHTS,
     ROLLOUT,
     BlockedMove,
     Command,
     Completed,
     EngineState,
     Event,
+    Failure,
     JobState,
     Move,
     Op,
@@ -34,7 +39,7 @@ from lifecycle.core.model import (
     Result,
     instance_name,
 )
-from lifecycle.core.plan import EFFECT_PHASES, ENGINE_PLAN, ERROR, OPERATIONS, SNAPSHOT
+from lifecycle.core.plan import ENGINE_PLAN, ERROR, OPERATIONS, SNAPSHOT
 from lifecycle.machines import MACHINES
 from lifecycle.predicates import eval_fleet_enabled
 from lifecycle.spec import Blocked, CompiledSpec, MachineSpec, Step
@@ -48,6 +53,7 @@ PARTS = {
     "engine": "engine",
     "sync": "weight_sync",
 }
+PART_OF = {machine: part for part, machine in PARTS.items()}
 INSTANCE = {
     "rollout": "rollout",
     "trainer": "trainer",
@@ -55,42 +61,162 @@ INSTANCE = {
     "fleet": "eval_fleet",
     "sync": "weight-sync",
 }
-# Effects the core carries out itself, by moving another machine or changing a fact: never a command.
-COUPLED: dict[tuple[str, str], str] = {
-    ("rollout", "start_servers"): "every engine's start",
-    ("rollout", "stop_servers"): "every engine's stop and disposal (the dispose program)",
-    ("rollout", "start_monitor"): "the monitor's create",
-    ("rollout", "resume_monitor"): "the monitor's resume",
-    ("rollout", "pause_monitor"): "the monitor's pause (a no-op when it is paused)",
-    ("rollout", "stop_monitor"): "the monitor's stop",
-    ("rollout", "arm_ci_fault_injection"): "the fact ci_pending: the first generate kills one engine",
-    ("rollout", "inject_ci_fault"): "a command on the engine it picks",
-    ("rollout", "start_eval_fleet"): "the eval fleet's create and its engines' starts",
-    ("rollout", "acquire_engine_lock"): "the fact lock",
-    ("rollout", "release_engine_lock"): "the fact lock",
-    ("rollout", "release_weights"): "the engines' offload",
-    ("rollout", "release_kv_cache"): "the engines' offload",
-    ("rollout", "resume_weights"): "the engines' onload_weights",
-    ("rollout", "resume_kv_cache"): "the engines' onload_kv",
-    ("rollout", "report_failure"): "the run stops (failed)",
-    ("trainer", "recover_engine"): "the recover phase",
-    ("trainer", "report_failure"): "the run stops (failed)",
-    ("eval_fleet", "probe_engine"): "a probe command on each live eval engine",
-    ("eval_fleet", "restart_eval_engines"): "the fleet_restart phase (stop, confirm, start)",
-    ("eval_fleet", "load_snapshot"): "the eval engines' begin_update",
-}
-# Effects that are labels of the move itself, with nothing more to do (XState: an action bound to no code).
-LEDGER_ONLY: dict[tuple[str, str], str] = {
-    ("engine", "recover_engine"): "the recovery is the kill and the relaunch that follow",
-    ("engine", "report_failure"): "the run stops (failed)",
-    ("monitor", "probe_engine"): "the round the monitor just ran",
-    ("monitor", "count_probe_failure"): "the monitor counts toward its threshold",
-    ("monitor", "mark_engine_unhealthy"): "the engine's mark_unhealthy",
-    ("monitor", "discard_probe_result"): "nothing is done with the result",
-    ("rollout", "generate_rollouts"): "the executor calls the rollout function between this move and generate_done",
-    ("rollout", "run_eval"): "the executor calls the eval function between this move and eval_done",
-    ("trainer", "restore_from_peer"): "replace_worker restored the state",
-}
+
+
+class At(NamedTuple):
+    """Where an effect happens: the part whose move it is, its engine (group and index) and the move's source."""
+
+    part: str
+    group: str | None
+    i: int | None
+    src: str
+
+
+class Handling(NamedTuple):
+    """What the core does with one machine's effect: exactly one of three kinds.
+
+    ``coupled``: the core carries it out itself (``do``: it moves another machine or changes a fact) -- never
+    a command; ``ledger``: a label of the move, with nothing more to do (XState: an action bound to no code);
+    ``command``: work a shell carries out, bound by ``machine.effect`` name (:meth:`Runner.provide`).
+    ``phases`` are added in front of the rest of the effect's operation (couplings that span operations).
+    """
+
+    kind: Literal["coupled", "ledger", "command"]
+    doc: str
+    do: Callable[[_Tx, At], object] | None = None
+    phases: tuple[str, ...] = ()
+
+
+def coupled(doc: str, do: Callable[[_Tx, At], object] | None = None, phases: tuple[str, ...] = ()) -> Handling:
+    return Handling("coupled", doc, do, phases)
+
+
+def ledger(doc: str) -> Handling:
+    return Handling("ledger", doc)
+
+
+def command(doc: str, phases: tuple[str, ...] = ()) -> Handling:
+    return Handling("command", doc, None, phases)
+
+
+Row = tuple[str, str, Handling]  # (machine, effect, what the core does with it)
+
+# Every effect of every spec, classified once: the core's dispatch table (a test holds it to the specs).
+EFFECT_TABLE: tuple[Row, ...] = (
+    # -- the rollout manager ---------------------------------------------------------------------------------
+    ("rollout", "construct_rollout_fn", command("the executor builds the rollout function")),
+    ("rollout", "construct_eval_fn", command("the executor builds the eval function")),
+    ("rollout", "load_replay_data", command("the executor reads the saved samples")),
+    ("rollout", "save_rollout_data", command("the executor writes the samples")),
+    (
+        "rollout",
+        "generate_rollouts",
+        ledger("the executor calls the rollout function between this move and generate_done"),
+    ),
+    ("rollout", "run_eval", ledger("the executor calls the eval function between this move and eval_done")),
+    ("rollout", "start_servers", coupled("every engine's start", lambda tx, at: tx.start_engines(ROLLOUT))),
+    ("rollout", "stop_servers", coupled("every engine's stop and disposal (the dispose program)")),
+    ("rollout", "start_monitor", coupled("the monitor's create", lambda tx, at: tx.fire("monitor", "create"))),
+    ("rollout", "resume_monitor", coupled("the monitor's resume", lambda tx, at: tx.monitor_to("Paused", "resume"))),
+    (
+        "rollout",
+        "pause_monitor",
+        coupled("the monitor's pause (a no-op when it is paused)", lambda tx, at: tx.monitor_to("Running", "pause")),
+    ),
+    ("rollout", "stop_monitor", coupled("the monitor's stop", lambda tx, at: tx.stop_monitor())),
+    (
+        "rollout",
+        "arm_ci_fault_injection",
+        coupled("the fact ci_pending: the first generate kills one engine", lambda tx, at: tx.upd(ci_pending=True)),
+    ),
+    ("rollout", "inject_ci_fault", coupled("a command on the engine the ci_inject phase picks")),
+    (
+        "rollout",
+        "start_eval_fleet",
+        coupled("the eval fleet's create and its engines' starts", lambda tx, at: tx.start_eval_fleet()),
+    ),
+    ("rollout", "acquire_engine_lock", coupled("the fact lock", lambda tx, at: tx.lock_engines())),
+    ("rollout", "release_engine_lock", coupled("the fact lock", lambda tx, at: tx.upd(lock=False))),
+    ("rollout", "release_weights", coupled("the engines' offload (ENGINE_PLAN)")),
+    ("rollout", "release_kv_cache", coupled("the engines' offload (ENGINE_PLAN)")),
+    ("rollout", "resume_weights", coupled("the engines' onload_weights (ENGINE_PLAN)")),
+    ("rollout", "resume_kv_cache", coupled("the engines' onload_kv (ENGINE_PLAN)")),
+    ("rollout", "report_failure", coupled("the run stops (failed)", lambda tx, at: tx.report_failure(at))),
+    # -- the trainer group -----------------------------------------------------------------------------------
+    ("trainer", "allocate_workers", command("the group creates its worker actors")),
+    ("trainer", "init_model", command("the workers build their policy and optimizer")),
+    ("trainer", "keep_heal_state", command("train FT: a group without a peer keeps its last good state")),
+    ("trainer", "restore_job_state", command("the workers load the job checkpoint")),
+    ("trainer", "train_step", command("one optimisation step")),
+    ("trainer", "save_checkpoint", command("a checkpoint")),
+    ("trainer", "save_job_state", command("a job checkpoint")),
+    ("trainer", "offload_train", command("the workers release their memory")),
+    ("trainer", "onload_train", command("the workers take their memory back")),
+    ("trainer", "replace_worker", command("a new worker for the crashed one")),
+    ("trainer", "restore_from_peer", ledger("replace_worker restored the state")),
+    ("trainer", "recover_engine", coupled("rollout FT: dead engines are recovered first", phases=("recover",))),
+    # the trainer writes its new weights; the engines then take them: one snapshot under the engine lock
+    ("trainer", "transfer_weights", command("the trainer writes its new weights (pending)", phases=("begin_update",))),
+    ("trainer", "report_failure", coupled("the run stops (failed)", lambda tx, at: tx.report_failure(at))),
+    # -- an engine ---------------------------------------------------------------------------------------------
+    ("engine", "launch_engine", command("start its process (after the restart's backoff)")),
+    ("engine", "kill_engine", command("kill its process and confirm the death")),
+    ("engine", "transfer_weights", command("load the weights the command names (from disk, or by broadcast)")),
+    ("engine", "route_traffic", command("publish it to its group's routing")),
+    ("engine", "stop_routing", command("withdraw it from its group's routing")),
+    ("engine", "pause_generation", command("pause in-flight generation")),
+    ("engine", "continue_generation", command("continue generation")),
+    ("engine", "release_weights", command("release its weight memory")),
+    ("engine", "release_kv_cache", command("release its KV-cache memory")),
+    ("engine", "resume_weights", command("restore its weight memory")),
+    ("engine", "resume_kv_cache", command("restore its KV-cache memory")),
+    ("engine", "probe_engine", command("one health probe (the eval fleet's own, when no monitor probes)")),
+    ("engine", "inject_ci_fault", command("--ci-test: SIGKILL its server")),
+    ("engine", "recover_engine", ledger("the recovery is the kill and the relaunch that follow")),
+    ("engine", "report_failure", coupled("the run stops (failed)", lambda tx, at: tx.report_failure(at))),
+    # -- the health monitor ------------------------------------------------------------------------------------
+    ("monitor", "start_monitor", command("create the monitor (paused)")),
+    ("monitor", "resume_monitor", command("start probing")),
+    ("monitor", "pause_monitor", command("stop probing")),
+    ("monitor", "stop_monitor", command("stop for good")),
+    ("monitor", "probe_engine", ledger("the round the monitor just ran")),
+    ("monitor", "count_probe_failure", ledger("the monitor counts toward its threshold")),
+    ("monitor", "discard_probe_result", ledger("nothing is done with the result")),
+    (
+        "monitor",
+        "mark_engine_unhealthy",
+        coupled("the engine's mark_unhealthy", lambda tx, at: tx.mark_subject()),
+    ),
+    # -- the eval fleet ----------------------------------------------------------------------------------------
+    (
+        "eval_fleet",
+        "probe_engine",
+        coupled("a probe command on each live eval engine", lambda tx, at: tx.probe_evals()),
+    ),
+    ("eval_fleet", "restart_eval_engines", coupled("the fleet_restart phase (stop, confirm, start)")),
+    ("eval_fleet", "load_snapshot", coupled("the eval engines' begin_update", lambda tx, at: tx.load_snapshot())),
+    # -- the weight-update group ------------------------------------------------------------------------------
+    ("weight_sync", "init_weight_group", command("rank 0 and every member join (bounded)")),
+    ("weight_sync", "broadcast_weights", command("rank 0 sends every bucket (bounded)")),
+    ("weight_sync", "destroy_weight_group", command("everyone still alive leaves")),
+)
+
+
+def dispatch(rows: tuple[Row, ...]) -> dict[tuple[str, str], Handling]:
+    """The table by (machine, effect); an effect classified twice is an error, not a silent override."""
+    table: dict[tuple[str, str], Handling] = {}
+    for machine, effect, handling in rows:
+        if (machine, effect) in table:
+            raise ValueError(f"{machine}.{effect} is classified twice ({table[machine, effect].kind}, {handling.kind})")
+        table[machine, effect] = handling
+    return table
+
+
+DISPATCH = dispatch(EFFECT_TABLE)
+# Views of the table by kind (the README names them).
+COUPLED = {key: h.doc for key, h in DISPATCH.items() if h.kind == "coupled"}
+LEDGER_ONLY = {key: h.doc for key, h in DISPATCH.items() if h.kind == "ledger"}
+
 Lane = Literal["rollout", "trainer"]
 
 
@@ -105,6 +231,9 @@ class JobView(Protocol):
 
     @property
     def engines(self) -> tuple[EngineState, ...]: ...
+
+    @property
+    def sync(self) -> str: ...
 
     def group(self, group: str) -> tuple[EngineState, ...]: ...
 
@@ -211,11 +340,15 @@ class Core:
         return fx
 
     def is_command(self, machine: str, effect: str) -> bool:
-        """Whether an effect of ``machine`` is work the shells carry out (else the core did it, or it is a label)."""
-        return (machine, effect) not in LEDGER_ONLY and (machine, effect) not in COUPLED
+        """Whether an effect of ``machine`` is work the shells carry out (else the core did it, or it is a label);
+        an effect the table does not know (a mutated spec's) is a command: the runner finds it unbound."""
+        handling = DISPATCH.get((machine, effect))
+        return handling is None or handling.kind == "command"
 
     def commands(self) -> frozenset[tuple[str, str]]:
-        """Every (machine, effect) this config can hand to the shells: what a runtime must bind to handlers."""
+        """Every (machine, effect) this config can hand to the shells: what a runtime must bind to handlers
+        (``f"{machine}.{effect}"``; a broadcast member's receive is ``transfer_weights.broadcast``: see
+        :attr:`Command.handler`)."""
         out: set[tuple[str, str]] = set()
         for part, compiled in self.c.items():
             machine = PARTS[part]
@@ -225,6 +358,8 @@ class Core:
             out.add(("engine", "probe_engine"))
         if self.p["ci_injects_rollout_faults"]:
             out.add(("engine", "inject_ci_fault"))
+        if self.p["broadcasts_weights"]:  # a member's receive: the weight-update group's handler (Command.handler)
+            out.add(("engine", f"transfer_weights.{BROADCAST}"))
         if not self.engines and not self.evals:
             out = {(m, e) for m, e in out if m != "engine"}
         return frozenset(out)
@@ -242,7 +377,7 @@ class Core:
         """A monitor exists (created, paused or running): every live engine is one of its members."""
         return s.monitor in self.monitor_live
 
-    def broadcasting(self, s: JobState) -> bool:
+    def broadcasting(self, s: JobView) -> bool:
         """The weight-update group is broadcasting: the engines of the update receive from it, not from disk."""
         return s.sync == "Broadcasting"
 
@@ -383,9 +518,14 @@ class _Tx:
     def lane_op(self, lane: str) -> str:
         return self.s.rollout_op if lane == "rollout" else self.s.trainer_op
 
-    def fail_run(self, reason: str) -> None:
+    def fail_run(self, failure: Failure) -> None:
         if not self.s.failed:
-            self.upd(failed=reason)
+            self.upd(failed=failure)
+
+    def failure_of(self, cmd: Command, reason: str) -> Failure:
+        """A command that could not be carried out at all stops the run: its machine, where it was, and why."""
+        state = self.state_of(PART_OF[cmd.machine], cmd.group, cmd.engine) if cmd.machine in PART_OF else ""
+        return Failure(cmd.machine, cmd.instance, state, reason)
 
     # -- firing one machine event: its spec step, its commands, its couplings ---------------------------------
     def fire(
@@ -423,9 +563,14 @@ class _Tx:
         self.moves.append(Move(names[0], instance, names[1], names[2], names[3], out.effects))
         for effect in fx.commands:
             self.command(Command(effect, machine, instance, group, i))
-        phases: list[str] = []
+        phases: tuple[str, ...] = ()
         for effect in out.effects:
-            phases += self.couple(part, effect, group, i)
+            handling = DISPATCH.get((machine, effect))
+            if handling is None:
+                continue
+            if handling.do is not None:
+                handling.do(self, At(part, group, i, src))
+            phases += handling.phases
         if phases:
             self.prepend(self.lane, tuple(phases))
         if group is not None and i is not None and out.dest == "Unhealthy":
@@ -434,51 +579,62 @@ class _Tx:
 
     def command(self, cmd: Command) -> None:
         delay = self.delay if cmd.effect == "launch_engine" else 0.0
-        cmd = Command(cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane)
+        weights, via = (
+            self.loads(cmd.group) if cmd.effect == "transfer_weights" and cmd.machine == "engine" else ("", "")
+        )
+        cmd = Command(cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane, weights, via)
         self.commands.append(cmd)
         self.upd(awaiting=(*self.s.awaiting, cmd))
 
-    def couple(self, part: str, effect: str, group: str | None, i: int | None) -> list[str]:
-        """Where one machine's effect moves another machine or a fact; returns the phases it adds."""
-        core = self.core
-        if effect == "report_failure":
-            who = instance_name(group, i) if group is not None and i is not None else INSTANCE[part]
-            self.fail_run(f"{who} failed")
-        elif part in ("trainer", "rollout") and effect in EFFECT_PHASES:
-            return list(EFFECT_PHASES[effect])
-        elif part == "rollout":
-            if effect == "start_servers":
-                for j in range(core.engines):
-                    self.fire("engine", "start", ROLLOUT, j)
-            elif effect == "start_monitor":
-                self.fire("monitor", "create")
-            elif effect == "resume_monitor" and self.s.monitor == "Paused":
-                self.fire("monitor", "resume")
-            elif effect == "pause_monitor" and self.s.monitor == "Running":  # "monitors off": a no-op when paused
-                self.fire("monitor", "pause")
-            elif effect == "stop_monitor" and core.monitoring(self.s):
-                self.fire("monitor", "stop")
-            elif effect == "arm_ci_fault_injection":
-                self.upd(ci_pending=True)
-            elif effect == "start_eval_fleet" and isinstance(self.fire("fleet", "create"), Step):
-                for j in range(core.evals):
-                    self.fire("engine", "start", EVAL, j)
-            elif effect == "acquire_engine_lock":
-                self.upd(lock=True, engines=tuple(e._replace(fresh=False) for e in self.s.engines))
-            elif effect == "release_engine_lock":
-                self.upd(lock=False)
-        elif part == "monitor" and effect == "mark_engine_unhealthy" and self.subject is not None:
+    # -- what coupled effects do (the dispatch table's ``do``) -----------------------------------------------------
+    def report_failure(self, at: At) -> None:
+        """A machine's own failing move (its ``report_failure``): the run stops, naming it and where it was."""
+        who = instance_name(at.group, at.i) if at.group is not None and at.i is not None else INSTANCE[at.part]
+        self.fail_run(Failure(PARTS[at.part], who, at.src))
+
+    def start_engines(self, group: str) -> None:
+        for j in range(len(self.s.group(group))):
+            self.fire("engine", "start", group, j)
+
+    def monitor_to(self, state: str, trigger: str) -> None:
+        """The monitor's resume or pause, where it is in the state that allows it ("monitors off": a no-op)."""
+        if self.s.monitor == state:
+            self.fire("monitor", trigger)
+
+    def stop_monitor(self) -> None:
+        if self.core.monitoring(self.s):
+            self.fire("monitor", "stop")
+
+    def start_eval_fleet(self) -> None:
+        if isinstance(self.fire("fleet", "create"), Step):
+            self.start_engines(EVAL)
+
+    def lock_engines(self) -> None:
+        self.upd(lock=True, engines=tuple(e._replace(fresh=False) for e in self.s.engines))
+
+    def mark_subject(self) -> None:
+        """The monitor's verdict marks the engine its event is about."""
+        if self.subject is not None:
             g, j = self.subject
-            if self.s.group(g)[j].state in core.markable:
+            if self.s.group(g)[j].state in self.core.markable:
                 self.fire("engine", "mark_unhealthy", g, j)
-        elif part == "fleet" and effect == "probe_engine":
-            for j, e in enumerate(self.s.evals):
-                if e.state in core.live:
-                    self.command(Command("probe_engine", "engine", instance_name(EVAL, j), EVAL, j))
-        elif part == "fleet" and effect == "load_snapshot":
-            self.upd(evals=tuple(e._replace(fresh=False) for e in self.s.evals))
-            self.engines_do(EVAL, "begin_update", SNAPSHOT["Ready"])
-        return []
+
+    def probe_evals(self) -> None:
+        for j, e in enumerate(self.s.evals):
+            if e.state in self.core.live:
+                self.command(Command("probe_engine", "engine", instance_name(EVAL, j), EVAL, j))
+
+    def load_snapshot(self) -> None:
+        self.upd(evals=tuple(e._replace(fresh=False) for e in self.s.evals))
+        self.engines_do(EVAL, "begin_update", SNAPSHOT["Ready"])
+
+    def loads(self, group: str | None) -> tuple[str, str]:
+        """What an engine's transfer_weights loads, and how: a rollout engine in the trainer's update takes the
+        trainer's new weights (from the weight-update group while it broadcasts, else from their checkpoint);
+        every other load -- the initial weights, a catch-up, the eval fleet's snapshot -- the committed ones."""
+        if self.lane == "trainer" and group == ROLLOUT:
+            return PENDING_WEIGHTS, BROADCAST if self.core.broadcasting(self.s) else ""
+        return COMMITTED_WEIGHTS, ""
 
     def unhealthy(self, group: str, i: int) -> None:
         """An engine that may not be recovered fails at once, or -- one the job did not start -- is let go
@@ -575,7 +731,7 @@ class _Tx:
             self.refused = Refusal("illegal", f"unknown operation {op.name!r}; known: {', '.join(OPERATIONS)}")
             return
         if self.s.failed and not op.name.endswith("dispose"):
-            self.refused = Refusal("failed", self.s.failed)
+            self.refused = Refusal("failed", str(self.s.failed))
             return
         for lane in (spec.lane, *spec.holds):
             if self.lane_op(lane):
@@ -741,7 +897,9 @@ class _Tx:
             return
         if not self.core.snapshot_ready(self.s):
             states = ", ".join(e.state for e in self.s.engines)
-            self.fail_run(f"weight update: engines not updatable ({states})")
+            self.fail_run(
+                Failure("rollout", "rollout", self.s.rollout, f"weight update: engines not updatable ({states})")
+            )
             return
         broadcast = self.core.p["broadcasts_weights"] and self.lane == "trainer"
         if broadcast and not self.group_ready():
@@ -760,7 +918,7 @@ class _Tx:
     def ph_require_routable(self) -> None:
         if self.core.engines and self.s.rollout == "Generating" and not self.core.routable(self.s):
             states = ", ".join(e.state for e in self.s.engines)
-            self.fail_run(f"generate: no routable engine ({states})")
+            self.fail_run(Failure("rollout", "rollout", self.s.rollout, f"generate: no routable engine ({states})"))
 
     def ph_dispose_engines(self) -> None:
         """Every engine stopped (death confirmed), then released."""
@@ -865,7 +1023,16 @@ class _Tx:
                 if e.state == "Serving":
                     self.subject = (group, i)
                     self.fire("engine", "republish", group, i, log=True)  # on the record: why not
-            self.fail_run(f"router-{group} died: the sglang-router process exited and rollout FT is off")
+            self.fail_run(
+                Failure(
+                    "router",
+                    f"router-{group}",
+                    "",
+                    f"router-{group} died: the sglang-router process exited and rollout FT is off",
+                    "--use-fault-tolerance --ft-components rollout restarts the router and registers the Serving "
+                    "engines again; or run without the router (--no-router)",
+                )
+            )
             return
         for i, e in enumerate(self.s.group(group)):
             if e.state == "Serving":
@@ -894,7 +1061,14 @@ class _Tx:
                     self.fire("engine", "ready" if o.name == "ready" else "start_failed", group, i)
             elif cmd.effect == "kill_engine":
                 if o.name == "alive":
-                    self.fail_run(f"{cmd.instance}: process still alive after SIGKILL ({o.reason})")
+                    self.fail_run(
+                        Failure(
+                            "engine",
+                            cmd.instance,
+                            state,
+                            f"{cmd.instance}: process still alive after SIGKILL ({o.reason})",
+                        )
+                    )
                 elif state == "Stopping":
                     self.fire("engine", "confirm_dead", group, i)
                 elif state == "Recovering":
@@ -937,7 +1111,7 @@ class _Tx:
                 if isinstance(self.fire("trainer", "healed"), Step):
                     self.retry()
             elif o.name == "heal_failed":
-                self.fail_run(f"trainer: healing failed ({o.reason})")
+                self.fail_run(Failure("trainer", "trainer", self.s.trainer, f"trainer: healing failed ({o.reason})"))
             elif o.name == "worker_crashed":
                 self.crashed(o.reason)
 
@@ -947,18 +1121,23 @@ class _Tx:
             self.crashed(reason)
             return
         if cmd.machine == "weight_sync":  # a group call that raised (not one that failed): the run cannot go on
+            failure = self.failure_of(cmd, reason)
             self.result(cmd, Outcome("failed", reason=reason))
-            self.fail_run(reason)
+            self.fail_run(failure)
             return
         if cmd.machine != "engine" or cmd.group is None or cmd.engine is None:
-            self.fail_run(reason)  # building the rollout function, the monitor, ...: the run cannot go on
+            self.fail_run(
+                self.failure_of(cmd, reason)
+            )  # building the rollout function, the monitor, ...: it cannot go on
             return
         group, i = cmd.group, cmd.engine
         state = self.s.group(group)[i].state
         if cmd.effect == "launch_engine" and state == "Starting":
             self.fire("engine", "start_failed", group, i)
         elif cmd.effect == "kill_engine":
-            self.fail_run(f"{cmd.instance}: its death could not be confirmed ({reason})")
+            self.fail_run(
+                Failure("engine", cmd.instance, state, f"{cmd.instance}: its death could not be confirmed ({reason})")
+            )
         elif cmd.effect == "transfer_weights" and group == ROLLOUT and self.s.rollout in self.core.rollout_updating:
             self.abort_update()
         elif state in self.core.markable:
@@ -989,7 +1168,9 @@ class _Tx:
         """A trainer worker died: heal from a peer under train FT (then redo the operation), else fail."""
         where = self.s.trainer
         if not isinstance(self.fire("trainer", "worker_crashed"), Step):
-            self.fail_run(f"trainer: a worker crashed in state {where} ({reason})")
+            self.fail_run(
+                Failure("trainer", "trainer", where, f"trainer: a worker crashed in state {where} ({reason})")
+            )
             return
         self.set_lane("trainer", program=())
         if not isinstance(self.fire("trainer", "heal", log=True), Step):
@@ -1001,7 +1182,14 @@ class _Tx:
         if not op:
             return
         if op.endswith("!"):
-            self.fail_run(f"trainer: a worker crashed again in {op.rstrip('!')} after a heal")
+            self.fail_run(
+                Failure(
+                    "trainer",
+                    "trainer",
+                    self.s.trainer,
+                    f"trainer: a worker crashed again in {op.rstrip('!')} after a heal",
+                )
+            )
             return
         self.set_lane("trainer", op=op + "!", program=OPERATIONS[op].program)
 

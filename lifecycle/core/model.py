@@ -7,6 +7,7 @@ carries.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from lifecycle.names import (
@@ -22,6 +23,9 @@ from lifecycle.names import (
     WeightSyncStateName,
 )
 
+# What an engine's transfer_weights loads: the weights every current engine holds, or the trainer's new ones;
+# and how, where not from their checkpoint: the weight-update group broadcasts them (Command.weights, .via).
+COMMITTED_WEIGHTS, PENDING_WEIGHTS, BROADCAST = "committed", "pending", "broadcast"
 ROLLOUT, EVAL = "rollout", "eval"  # the two engine groups: rollout engines and the eval fleet's
 GROUP_PREFIX = {ROLLOUT: "engine", EVAL: "eval"}  # instance names: engine-0, eval-0, ...
 
@@ -48,6 +52,32 @@ class Command(NamedTuple):
     engine: int | None = None
     delay: float = 0.0  # wait this long first (a restart's backoff)
     lane: str = "news"  # the operation lane it belongs to ("news": a report's consequence)
+    weights: str = ""  # an engine's transfer_weights: what it loads (COMMITTED_WEIGHTS or PENDING_WEIGHTS)
+    via: str = ""  # how, where another shell than the engine's carries it out (BROADCAST: the update group)
+
+    @property
+    def handler(self) -> str:
+        """The name a shell binds its handler to (``Runner.provide``): ``machine.effect``, or
+        ``machine.effect.via`` -- a broadcast member's receive is the weight-update group's, not the engine's."""
+        return f"{self.machine}.{self.effect}.{self.via}" if self.via else f"{self.machine}.{self.effect}"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why the run stopped, as fields the shells read (never a message they parse): which part, where, why.
+
+    ``str()`` is the one-line message: the reason, or ``engine-0 failed`` where the part's own move says it.
+    """
+
+    machine: str  # the part that failed: a spec's name (engine, rollout, trainer, ...) or "router"
+    instance: str  # engine-0, eval-1, rollout, trainer, weight-sync, router-rollout
+    state: str  # the state it was in when it failed (a failing move's source); "" for a part with no machine
+    reason: str = ""  # the message, for people (``engine-0: process still alive after SIGKILL (...)``); "" when
+    # the part's own failing move says it all (its fail, give_up, servers_failed: ``engine-0 failed``)
+    fix: str = ""  # what the user can change, where the core knows it
+
+    def __str__(self) -> str:
+        return self.reason or f"{self.instance} failed"
 
 
 class JobState(NamedTuple):
@@ -68,7 +98,7 @@ class JobState(NamedTuple):
     trainer_op: str = ""
     trainer_program: tuple[str, ...] = ()
     awaiting: tuple[Command, ...] = ()  # commands given to the shells whose results have not come back
-    failed: str = ""  # non-empty: the run stopped fast, with this reason
+    failed: Failure | None = None  # the run stopped fast: who failed, where, why
     sync: WeightSyncStateName = "Init"  # the weight-update process group (broadcast mode)
     ahead: bool = False  # the trainer trained since the last commit: its weights are not the served ones yet
 
@@ -113,7 +143,8 @@ class Fact(NamedTuple):
 class Outcome(NamedTuple):
     """What a shell reports: a command's result, or news (an engine died, a probe threshold was reached).
 
-    ``name`` is one of :data:`lifecycle.core.plan.OUTCOMES`; engine outcomes name the group and index.
+    ``name`` is a command's result (:data:`lifecycle.core.plan.RESULTS`) or news (:data:`lifecycle.core.plan.NEWS`);
+    engine outcomes name the group and index.
     """
 
     name: str

@@ -102,11 +102,8 @@ OPERATIONS: dict[str, Operation] = {
     "trainer.dispose": Operation("trainer", ("sync_dispose", "trainer.dispose"), optional=True, when="trains"),
 }
 
-# Phases an effect adds in front of the rest of its operation (the couplings that span operations).
-EFFECT_PHASES: dict[str, tuple[str, ...]] = {
-    "recover_engine": ("recover",),  # the trainer's recover_engine (rollout FT): dead engines first
-    "transfer_weights": ("begin_update",),  # the trainer's push: one snapshot under the engine lock
-}
+# The phases an effect adds in front of the rest of its operation (the trainer's recover_engine and
+# transfer_weights) are in the core's dispatch table, with everything else the core does with an effect.
 
 # -- outcomes ------------------------------------------------------------------------------------------------------
 # What a command's result may be (``Completed``), by effect; ``done`` is every command's plain success.

@@ -1,14 +1,14 @@
 """The health monitor's mechanics: concurrency, threshold, stale results after a pause, grace, jitter, stop.
 
-Probes here are coroutines with real latency (asyncio.sleep) and the monitor's reports are collected
-as they would reach the runner; what a report *does* (mark, count, discard) is the core's, tested in
-``tests/lifecycle/test_core.py`` and, with real engines, in ``tests/rollout``.
+The monitor runs on a fake time source (its ``clock`` and ``sleep``), so every round is driven exactly;
+its reports are collected as they would reach the runner; what a report *does* (mark, count, discard) is
+the core's, tested in ``tests/lifecycle/test_core.py`` and, with real engines, in ``tests/rollout``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 
 import pytest
 
@@ -48,13 +48,44 @@ def _failing(latency: float = 0.0):
     return probe
 
 
-def _monitor(config: LifecycleConfig) -> tuple[HealthMonitor, list[Outcome]]:
+class FakeTime:
+    """The monitor's clock and sleep as one fake time source: a sleep moves ``now`` on by its length at once
+    (``hold``: it lasts until cancelled), so each test drives the probe rounds exactly, with no real-time race."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.hold = hold
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if self.hold:
+            await asyncio.Future()
+        self.now += seconds
+        await asyncio.sleep(0)  # let the test look between two rounds
+
+
+async def until(done: Callable[[], bool], turns: int = 10_000) -> None:
+    """Let the event loop run until ``done``; a bounded number of turns, not of seconds."""
+    for _ in range(turns):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not done after {turns} turns of the event loop")
+
+
+def _monitor(config: LifecycleConfig, time: FakeTime | None = None) -> tuple[HealthMonitor, list[Outcome]]:
     reports: list[Outcome] = []
 
     async def report(outcome: Outcome) -> None:
         reports.append(outcome)
 
-    return HealthMonitor(config, report), reports
+    if time is None:
+        return HealthMonitor(config, report), reports
+    return HealthMonitor(config, report, clock=time.clock, sleep=time.sleep), reports
 
 
 def test_probes_run_concurrently_so_a_round_costs_one_latency():
@@ -82,11 +113,14 @@ def test_probes_run_concurrently_so_a_round_costs_one_latency():
 
 def test_threshold_of_consecutive_failures_is_reported_once():
     async def run() -> list[Outcome]:
-        monitor, reports = _monitor(_config())
+        clock = FakeTime()
+        monitor, reports = _monitor(_config(), clock)
         monitor.add_engine(("rollout", 0), _ok())
         monitor.add_engine(("rollout", 1), _failing())
         await monitor.resume(CMD)
-        await asyncio.sleep(0.5)
+        await until(lambda: any(o.name == "threshold_reached" for o in reports))
+        marked_at = len(clock.sleeps)
+        await until(lambda: len(clock.sleeps) >= marked_at + 3)  # three more rounds: no second verdict
         await monitor.stop()
         return reports
 
@@ -122,26 +156,46 @@ def test_only_consecutive_failures_count_a_success_starts_the_count_again():
 
 
 def test_a_marked_engine_is_not_probed_again():
+    probes = 0
+
+    async def probe(timeout: float) -> Outcome:
+        nonlocal probes
+        probes += 1
+        return Outcome("probe_failed", reason="connection refused")
+
     async def run() -> HealthMonitor:
-        monitor, _ = _monitor(_config())
-        monitor.add_engine(("rollout", 0), _failing())
+        clock = FakeTime()
+        monitor, _ = _monitor(_config(), clock)
+        monitor.add_engine(("rollout", 0), probe)
         await monitor.resume(CMD)
-        await asyncio.sleep(0.4)
+        await until(lambda: not monitor.members)
+        marked_at = len(clock.sleeps)
+        await until(lambda: len(clock.sleeps) >= marked_at + 3)  # three more rounds
         await monitor.stop()
         return monitor
 
     monitor = asyncio.run(run())
-    assert monitor.members == ()
+    assert monitor.members == () and probes == 2  # the threshold's two, none after
 
 
 def test_a_probe_failure_returning_after_a_pause_is_reported_as_stale():
+    """The probe is held in flight until the monitor has been paused, then fails: a stale result, not a count."""
+
     async def run() -> list[Outcome]:
-        monitor, reports = _monitor(_config(rollout_health_check_failure_threshold=1))
-        monitor.add_engine(("rollout", 0), _failing(latency=0.03))
+        sent, answer = asyncio.Event(), asyncio.Event()
+
+        async def probe(timeout: float) -> Outcome:
+            sent.set()
+            await answer.wait()
+            return Outcome("probe_failed", reason="connection refused")
+
+        monitor, reports = _monitor(_config(rollout_health_check_failure_threshold=1), FakeTime())
+        monitor.add_engine(("rollout", 0), probe)
         await monitor.resume(CMD)
-        await asyncio.sleep(0.01)  # the first probe is in flight
+        await sent.wait()  # the first probe is in flight
         await monitor.pause(CMD)
-        await asyncio.sleep(0.1)  # it fails after the pause
+        answer.set()  # it fails after the pause
+        await until(lambda: any(o.name != "probe" for o in reports))
         await monitor.stop()
         return reports
 
@@ -150,24 +204,24 @@ def test_a_probe_failure_returning_after_a_pause_is_reported_as_stale():
 
 
 def test_startup_grace_delays_the_first_probe():
-    async def run() -> tuple[float, list[float]]:
+    async def run() -> tuple[list[float], list[float]]:
+        clock = FakeTime()
         calls: list[float] = []
 
         async def probe(timeout: float) -> Outcome:
-            calls.append(time.perf_counter())
+            calls.append(clock.now)
             return Outcome("probe_ok")
 
-        monitor, _ = _monitor(_config(rollout_health_check_first_wait=0.3))
-        t0 = time.perf_counter()
+        monitor, _ = _monitor(_config(rollout_health_check_interval=0.25, rollout_health_check_first_wait=1.0), clock)
         monitor.add_engine(("rollout", 0), probe)
         await monitor.resume(CMD)
-        await asyncio.sleep(0.5)
+        await until(lambda: bool(calls))
         await monitor.stop()
-        return t0, calls
+        return calls, clock.sleeps
 
-    t0, calls = asyncio.run(run())
-    assert calls, "probed after the grace period"
-    assert calls[0] - t0 >= 0.29
+    calls, sleeps = asyncio.run(run())
+    assert calls[0] == 1.0  # the first round due after the grace, none before it
+    assert sleeps[:4] == [0.25] * 4
 
 
 def test_jitter_keeps_the_period_within_bounds():
@@ -184,13 +238,15 @@ def test_stop_ends_every_probe_loop_also_one_a_pause_left_sleeping():
     """A pause lets the probe loop finish its sleep; stop must not leave it pending (a leaked task)."""
 
     async def run() -> tuple[list[bool], int]:
-        monitor, _ = _monitor(_config(rollout_health_check_interval=30.0, rollout_health_check_timeout=1.0))
+        clock = FakeTime(hold=True)  # every sleep lasts until it is cancelled
+        monitor, _ = _monitor(_config(rollout_health_check_interval=30.0, rollout_health_check_timeout=1.0), clock)
         monitor.add_engine(("rollout", 0), _ok())
         await monitor.resume(CMD)
-        await asyncio.sleep(0.05)  # one round done, now sleeping 30 s
+        await until(lambda: len(clock.sleeps) == 1)  # one round done, now sleeping 30 s
         loops = list(monitor._loops)
         await monitor.pause(CMD)
         await monitor.resume(CMD)  # a second loop while the first still sleeps
+        await until(lambda: len(clock.sleeps) == 2)
         loops += [t for t in monitor._loops if t not in loops]
         await monitor.stop()
         return [t.done() for t in loops], len(monitor._loops)
@@ -200,11 +256,27 @@ def test_stop_ends_every_probe_loop_also_one_a_pause_left_sleeping():
 
 
 def test_a_probe_that_runs_out_of_its_timeout_is_a_failure():
+    """The per-probe bound is the event loop's own timer (``asyncio.wait_for``); the probe never answers."""
+
     async def run() -> list[Outcome]:
-        monitor, reports = _monitor(_config(rollout_health_check_failure_threshold=1))
-        monitor.add_engine(("rollout", 0), _ok(latency=1.0))  # never answers within 0.05 s
+        verdict = asyncio.Event()
+        reports: list[Outcome] = []
+
+        async def report(outcome: Outcome) -> None:
+            reports.append(outcome)
+            if outcome.name != "probe":
+                verdict.set()
+
+        async def never(timeout: float) -> Outcome:
+            await asyncio.Future()  # never answers
+            raise AssertionError("unreachable")
+
+        monitor = HealthMonitor(
+            _config(rollout_health_check_failure_threshold=1), report, sleep=FakeTime(hold=True).sleep
+        )
+        monitor.add_engine(("rollout", 0), never)
         await monitor.resume(CMD)
-        await asyncio.sleep(0.2)
+        await verdict.wait()
         await monitor.stop()
         return reports
 

@@ -16,6 +16,7 @@ from lifecycle.core import (
     Command,
     Completed,
     Core,
+    Failure,
     JobState,
     Move,
     Op,
@@ -157,7 +158,8 @@ def test_rollout_only_under_rollout_ft_recovers_a_dead_engine_at_the_next_genera
 def test_without_rollout_ft_a_dead_engine_fails_at_once_and_the_run_stops():
     d = Drive(cfg()).start()
     d.do(Outcome("died", ROLLOUT, 0, "exit code -9"))
-    assert d.engines() == ["Failed", "Quiesced"] and d.s.failed == "engine-0 failed"
+    assert d.engines() == ["Failed", "Quiesced"] and d.s.failed == Failure("engine", "engine-0", "Unhealthy")
+    assert str(d.s.failed) == "engine-0 failed"
     assert "recover" not in d.triggers("engine-0")
     refusal = d.op("generate")
     assert refusal is not None and refusal.kind == "failed"
@@ -193,7 +195,7 @@ def test_an_engine_that_keeps_dying_spends_its_budget_then_fails_the_run():
     d.do(Outcome("died", ROLLOUT, 0))
     d.op("generate")
     assert d.triggers("engine-0")[-2:] == ["recover", "give_up"]
-    assert d.s.failed == "engine-0 failed"
+    assert d.s.failed == Failure("engine", "engine-0", "Recovering")
 
 
 @pytest.mark.recovery
@@ -321,7 +323,8 @@ def test_a_crashed_worker_is_healed_under_train_ft_and_the_step_runs_again():
 def test_a_crashed_worker_without_train_ft_fails_the_run():
     d = Drive(cfg(**RFT)).start()
     d.op("train", answer=lambda c: Outcome("worker_crashed") if c.effect == "train_step" else ok(c))
-    assert d.triggers("trainer")[-2:] == ["worker_crashed", "fail"] and d.s.failed == "trainer failed"
+    assert d.triggers("trainer")[-2:] == ["worker_crashed", "fail"]
+    assert d.s.failed == Failure("trainer", "trainer", "Errored")
 
 
 # -- the eval fleet and CI ----------------------------------------------------------------------------------------

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.core import Command, Outcome
+from lifecycle.core import BROADCAST as VIA_GROUP
+from lifecycle.core import COMMITTED_WEIGHTS, PENDING_WEIGHTS, Command, Outcome
 
 from .test_core import RFT, Drive, cfg, ok
 
 pytestmark = pytest.mark.weight_update
 BROADCAST = {"update_weight_transfer_mode": "broadcast"}
 BOTH = {**RFT, "ft_components": ["rollout", "train"]}
+LOAD = "engine.transfer_weights"
 
 
 def step(d: Drive, answer=ok) -> None:
@@ -39,6 +41,29 @@ def test_the_first_update_connects_every_engine_then_broadcasts_and_the_next_reu
     assert [c.effect for c in d.commands[first : first + 3]] == ["broadcast_weights", *["transfer_weights"] * 2]
     step(d)
     assert sync(d)[4:] == ["broadcast", "broadcast_done"]  # no reconnect: the membership is unchanged
+
+
+def loads(d: Drive, since: int = 0) -> list[tuple[str, str, str, str]]:
+    """Every engine load the core handed out: which engine, which weights, how, and the handler it goes to."""
+    return [(c.instance, c.weights, c.via, c.handler) for c in d.commands[since:] if c.handler.startswith(LOAD)]
+
+
+@pytest.mark.parametrize("mode", ["disk", "broadcast"])
+def test_each_load_names_the_weights_it_takes_and_a_members_receive_is_the_groups_command(mode):
+    """The rule the controller used to branch on: the trainer's update gives the rollout engines its new
+    weights (received from the group while it broadcasts), every other load the committed ones from disk."""
+    d = Drive(cfg(**RFT, **(BROADCAST if mode == "broadcast" else {})))
+    d.start()
+    disk = LOAD
+    assert loads(d) == [(f"engine-{i}", COMMITTED_WEIGHTS, "", disk) for i in (0, 1)]  # the initial weights
+    before = len(d.commands)
+    step(d)
+    via, handler = (VIA_GROUP, f"{disk}.broadcast") if mode == "broadcast" else ("", disk)
+    assert loads(d, before) == [(f"engine-{i}", PENDING_WEIGHTS, via, handler) for i in (0, 1)]
+    d.do(Outcome("died", "rollout", 1, "SIGKILL"))
+    before = len(d.commands)
+    d.op("generate")  # recovered, then caught up with the committed weights (from disk, whatever the mode)
+    assert loads(d, before) == [("engine-1", COMMITTED_WEIGHTS, "", disk)]
 
 
 def test_disk_mode_never_touches_the_group():

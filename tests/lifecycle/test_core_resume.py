@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.core import Command, Outcome
+from lifecycle.core import Command, Failure, Outcome
 from lifecycle.core import core as core_module
 from lifecycle.explore import explore, lattice
 from lifecycle.invariants import INVARIANTS
@@ -81,7 +81,7 @@ def test_a_worker_crash_while_restoring_stops_the_run_even_under_train_ft() -> N
 
     d.op("trainer.start", answer=crash)
     assert d.triggers("trainer")[-2:] == ["restore", "worker_crashed"]
-    assert d.s.trainer == "Failed" and d.s.failed == "trainer failed"
+    assert d.s.trainer == "Failed" and d.s.failed == Failure("trainer", "trainer", "Restoring")
 
 
 def test_restart_budgets_carry_over_to_the_resumed_engines() -> None:

@@ -19,7 +19,8 @@ def test_a_stop_whose_death_is_not_confirmed_never_reaches_stopped_and_stops_the
     d = Drive(cfg(**RFT)).start()
     d.op("stop_engine", 0, answer=_survives_sigkill)
     assert "confirm_dead" not in d.triggers("engine-0") and d.engines()[0] != "Stopped"
-    assert "engine-0: process still alive after SIGKILL" in d.s.failed
+    assert d.s.failed is not None and (d.s.failed.machine, d.s.failed.instance) == ("engine", "engine-0")
+    assert str(d.s.failed).startswith("engine-0: process still alive after SIGKILL")
     confirmed = Drive(cfg(**RFT)).start()
     confirmed.op("stop_engine", 0)
     assert confirmed.engines()[0] == "Stopped" and confirmed.triggers("engine-0")[-1] == "confirm_dead"
@@ -29,4 +30,4 @@ def test_a_recovery_whose_kill_is_not_confirmed_never_starts_a_second_process() 
     d = Drive(cfg(**RFT)).start()
     d.do(Outcome("died", ROLLOUT, 0))
     d.op("generate", answer=_survives_sigkill)
-    assert "restart" not in d.triggers("engine-0") and "still alive after SIGKILL" in d.s.failed
+    assert "restart" not in d.triggers("engine-0") and "still alive after SIGKILL" in str(d.s.failed)

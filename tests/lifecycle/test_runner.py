@@ -98,7 +98,9 @@ def test_a_handler_that_raises_is_an_error_result_and_the_exception_is_kept():
 
     runner.provide({"rollout.construct_rollout_fn": broken})
     asyncio.run(runner.operate("init"))
-    assert runner.state.failed and "RuntimeError" in runner.state.failed
+    failed = runner.state.failed
+    assert failed is not None and (failed.machine, failed.instance) == ("rollout", "rollout")
+    assert "RuntimeError" in failed.reason and str(failed).startswith("rollout: construct_rollout_fn raised")
     assert runner.ledger.failed("construct_rollout_fn") and not runner.ledger.ever("construct_rollout_fn")
     with pytest.raises(RuntimeError, match="blew up"):
         runner.raise_failure()

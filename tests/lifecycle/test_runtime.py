@@ -1,17 +1,13 @@
-"""The runtime machine layer: transitions-backed, typed errors, ledger, handlers, async queueing."""
+"""The runtime machine layer: transitions-backed, typed errors, ledger."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from transitions import Machine
-from transitions.extensions.asyncio import AsyncMachine
 
 from lifecycle import (
     ENGINE,
     MONITOR,
-    AsyncLifecycleMachine,
     EffectLedger,
     IllegalTransition,
     LifecycleConfig,
@@ -23,8 +19,8 @@ FT_ROLLOUT = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FT_TRAIN = LifecycleConfig(use_fault_tolerance=True, ft_components=["train"], rollout_num_gpus=2)
 
 
-def _serving(config=FT_ROLLOUT, ledger=None, handlers=None):
-    m = LifecycleMachine(ENGINE, config, "engine-0", ledger=ledger, handlers=handlers)
+def _serving(config=FT_ROLLOUT, ledger=None):
+    m = LifecycleMachine(ENGINE, config, "engine-0", ledger=ledger)
     for t in ("start", "ready", "begin_update", "finish_update", "resume"):
         assert m.fire(t).ok
     assert m.state == "Serving"
@@ -71,13 +67,6 @@ def test_ledger_records_effects_in_order_with_seq():
     assert ledger.count("launch_engine") == 1
 
 
-def test_handlers_run_after_the_state_changed():
-    seen = []
-    m = _serving(handlers={"route_traffic": lambda r: seen.append((r.effects, r.dst))})
-    assert seen == [(("continue_generation", "route_traffic"), "Serving")]
-    assert m.state == "Serving"
-
-
 def test_instances_share_one_transitions_machine_but_not_state():
     a = LifecycleMachine(ENGINE, FT_ROLLOUT, "a")
     b = LifecycleMachine(ENGINE, FT_ROLLOUT, "b")
@@ -99,8 +88,7 @@ def test_built_transitions_machine_is_plain_transitions_without_auto_transitions
     model.start()
     assert model.state == "Starting"
     monitor = build_transitions_machine(MONITOR, FT_ROLLOUT, model=Model())
-    assert isinstance(monitor, AsyncMachine)
-    assert monitor.has_queue
+    assert type(monitor) is Machine and not monitor.has_queue  # every spec, the monitor's too: one sync machine
 
 
 def test_transitions_guard_agrees_with_the_compiled_table():
@@ -113,99 +101,3 @@ def test_transitions_guard_agrees_with_the_compiled_table():
         getattr(model, t)()
     assert model.recover() is False  # rollout_ft is False: transitions' own guard blocks it too
     assert model.state == "Unhealthy"
-
-
-def test_async_machine_queues_an_event_fired_from_a_handler():
-    order: list[str] = []
-    holder: dict[str, AsyncLifecycleMachine] = {}
-
-    async def on_start(result):
-        order.append(f"start_monitor in {holder['m'].state}")
-        queued = await holder["m"].fire("resume")
-        assert queued.queued
-        await asyncio.sleep(0)
-        order.append(f"after nested fire still {holder['m'].state}")
-
-    async def on_resume(result):
-        order.append(f"resume_monitor in {holder['m'].state}")
-
-    async def run():
-        m = AsyncLifecycleMachine(
-            MONITOR, FT_ROLLOUT, "rollout-group", handlers={"start_monitor": on_start, "resume_monitor": on_resume}
-        )
-        holder["m"] = m
-        result = await m.fire("create")
-        assert result.ok and result.dst == "Paused"
-        return m
-
-    m = asyncio.run(run())
-    assert m.state == "Running"
-    # The nested 'resume' ran only after the 'create' callbacks finished: queued=True.
-    assert order == ["start_monitor in Paused", "after nested fire still Paused", "resume_monitor in Running"]
-
-
-def test_async_machine_blocked_and_illegal():
-    async def run():
-        m = AsyncLifecycleMachine(MONITOR, FT_TRAIN, "g")
-        blocked = await m.fire("create")
-        assert not blocked.ok and blocked.blocked_by == ("monitors_rollout",)
-        with pytest.raises(IllegalTransition):
-            await m.fire("probe")
-
-    asyncio.run(run())
-
-
-def test_async_fire_without_awaiting_handlers_does_not_yield_to_the_event_loop():
-    """A transition is atomic for other coroutines (and cheap): no task per callback list.
-
-    Plain ``AsyncMachine`` gathers every callback list; each non-empty one (the condition check,
-    the ``after`` callback) suspends the caller, so a probe loop's ``fire`` interleaved with other
-    coroutines.
-    """
-
-    async def run() -> list[str]:
-        m = AsyncLifecycleMachine(MONITOR, FT_ROLLOUT, "g")
-        seen: list[str] = []
-
-        async def other() -> None:
-            seen.append("other ran")
-
-        task = asyncio.ensure_future(other())
-        for trigger in ("create", "resume", "probe", "probe_failed", "pause"):
-            await m.fire(trigger)
-        seen.append(f"fires done in {m.state}")
-        await task
-        return seen
-
-    assert asyncio.run(run()) == ["fires done in Paused", "other ran"]
-
-
-def test_lean_async_machine_still_gathers_lists_of_several_callbacks():
-    from lifecycle.runtime import LeanAsyncMachine
-
-    order: list[str] = []
-
-    async def slow(_event: object = None) -> None:
-        order.append("slow start")
-        await asyncio.sleep(0.01)
-        order.append("slow end")
-
-    async def fast(_event: object = None) -> None:
-        order.append("fast")
-
-    async def run() -> str:
-        machine = LeanAsyncMachine(
-            model=None,
-            states=["A", "B"],
-            initial="A",
-            auto_transitions=False,
-            queued=True,
-            transitions=[{"trigger": "go", "source": "A", "dest": "B", "after": [slow, fast]}],
-        )
-        holder = type("Model", (), {"state": "A"})()
-        machine.add_model(holder)
-        await holder.go()  # type: ignore[attr-defined]
-        return holder.state  # type: ignore[attr-defined,no-any-return]
-
-    assert asyncio.run(run()) == "B"
-    assert order == ["slow start", "fast", "slow end"]  # concurrent, as transitions documents

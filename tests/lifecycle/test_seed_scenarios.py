@@ -6,24 +6,22 @@
    trainer transition may perform recover_engine; no engine may enter Recovering.
 
 Each is checked twice: exhaustively over every reachable state of each machine (compiled spec),
-and by driving real machine instances through a job's step with a shared ledger.
+and by driving the lifecycle core through a job's steps as the runner does (each job check is shown to
+fail on the spec mutant that re-introduces its bug).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
-from lifecycle import (
-    ENGINE,
-    EVAL_FLEET,
-    MONITOR,
-    ROLLOUT,
-    TRAINER,
-    EffectLedger,
-    IllegalTransition,
-    LifecycleConfig,
-    LifecycleMachine,
-)
+from lifecycle import ENGINE, EVAL_FLEET, MONITOR, ROLLOUT, TRAINER, LifecycleConfig, MachineSpec
+from lifecycle.core import ROLLOUT as ROLLOUT_GROUP
+from lifecycle.core import Outcome, Refusal
+from lifecycle.mutants import MUTANTS
+
+from .test_core import Drive
 
 REPLAY = LifecycleConfig(load_debug_rollout_data="runs/x/{rollout_id}.json", use_fault_tolerance=True, eval_num_gpus=2)
 TRAIN_ONLY = LifecycleConfig(debug_train_only=True)
@@ -86,87 +84,87 @@ def test_rollout_ft_turns_every_rollout_site_on():
 
 
 class Job:
-    """Real machine instances of one job sharing a ledger, stepped like miles' train loop."""
+    """One job's lifecycle core, driven as the training loop drives it through the runner: each operation
+    runs to its end with every command the core hands out answered by plain success (``Drive``), and a
+    fault is the news a shell would report. The tests read what the *core* did -- its moves, its commands,
+    its state -- never what they fired themselves."""
 
-    def __init__(self, config: LifecycleConfig, engines: int = 2) -> None:
-        self.ledger = EffectLedger()
-        kw = {"ledger": self.ledger}
-        self.rollout = LifecycleMachine(ROLLOUT, config, "rollout", **kw)
-        self.trainer = LifecycleMachine(TRAINER, config, "trainer", **kw)
-        self.monitor = LifecycleMachine(MONITOR, config, "monitor-0", **kw)
-        self.engines = [LifecycleMachine(ENGINE, config, f"engine-{i}", **kw) for i in range(engines)]
+    def __init__(self, config: LifecycleConfig, machines: Mapping[str, MachineSpec] | None = None) -> None:
+        self.drive = Drive(config, machines=machines)  # type: ignore[arg-type]
+        self.refused: list[tuple[str, Refusal]] = []
 
-    def try_fire(self, machine: LifecycleMachine, trigger: str) -> bool:
-        try:
-            return machine.fire(trigger).ok
-        except IllegalTransition:
-            return False
+    def op(self, name: str) -> None:
+        refusal = self.drive.op(name)
+        if refusal is not None:
+            assert refusal.kind in ("blocked", "not_applicable", "failed"), (name, refusal)  # the shells' allow
+            self.refused.append((name, refusal))
 
-    def start(self) -> None:
-        self.try_fire(self.rollout, "init")
-        if self.try_fire(self.rollout, "start_servers"):
-            for e in self.engines:
-                for t in ("start", "ready", "begin_update", "finish_update", "resume"):
-                    e.fire(t)
-            self.rollout.fire("servers_ready")
-            if "start_monitor" in self.ledger.effects("rollout"):
-                self.monitor.fire("create")
-        else:
-            self.try_fire(self.rollout, "skip_servers")
-        for t in ("allocate", "initialize", "ready"):
-            self.trainer.fire(t)
+    def start(self) -> Job:
+        self.op("trainer.start")
+        self.op("init")
+        return self
 
     def step(self, kill_engine: int | None = None) -> None:
-        self.rollout.fire("generate")
-        if self.monitor.state == "Paused":
-            self.monitor.fire("resume")
-        if kill_engine is not None:
-            self.engines[kill_engine].fire("mark_unhealthy")
-        if self.rollout.state == "Generating":
-            self.rollout.fire("generate_done")
-        if self.monitor.state == "Running":
-            self.monitor.fire("pause")
-        self.trainer.fire("train")
-        self.trainer.fire("train_done")
-        if self.trainer.fire("update_weights").ok:
-            for e in self.engines:
-                if e.state == "Unhealthy":
-                    self.try_fire(e, "recover")
-            self.trainer.fire("update_done")
+        self.op("generate")
+        if kill_engine is not None:  # its server died mid-rollout: the watcher's report
+            self.drive.do(Outcome("died", ROLLOUT_GROUP, kill_engine, "exit code -9"))
+        if self.drive.s.rollout != "Replay":  # a replayed rollout has no generate_done (rollout/executor.py)
+            self.op("generate_done")
+        self.op("train")
+        self.op("update_weights")
+
+    def effects(self, machine: str | None = None) -> list[str]:
+        return [e for m in self.drive.moves if machine in (None, m.machine) for e in m.effects]
+
+    def states(self, instance: str) -> list[str]:
+        return [m.dst for m in self.drive.moves if m.instance == instance]
 
 
 @pytest.mark.construction_gate
-def test_replay_job_ledger_never_constructs():
-    job = Job(REPLAY)
-    job.start()
+@pytest.mark.parametrize("mutant", [None, "replay_constructs_rollout_fn"])
+def test_replay_job_ledger_never_constructs(mutant: str | None) -> None:
+    job = Job(REPLAY, MUTANTS[mutant].machines() if mutant else None).start()
     for _ in range(3):
         job.step()
-    assert job.rollout.state == "Replay"
-    assert job.ledger.effects("rollout") == ["load_replay_data"] * 3
-    assert not NEVER_IN_REPLAY & set(job.ledger.effects())
-    assert all(e.state == "Init" for e in job.engines)
+    constructed = NEVER_IN_REPLAY & set(job.effects())
+    if mutant:  # the check can fail: the miles bug re-introduced into the spec is caught here
+        assert constructed == {"construct_rollout_fn", "construct_eval_fn"}
+        return
+    assert job.drive.s.rollout == "Replay" and not constructed
+    assert job.effects("rollout") == ["load_replay_data"] * 3
+    assert {(c.machine, c.effect) for c in job.drive.commands if c.machine != "trainer"} == {
+        ("rollout", "load_replay_data")
+    }
+    assert job.drive.s.engines == ()  # no server was ever started
+    assert [(name, r.blocked_by) for name, r in job.refused] == [("update_weights", ("updates_rollout_weights",))] * 3
 
 
 @pytest.mark.recovery
 @pytest.mark.monitor
 @pytest.mark.lifecycle_gate
-def test_train_only_ft_job_ledger_has_no_monitor_and_no_trainer_recovery():
-    job = Job(FT_TRAIN)
-    job.start()
+@pytest.mark.parametrize("mutant", [None, "monitors_on_ft_master_switch", "trainer_recovery_on_ft_master_switch"])
+def test_train_only_ft_job_ledger_has_no_monitor_and_no_trainer_recovery(mutant: str | None) -> None:
+    job = Job(FT_TRAIN, MUTANTS[mutant].machines() if mutant else None).start()
     job.step()
     job.step(kill_engine=1)
-    assert "start_monitor" not in job.ledger.effects()
-    assert "recover_engine" not in job.ledger.effects("trainer")
-    assert job.engines[1].state == "Unhealthy"
-    assert job.engines[1].fire("recover").blocked_by == ("rollout_ft",)
+    leaks = {"start_monitor"} & set(job.effects()) | {"recover_engine"} & set(job.effects("trainer"))
+    if mutant:  # the check can fail: each train-only FT leak re-introduced into the spec is caught here
+        assert leaks
+        return
+    assert not leaks and job.drive.s.monitor == "Init"
+    assert "Recovering" not in job.states("engine-1")
+    assert job.drive.engines() == ["Serving", "Failed"]  # rollout FT is off: the dead engine fails the run
+    assert "engine-1" in str(job.drive.s.failed)
+    assert {name for name, r in job.refused if r.kind == "failed"} == {"generate_done", "train", "update_weights"}
 
 
 @pytest.mark.recovery
 @pytest.mark.lifecycle_gate
-def test_rollout_ft_job_recovers_the_killed_engine():
-    job = Job(FT_ROLLOUT)
-    job.start()
+def test_rollout_ft_job_recovers_the_killed_engine() -> None:
+    job = Job(FT_ROLLOUT).start()
     job.step(kill_engine=1)
-    assert "start_monitor" in job.ledger.effects("rollout")
-    assert "recover_engine" in job.ledger.effects("trainer")
-    assert job.engines[1].state == "Recovering"
+    assert "start_monitor" in job.effects("rollout")
+    assert "recover_engine" in job.effects("trainer")
+    after = job.states("engine-1")[job.states("engine-1").index("Unhealthy") :]
+    assert after[:2] == ["Unhealthy", "Recovering"] and after[-1] == "Quiesced"  # relaunched, then loaded
+    assert job.drive.s.engines[1].current and not job.drive.s.failed and not job.refused

@@ -8,15 +8,13 @@ table says Blocked, an error when the table has no entry.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from transitions.core import MachineError
 
 from lifecycle.errors import IllegalTransition
 from lifecycle.explore import lattice
 from lifecycle.machines import MACHINES
-from lifecycle.runtime import AsyncLifecycleMachine, LifecycleMachine, build_transitions_machine
+from lifecycle.runtime import LifecycleMachine, build_transitions_machine
 from lifecycle.spec import Blocked, Step
 
 CONFIGS = [group[0] for group in lattice().groups.values()]
@@ -26,34 +24,25 @@ class Model:
     state: str
 
 
-async def _maybe(value: object) -> object:
-    return await value if asyncio.iscoroutine(value) else value  # type: ignore[misc]
-
-
-async def _check_config(spec, config) -> int:
+def _check_config(spec, config) -> int:
     table = spec.compile(config).table
     model = Model()
     raw = build_transitions_machine(spec, config, model=model)
     checked = 0
     for state in spec.state_names:
         for trigger in spec.triggers:
-            # the plain transitions machine (queued async machines always return True, so ask may_trigger)
+            # the plain transitions machine
             raw.set_state(state, model)
-            may = await _maybe(model.may_trigger(trigger))
             try:
-                await _maybe(raw.events[trigger].trigger(model))
-                raw_out, raw_dest = ("moved" if may else "blocked"), model.state
+                moved = raw.events[trigger].trigger(model)
+                raw_out, raw_dest = ("moved" if moved else "blocked"), model.state
             except MachineError:
                 raw_out, raw_dest = "illegal", None
             # the runtime machine layer
-            if spec.is_async:
-                rt: AsyncLifecycleMachine | LifecycleMachine = AsyncLifecycleMachine(spec, config, "x")
-                rt._machine.set_state(state, rt)
-            else:
-                rt = LifecycleMachine(spec, config, "x")
+            rt = LifecycleMachine(spec, config, "x")
             rt.state = state
             try:
-                result = await _maybe(rt.fire(trigger))
+                result = rt.fire(trigger)
                 run_out, run_dest, effects = ("moved" if result.ok else "blocked"), rt.state, tuple(result.effects)
             except IllegalTransition:
                 run_out, run_dest, effects = "illegal", None, ()
@@ -76,8 +65,5 @@ async def _check_config(spec, config) -> int:
 @pytest.mark.parametrize("name", sorted(MACHINES))
 def test_transitions_table_and_runtime_agree_for_every_state_event_and_config(name):
     spec = MACHINES[name]
-
-    async def run() -> int:
-        return sum([await _check_config(spec, config) for config in CONFIGS])
-
-    assert asyncio.run(run()) == len(CONFIGS) * len(spec.state_names) * len(spec.triggers)
+    checked = sum(_check_config(spec, config) for config in CONFIGS)
+    assert checked == len(CONFIGS) * len(spec.state_names) * len(spec.triggers)

@@ -32,7 +32,11 @@ def test_trace_diff_canonical_and_first_divergence(tmp_path: Path, capsys: pytes
     assert main(["trace", "diff", str(a), str(b)]) == 1
     assert "first difference at event 1" in capsys.readouterr().out
     assert main(["trace", "show", str(a)]) == 0
-    assert "rollout[rollout] Init --None--> Ready" in line(ev)
+    assert line(ev) == "rollout[rollout] Init --> Ready"  # the event names no trigger: no "--None-->"
+    assert line({**ev, "trigger": "init"}) == "rollout[rollout] Init --init--> Ready"
+    blocked = {"event": "lifecycle.blocked", "machine": "engine", "state": "Unhealthy", "blocked_by": ["rollout_ft"]}
+    assert line(blocked) == "engine[?] Unhealthy --x blocked by ['rollout_ft']"
+    assert "None" not in line({"event": "lifecycle.transition", "src": None})
 
 
 def test_a_torn_last_line_is_skipped_but_garbage_is_not_an_event_log(tmp_path: Path) -> None:

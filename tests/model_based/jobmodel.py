@@ -18,20 +18,19 @@ prefers steps into states this run has not visited (loops once nothing is new).
 ``@initialize`` (default: every valid config of the lattice).
 
 ``make_runtime_machine`` extends it: every move the core makes is replayed on ``transitions``
-machines (``LifecycleMachine``, ``AsyncLifecycleMachine`` for async specs), one per machine instance,
+machines (``LifecycleMachine``, as the runner does), one per machine instance,
 and each one's state, effects, ledger and event log must equal the core's.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lifecycle import AsyncLifecycleMachine, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle import EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
 from lifecycle.core import OPERATIONS
 from lifecycle.events import TRANSITION, MemorySink
 from lifecycle.explore import lattice
@@ -323,7 +322,6 @@ class RuntimeVsModelBase(JobModelBase):
         self.ledger = EffectLedger()
         self.events = MemorySink()
         self.log = EventLog([self.events], timestamps=False)
-        self.loop = asyncio.new_event_loop()
 
     def on_start(self) -> None:
         assert self.job is not None
@@ -337,13 +335,9 @@ class RuntimeVsModelBase(JobModelBase):
         instances += [("engine", f"engine-{i}") for i in range(core.engines)]
         instances += [("engine", f"eval-{i}") for i in range(core.evals)]
         for name, instance in instances:
-            cls = AsyncLifecycleMachine if specs[name].is_async else LifecycleMachine
-            self.runtime[instance] = cls(specs[name], self.job.config, instance, ledger=self.ledger, log=self.log)
-
-    def fire(self, machine: Any, trigger: str) -> Any:
-        if isinstance(machine, AsyncLifecycleMachine):
-            return self.loop.run_until_complete(machine.fire(trigger))
-        return machine.fire(trigger)
+            self.runtime[instance] = LifecycleMachine(
+                specs[name], self.job.config, instance, ledger=self.ledger, log=self.log
+            )
 
     def observe(self, t: Transition, before: Node) -> None:
         ledger_before = len(self.ledger)
@@ -351,7 +345,7 @@ class RuntimeVsModelBase(JobModelBase):
         for m in t.moves:
             machine = self.runtime[m.instance]
             assert machine.state == m.src, f"{m.instance}: runtime in {machine.state}, the core moved it from {m.src}"
-            result = self.fire(machine, m.trigger)
+            result = machine.fire(m.trigger)
             assert result.ok, f"{m.instance}.{m.trigger} blocked at runtime by {result.blocked_by}"
             assert (result.src, result.dst, result.effects) == (m.src, m.dst, m.effects), (m, result)
         # the ledger gained exactly the step's effects, in order, attributed to the right instance
@@ -363,10 +357,6 @@ class RuntimeVsModelBase(JobModelBase):
             if e["event"] == TRANSITION
         ]
         assert logged == [(m.instance, m.trigger, m.src, m.dst, m.effects) for m in t.moves]
-
-    def teardown(self) -> None:
-        super().teardown()
-        self.loop.close()
 
 
 def make_runtime_machine(

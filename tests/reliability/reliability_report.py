@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.faults import BROADCAST_FAULTS, FAULT_DOCS, FAULTS, FT_CONFIGS, MODES, expected
+from lifecycle.faults import FAULTS
+from trainer.faults import BROADCAST_FAULTS, FAULT_DOCS, FT_CONFIGS, MODES, expected
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 HEADER = ("fault", "mode", "FT config", "expected", "observed", "time (s)")

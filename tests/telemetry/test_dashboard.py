@@ -71,7 +71,7 @@ def _refuse_a_move(metrics: Metrics) -> None:
     for spec in MACHINES.values():
         refused = [trigger for (state, trigger), out in spec.compile(config).table.items()
                    if state == spec.initial and isinstance(out, Blocked)]  # fmt: skip
-        if refused and not spec.is_async:
+        if refused:
             result = LifecycleMachine(spec, config, spec.name, log=EventLog([metrics])).fire(refused[0])
             assert not result.ok and result.blocked_by
             return

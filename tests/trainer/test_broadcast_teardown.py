@@ -56,7 +56,7 @@ class Sender:
 def _shell(engines: list[Member]) -> tuple[Runner, Sender]:
     runner = Runner(LifecycleConfig.from_mapping(FLAGS, check_paths=False), log=EventLog([]))
     sender = Sender()
-    controller = SimpleNamespace(engines=engines, receive_broadcast=None)
+    controller = SimpleNamespace(engines=engines)
     WeightBroadcast(runner, controller, SimpleNamespace(workers=[sender]))  # type: ignore[arg-type]
     # the core marked every engine as joining (what its connect phase does before init_weight_group)
     runner.state = runner.state._replace(engines=tuple(e._replace(joined=True) for e in runner.state.engines))
