@@ -13,8 +13,8 @@ import argparse
 import time
 
 from lifecycle import world as world_module
-from lifecycle.explore import explore, lattice, run_check
-from lifecycle.presets import preset
+from lifecycle.check.explore import explore, lattice, run_check
+from lifecycle.decide.presets import preset
 
 
 def full(engines: int, jobs: int, faults: int) -> tuple[int, int, int, int, float]:

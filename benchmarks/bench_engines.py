@@ -26,11 +26,11 @@ from engines.client import EngineClient
 from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import LocalLauncher, launcher_factory
+from engines.models import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import LifecycleConfig
-from lifecycle.core import ROLLOUT, Command, Outcome
-from lifecycle.runner import Runner
-from models import TinyCausalLM
+from lifecycle.decide.core import ROLLOUT, Command, Outcome
+from lifecycle.decide.runner import Runner
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 

@@ -1,6 +1,6 @@
 """Benchmark P7 (fleet operations at scale): one per-step fleet operation's cost vs the number of engines.
 
-N simulated SGLang engines (``sim_engine``: one process, a port each) answer ``/update_weights_from_disk``,
+N simulated SGLang engines (``engines.sim``: one process, a port each) answer ``/update_weights_from_disk``,
 ``/release_memory_occupation`` and ``/resume_memory_occupation`` after a latency L, as a real server spends
 seconds in them. For each N the rollout manager runs offload, onload weights, a weight update and onload KV
 (each one operation of the core: its engine commands go out at once and come back in slot order), and the
@@ -21,13 +21,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from engines.client import EngineClient
+from engines.models import TinyCausalLM
+from engines.sim.launcher import SimFleet
 from lifecycle import LifecycleConfig
-from lifecycle.core import Command, Outcome
-from lifecycle.runner import Runner
-from models import TinyCausalLM
+from lifecycle.decide.core import Command, Outcome
+from lifecycle.decide.runner import Runner
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
-from sim_engine.launcher import SimFleet
 
 SLOW = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation")
 OPS = ("offload", "onload_weights", "update_weights", "onload_kv")

@@ -19,7 +19,7 @@ defaults' rollout FT, monitors included):
 
 3. **The exporter** (``--metrics-port``): the same loop with and without the Prometheus exporter, scraped
    every second while it runs (Prometheus scrapes every 15-60 s). Its cost is the CPU time of the
-   exporter's sink (``telemetry.Metrics.__call__``, timed on every event) per step against the mean step,
+   exporter's sink (``trainer.app.metrics.Metrics.__call__``, timed on every event) per step against the mean step,
    and, as a cross-check, the median step of the two variants.
 
 Run: python benchmarks/bench_loop.py [--steps N] [--rounds R]
@@ -45,7 +45,7 @@ from typing import Any
 from structlog.contextvars import get_contextvars
 
 from lifecycle.cli.args import config_from_args
-from lifecycle.runtime import LifecycleMachine
+from lifecycle.decide.runtime import LifecycleMachine
 
 GOAL = 0.01
 
@@ -84,8 +84,8 @@ def timed_layer(timer: Timer) -> Iterator[None]:
     """Time every call of the lifecycle layer made during a step: ``Core.step`` (the decision) and the
     runner's ``_apply``/``_record`` (the moves replayed on ``transitions`` machines, the event log, the
     ledger). All three are synchronous: thread CPU time inside them is their own."""
-    from lifecycle.core import Core
-    from lifecycle.runner import Runner
+    from lifecycle.decide.core import Core
+    from lifecycle.decide.runner import Runner
 
     originals = {"step": Core.step, "_apply": Runner._apply, "_record": Runner._record}
 
@@ -116,7 +116,7 @@ def timed_layer(timer: Timer) -> Iterator[None]:
 def bare_record() -> Iterator[None]:
     """The baseline: the core still decides (the loop cannot run without it), but nothing is recorded --
     no ``transitions`` machine, no event log, no ledger."""
-    from lifecycle.runner import Runner
+    from lifecycle.decide.runner import Runner
 
     apply, record = Runner._apply, Runner._record
 
@@ -147,9 +147,9 @@ def cold_event_cost(events: int = 200, evict_mb: int = 32) -> dict[str, tuple[fl
     """
     from transitions import Machine
 
-    from lifecycle.events import EventLog, JsonlSink, bind_context
-    from lifecycle.machines import ENGINE
-    from lifecycle.runtime import transitions_kwargs
+    from lifecycle.decide.events import EventLog, JsonlSink, bind_context
+    from lifecycle.decide.machines import ENGINE
+    from lifecycle.decide.runtime import transitions_kwargs
 
     config = _default_config()
     cycle = ("drain", "begin_update", "finish_update", "resume")
@@ -197,7 +197,7 @@ def _default_config() -> Any:
 
 def one_run(steps: int, seed: int, wrap: Callable[[], Any], metrics_port: int | None = None) -> list[float]:
     """Step seconds of one ``lifecycle run`` on the embedded CPU defaults (every step, the first included)."""
-    from trainer.loop import RunOptions, run_loop
+    from trainer.app.loop import RunOptions, run_loop
 
     config = _default_config()
     with tempfile.TemporaryDirectory() as tmp, wrap():
@@ -209,7 +209,7 @@ def one_run(steps: int, seed: int, wrap: Callable[[], Any], metrics_port: int | 
 @contextmanager
 def timed_exporter(timer: Timer, port: int) -> Iterator[None]:
     """Time the exporter's sink on every event, and scrape its endpoint every second while the run lasts."""
-    from telemetry.metrics import Metrics
+    from trainer.app.metrics import Metrics
 
     original = Metrics.__call__
 

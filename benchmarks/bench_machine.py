@@ -20,7 +20,7 @@ import tracemalloc
 from transitions import Machine
 
 from lifecycle import ENGINE, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
-from lifecycle.predicates import evaluate
+from lifecycle.decide.predicates import evaluate
 
 CONFIG = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 CYCLE = ("mark_unhealthy", "recover", "restart", "ready", "begin_update", "finish_update", "resume")

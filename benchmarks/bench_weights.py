@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from engines.client import EngineClient
+from engines.models import build_tiny_llama, new_causal_lm
+from engines.models.weight_group import WeightGroup, buckets, metas_of
 from engines.process import ServerProcess, torch_engine_command
-from models import build_tiny_llama, new_causal_lm
-from models.weight_group import WeightGroup, buckets, metas_of
-from trainer.broadcast import free_port
+from trainer.app.broadcast import free_port
 
 # (name, LlamaConfig sizes): about 0.3 MB, 9 MB and 60 MB of float32 weights
 SIZES: dict[str, dict[str, int]] = {

@@ -3,7 +3,7 @@
 An :class:`EngineActor` owns one engine server process; :class:`RayLauncher` is the engine
 slot's handle on it (an :class:`engines.launcher.Launcher`). Fault hooks (``kill``: the HTTP server
 dies while the actor lives; ``crash``: the actor process itself dies; ``pause_server``: SIGSTOP, the
-server hangs without dying) serve fault injection (``trainer.faults``). ``watch()`` resolves the moment the server
+server hangs without dying) serve fault injection (``trainer.app.faults``). ``watch()`` resolves the moment the server
 process exits -- or raises when the actor dies -- so death is detected from Ray itself, not at
 the next health probe.
 

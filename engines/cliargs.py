@@ -1,4 +1,4 @@
-"""The engine programs' flags (``python -m cpu_engine``, ``python -m sim_engine``): bounded at parse time.
+"""The engine programs' flags (``python -m engines.cpu``, ``python -m engines.sim``): bounded at parse time.
 
 A number that parses can still overflow where it is used (a seed past 64 bits in torch, a KV pool sized
 from ``--max-running-requests``, an infinite timeout in a ``timedelta``), after seconds of start-up and as

@@ -1,6 +1,6 @@
 """One engine slot: the I/O of one inference server, reported as the outcomes the core understands.
 
-The slot decides nothing. The lifecycle core (``lifecycle.core``) moves the ``engine`` machine and
+The slot decides nothing. The lifecycle core (``lifecycle.decide.core``) moves the ``engine`` machine and
 hands out commands -- launch, kill, load these weights, pause generation, release memory -- and the
 slot carries each one out against the real server (through its launcher and ``EngineClient``) and
 says what happened: ``ready`` or ``start_failed``, ``dead`` or ``alive``, ``loaded``, ``refused`` or
@@ -19,9 +19,9 @@ from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError
 from engines.launcher import Launcher
 from engines.protocol import PauseMode
-from lifecycle.core import Fact, Outcome
-from lifecycle.errors import LifecycleError
-from lifecycle.events import MEMORY, WEIGHTS
+from lifecycle.decide.core import Fact, Outcome
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.events import MEMORY, WEIGHTS
 
 Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 

@@ -8,7 +8,7 @@ the endpoint.
 
 from __future__ import annotations
 
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 
 
 class EngineError(LifecycleError):

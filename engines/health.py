@@ -10,7 +10,7 @@ a timeout, a failure threshold and jitter. This is the liveness part, and only i
   (an older epoch) is reported as ``stale_result``.
 
 What a verdict *means* -- mark the engine, count it, or discard it because the monitor is paused --
-is the core's (``lifecycle.core``) decision through the ``monitor`` spec; whether a monitor exists at
+is the core's (``lifecycle.decide.core``) decision through the ``monitor`` spec; whether a monitor exists at
 all is the spec's ``monitors_rollout`` guard. The handlers here are bound to the monitor's effects
 (``start_monitor``, ``resume_monitor``, ``pause_monitor``, ``stop_monitor``).
 """
@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command, Outcome, instance_name
-from lifecycle.events import PROBE, EventLog
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import Command, Outcome, instance_name
+from lifecycle.decide.events import PROBE, EventLog
 
 Probe = Callable[[float], Awaitable[Outcome]]  # called with the per-probe timeout: probe_ok or probe_failed
 Report = Callable[[Outcome], Awaitable[None]]

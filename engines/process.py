@@ -51,7 +51,7 @@ def torch_engine_command(
     python: str | None = None,
 ) -> list[str]:
     """The CPU torch engine's command line (``port`` 0: the engine picks a free port, reported by READY)."""
-    cmd = [python or sys.executable, "-m", "cpu_engine", "--host", host, "--port", str(port)]
+    cmd = [python or sys.executable, "-m", "engines.cpu", "--host", host, "--port", str(port)]
     cmd += ["--seed", str(seed), "--model-size", model_size]
     if api_key is not None:
         cmd += ["--api-key", api_key]

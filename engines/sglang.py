@@ -30,8 +30,8 @@ from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError, EngineStartError, EngineStartTimeout, EngineTimeout
 from engines.launcher import ProcessControl
 from engines.process import ServerProcess
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError, LifecycleError
 
 SGLANG_EXTRA = "pip install 'rl-lifecycle[sglang]'"
 HEALTH_PATH = "/health_generate"
@@ -71,7 +71,7 @@ class SGLangNotInstalled(LifecycleError, ImportError):
         super().__init__(
             "the SGLang backend needs the 'sglang' package, which is not installed in this Python "
             f"({sys.executable}). Install the extra on a GPU host: {SGLANG_EXTRA} "
-            "(SGLang needs a CUDA GPU host; on a CPU-only machine use the CPU torch engine, python -m cpu_engine)."
+            "(SGLang needs a CUDA GPU host; on a CPU-only machine use the CPU torch engine, python -m engines.cpu)."
         )
 
 

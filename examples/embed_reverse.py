@@ -32,12 +32,12 @@ from safetensors.torch import load_file
 
 from engines.actor import init_local_cluster
 from engines.launcher import launcher_factory
+from engines.models import build_tiny_llama
 from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle import EventLog, LifecycleConfig
-from lifecycle.events import bind_context
-from lifecycle.runner import Runner
-from models import build_tiny_llama
+from lifecycle.decide.events import bind_context
+from lifecycle.decide.runner import Runner
 from rollout import RolloutManager
 from trainer import TrainerGroup
 from trainer.backend import BackendSpec

@@ -3,14 +3,14 @@
 The public API -- what a training loop imports -- is re-exported here.
 """
 
-from lifecycle.config import ConfigWarning, LifecycleConfig, add_lifecycle_arguments
-from lifecycle.errors import ConfigError, IllegalTransition, LifecycleError, SpecError
-from lifecycle.events import EventLog, bind_context, capture
-from lifecycle.ledger import EffectLedger
-from lifecycle.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER, WEIGHT_SYNC
-from lifecycle.predicates import PREDICATES, evaluate
-from lifecycle.runtime import FireResult, LifecycleMachine
-from lifecycle.spec import MachineSpec, StateSpec, T
+from lifecycle.decide.config import ConfigWarning, LifecycleConfig, add_lifecycle_arguments
+from lifecycle.decide.errors import ConfigError, IllegalTransition, LifecycleError, SpecError
+from lifecycle.decide.events import EventLog, bind_context, capture
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER, WEIGHT_SYNC
+from lifecycle.decide.predicates import PREDICATES, evaluate
+from lifecycle.decide.runtime import FireResult, LifecycleMachine
+from lifecycle.decide.spec import MachineSpec, StateSpec, T
 
 __all__ = [
     "ENGINE",

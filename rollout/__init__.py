@@ -1,6 +1,6 @@
 """Rollout: the rollout manager (InferenceController + RolloutExecutor), eval fleet and replay data.
 
-The rollout manager's lifecycle is :data:`lifecycle.machines.ROLLOUT`. What a training script
+The rollout manager's lifecycle is :data:`lifecycle.decide.machines.ROLLOUT`. What a training script
 embeds is :class:`RolloutManager` (``init`` / ``generate`` / ``offload`` / ``onload_weights`` /
 ``onload_kv`` / ``eval`` / ``dispose``); its two halves are public for finer control.
 

@@ -4,8 +4,8 @@ It owns the engine slots (rollout engines ``engine-i`` and the eval fleet's ``ev
 monitor's probing and the launchers' death watchers, and carries out the commands the lifecycle core
 gives for them: launch, kill, load weights, pause/continue generation, release/resume memory, probe.
 It decides nothing: which engines start, which are recovered, which are in a weight update's snapshot,
-when the monitor runs and what a death means are the core's rules (``lifecycle.core``), run by the
-job's :class:`~lifecycle.runner.Runner`. What the controller knows of its own is data: the URLs, the
+when the monitor runs and what a death means are the core's rules (``lifecycle.decide.core``), run by the
+job's :class:`~lifecycle.decide.runner.Runner`. What the controller knows of its own is data: the URLs, the
 clients, which weights are committed, why an engine was last marked.
 """
 
@@ -20,11 +20,11 @@ from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
-from lifecycle.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.errors import LifecycleError
-from lifecycle.events import PROBE, ROUTED, EventLog
-from lifecycle.names import EngineStateName
-from lifecycle.runner import Runner
+from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.events import PROBE, ROUTED, EventLog
+from lifecycle.decide.names import EngineStateName
+from lifecycle.decide.runner import Runner
 from rollout.routing import LocalRouting, RouterRouting, Routing
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from lifecycle.core import EVAL, instance_name
-from lifecycle.names import FleetStateName
-from lifecycle.runner import Runner
+from lifecycle.decide.core import EVAL, instance_name
+from lifecycle.decide.names import FleetStateName
+from lifecycle.decide.runner import Runner
 
 if TYPE_CHECKING:
     from rollout.controller import InferenceController

@@ -26,14 +26,14 @@ from typing import Any
 
 from engines.engine import Timeouts
 from engines.launcher import LauncherFactory
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import EVAL, Command
-from lifecycle.events import ROLLOUT_SOURCE, EventLog
-from lifecycle.ledger import EffectLedger
-from lifecycle.names import RolloutStateName
-from lifecycle.runner import Runner
-from models.family import load_tokenizer
-from models.protocol import Tokenizer
+from engines.models.family import load_tokenizer
+from engines.models.protocol import Tokenizer
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import EVAL, Command
+from lifecycle.decide.events import ROLLOUT_SOURCE, EventLog
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.names import RolloutStateName
+from lifecycle.decide.runner import Runner
 from rollout.controller import ControllerError, InferenceController
 from rollout.eval_fleet import pin_fleet
 from rollout.policy_source import PolicyRolloutFn
@@ -67,7 +67,7 @@ class EvalFailed(ControllerError):
 
 
 class PromptTokens:
-    """Prompt token ids from the served checkpoint's own tokenizer (``models.load_tokenizer``): the engines are
+    """Prompt token ids from the served checkpoint's own tokenizer (``engines.models.load_tokenizer``): the engines are
     sent text, as a real SGLang server is, and the trainer needs the ids the engine tokenized it to."""
 
     def __init__(self) -> None:
@@ -359,7 +359,7 @@ def _eval_result(rollout_id: int, samples: list[Sample], on: str, t0: float) -> 
 class RolloutManager:
     """The facade miles calls the rollout manager: the controller and the executor over one job's runner.
 
-    Every method is an operation of the lifecycle core (``lifecycle.core.plan.OPERATIONS``); one the
+    Every method is an operation of the lifecycle core (``lifecycle.decide.core.plan.OPERATIONS``); one the
     config does not allow (an offload without --offload-rollout) is a no-op, not an error.
     """
 

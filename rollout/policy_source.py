@@ -18,8 +18,8 @@ import asyncio
 
 import torch
 
-from models import CausalLM, new_causal_lm
-from models.checkpoint import checkpoint_config
+from engines.models import CausalLM, new_causal_lm
+from engines.models.checkpoint import checkpoint_config
 from rollout.controller import ControllerError, InferenceController
 from rollout.sample import Sample, sample
 from rollout.task import Task, checked_reward

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from lifecycle import jsonio
-from lifecycle.errors import LifecycleError
+from lifecycle.decide import jsonio
+from lifecycle.decide.errors import LifecycleError
 from rollout.sample import Sample, sample_problem
 
 SCHEMA = "rl-lifecycle/rollout@1"

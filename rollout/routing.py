@@ -26,8 +26,8 @@ from engines.engine import Engine
 from engines.errors import EngineError
 from engines.protocol import GenerateResponse
 from engines.router import Router, upstream_of
-from lifecycle.core import Outcome
-from lifecycle.events import EventLog
+from lifecycle.decide.core import Outcome
+from lifecycle.decide.events import EventLog
 
 OnUnhealthy = Callable[[str, str], Awaitable[None]]
 OnRouterDeath = Callable[[str], Awaitable[None]]

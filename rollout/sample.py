@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict, cast
 
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 
 
 class Sample(TypedDict):

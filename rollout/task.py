@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 
 
 class DataSource(Protocol):

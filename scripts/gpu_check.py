@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU host check: the project's own loop against real ``sglang.launch_server`` processes. Not part of CI.
 
-What it runs: ``trainer.loop.run`` -- the loop ``lifecycle run`` runs -- with every rollout engine a real
+What it runs: ``trainer.app.loop.run`` -- the loop ``lifecycle run`` runs -- with every rollout engine a real
 SGLang server (``engines.sglang.SGLangBackend``) started on a Hugging Face checkpoint directory (the tiny
 Llama the project builds, or ``--hf-checkpoint DIR``), the real ``sglang-router`` in the path, the
 trainer on CPU writing one checkpoint directory per step that the servers load with
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
 
     from engines.engine import Timeouts
+    from engines.models import build_tiny_llama
     from engines.sglang import SGLangBackend, SGLangServerArgs, require_sglang
-    from lifecycle.config import LifecycleConfig
-    from lifecycle.events import read_jsonl
-    from models import build_tiny_llama
-    from trainer.loop import RunOptions, run
+    from lifecycle.decide.config import LifecycleConfig
+    from lifecycle.decide.events import read_jsonl
+    from trainer.app.loop import RunOptions, run
 
     require_sglang()
     run_dir = Path(ns.run_dir or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()

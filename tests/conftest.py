@@ -29,7 +29,7 @@ from engines.process import ServerProcess, torch_engine_command
 
 if TYPE_CHECKING:
     from engines.client import EngineClient
-    from models import CausalLM
+    from engines.models import CausalLM
 
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None)
@@ -218,7 +218,7 @@ class Support:
     @staticmethod
     def reference_greedy(model: CausalLM, text: str, max_new_tokens: int) -> tuple[list[int], list[float]]:
         """What the engine must produce for a greedy request with ignore_eos (same model, same seed)."""
-        from models import sample_token
+        from engines.models import sample_token
 
         prompt = model.tokenizer.encode(text)
         cache = model.new_kv_cache(1)

@@ -1,15 +1,15 @@
 """Every lifecycle rule is written once, in the core: the runtime modules ask it, they do not re-decide.
 
 Read from the source (the AST) of every runtime module (``engines/``, ``rollout/``, ``trainer/``,
-``cpu_engine/``, ``models/``):
+``engines/cpu/``, ``engines/models/``):
 
-* **no predicate outside the spec machinery**: no import of ``lifecycle.predicates``, no read of a
+* **no predicate outside the spec machinery**: no import of ``lifecycle.decide.predicates``, no read of a
   compiled predicate vector (``core.p[...]``), no ``ft_components`` comparison -- a guard of a spec
   decides, and the runtime executes the core's commands;
 * **no state set typed out by hand**: no tuple, list or set literal of two or more state names (the
   groups are the specs' tags: ``core.live``, ``core.gone``, ...), and every state name a comparison
   uses is one a spec has (a renamed state cannot become a comparison that is silently ``False``;
-  mypy catches the ``==`` case through :mod:`lifecycle.names`).
+  mypy catches the ``==`` case through :mod:`lifecycle.decide.names`).
 
 Each check is shown to fail on a re-introduced violation (``test_the_scan_finds_*``).
 """
@@ -19,15 +19,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from lifecycle.machines import MACHINES
+from lifecycle.decide.machines import MACHINES
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME = ("engines", "rollout", "trainer", "cpu_engine", "models")
+RUNTIME = ("engines", "rollout", "trainer")
 STATES = frozenset(name for spec in MACHINES.values() for name in spec.state_names)
 # Modules that read predicates for something other than a lifecycle decision, and why.
 PREDICATE_READERS = {
-    "trainer/checks.py": "pre-flight checks of lifecycle run's own options, one ConfigError naming the flag",
-    "trainer/faults.py": "--inject pre-flight checks, and expected(): the fault matrix's contract (a test oracle)",
+    "trainer/app/checks.py": "pre-flight checks of lifecycle run's own options, one ConfigError naming the flag",
+    "trainer/app/faults.py": "--inject pre-flight checks, and expected(): the fault matrix's contract (a test oracle)",
 }
 
 
@@ -41,10 +41,10 @@ def scan(source: str, path: str) -> list[str]:
     problems: list[str] = []
     for node in ast.walk(tree):
         if path not in PREDICATE_READERS:
-            if isinstance(node, ast.ImportFrom) and node.module == "lifecycle.predicates":
-                problems.append(f"{path}:{node.lineno}: imports lifecycle.predicates")
-            if isinstance(node, ast.Import) and any(a.name == "lifecycle.predicates" for a in node.names):
-                problems.append(f"{path}:{node.lineno}: imports lifecycle.predicates")
+            if isinstance(node, ast.ImportFrom) and node.module == "lifecycle.decide.predicates":
+                problems.append(f"{path}:{node.lineno}: imports lifecycle.decide.predicates")
+            if isinstance(node, ast.Import) and any(a.name == "lifecycle.decide.predicates" for a in node.names):
+                problems.append(f"{path}:{node.lineno}: imports lifecycle.decide.predicates")
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "p":
                 problems.append(f"{path}:{node.lineno}: reads a predicate value (.p[...])")
             if isinstance(node, ast.Attribute) and node.attr == "ft_components":
@@ -74,19 +74,19 @@ def test_no_runtime_module_re_decides_a_lifecycle_rule() -> None:
 def test_the_allow_list_is_still_needed() -> None:
     """An exception that no longer reads predicates is removed, so the list cannot grow stale."""
     for path in PREDICATE_READERS:
-        assert "lifecycle.predicates" in (ROOT / path).read_text(), f"{path} no longer reads predicates: drop it"
+        assert "lifecycle.decide.predicates" in (ROOT / path).read_text(), f"{path} no longer reads predicates: drop it"
 
 
 def test_the_scan_finds_a_predicate_call_in_runtime_code() -> None:
     bad = (
-        "from lifecycle.predicates import rollout_ft\n"
+        "from lifecycle.decide.predicates import rollout_ft\n"
         "def on_death(config, core):\n"
         "    if rollout_ft(config) or core.p['monitors_rollout'] or 'rollout' in config.ft_components:\n"
         "        pass\n"
     )
     found = scan(bad, "rollout/controller.py")
     assert [p.split(": ", 1)[1] for p in found] == [
-        "imports lifecycle.predicates",
+        "imports lifecycle.decide.predicates",
         "reads a predicate value (.p[...])",
         "reads ft_components (a predicate decides)",
     ], found

@@ -1,11 +1,11 @@
-"""Trainer: the trainer group, torch policy and the RL loop that embeds the lifecycle.
+"""Trainer: the trainer group's shell (Ray workers running a backend), the GRPO backend and its policy.
 
-The trainer group's lifecycle is :data:`lifecycle.machines.TRAINER`. A training script embeds
-:class:`TrainerGroup` (``start`` / ``train`` / ``update_weights`` / ``checkpoint`` / ``offload`` /
-``onload`` / ``dispose``); :func:`run_loop` is the project's own loop built from the same pieces.
+The trainer group's lifecycle is :data:`lifecycle.decide.machines.TRAINER`. :class:`TrainerGroup`
+(``start`` / ``train`` / ``update_weights`` / ``checkpoint`` / ``offload`` / ``onload`` / ``dispose``)
+binds its handlers to the job's runner; the application that assembles a run from it and the rollout
+side -- ``Job``, the project's loop, ``lifecycle run`` -- is :mod:`trainer.app`, above this package.
 
-The names below are imported on first use: ``lifecycle run`` is registered from ``trainer.cli``
-on every ``lifecycle`` invocation, which must not pay for importing torch and Ray.
+The names below are imported on first use: importing ``trainer`` must not pay for torch and Ray.
 """
 
 from __future__ import annotations
@@ -14,31 +14,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.broadcast import WeightBroadcast
+    from trainer.backend import BackendSpec, TrainerBackend
     from trainer.group import TrainerFailed, TrainerGroup
     from trainer.job_state import JobCheckpoint, load_job_checkpoint
-    from trainer.loop import RunOptions, RunResult, run_loop
 
 _EXPORTS = {
+    "BackendSpec": "trainer.backend",
+    "TrainerBackend": "trainer.backend",
     "TrainerFailed": "trainer.group",
     "TrainerGroup": "trainer.group",
-    "RunOptions": "trainer.loop",
-    "RunResult": "trainer.loop",
-    "run_loop": "trainer.loop",
-    "WeightBroadcast": "trainer.broadcast",
     "JobCheckpoint": "trainer.job_state",
     "load_job_checkpoint": "trainer.job_state",
 }
-__all__ = [
-    "JobCheckpoint",
-    "RunOptions",
-    "RunResult",
-    "TrainerFailed",
-    "TrainerGroup",
-    "WeightBroadcast",
-    "load_job_checkpoint",
-    "run_loop",
-]
+__all__ = ["BackendSpec", "JobCheckpoint", "TrainerBackend", "TrainerFailed", "TrainerGroup", "load_job_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:

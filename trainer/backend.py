@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
+
+RANKS = 65536  # the trainer seeds torch with seed * RANKS + rank, and torch takes a 64-bit seed
+
+
+def worker_seed(seed: int, rank: int) -> int:
+    """A trainer worker's torch/random seed: distinct per rank, and at most 64 bits under the run's seed bound."""
+    return seed * RANKS + rank
+
 
 METHODS = (
     "compute_grads",

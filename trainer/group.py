@@ -17,14 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command, Fact, Failure, Outcome
-from lifecycle.errors import ConfigError, LifecycleError
-from lifecycle.events import CHECKPOINTED, EventLog
-from lifecycle.ledger import EffectLedger
-from lifecycle.names import TrainerStateName
-from lifecycle.runner import Runner
-from models.checkpoint import prune_checkpoints
+from engines.models.checkpoint import prune_checkpoints
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import Command, Fact, Failure, Outcome
+from lifecycle.decide.errors import ConfigError, LifecycleError
+from lifecycle.decide.events import CHECKPOINTED, EventLog
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.names import TrainerStateName
+from lifecycle.decide.runner import Runner
 from trainer.backend import BackendSpec
 from trainer.job_state import JobCheckpoint, save_job_checkpoint
 from trainer.workers import WorkerCrashed, WorkerHandle

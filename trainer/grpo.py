@@ -40,7 +40,7 @@ class GRPOBackend:
     ) -> None:
         import torch
 
-        from models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
+        from engines.models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
 
         self.rank = rank
         self.temperature = temperature

@@ -3,7 +3,8 @@
 One checkpoint is a directory ``SAVE/job-<step>`` holding ``state.safetensors`` (every tensor: the trainer's
 model and optimizer, RNG states) and ``state.json`` (everything else: the step to continue at, the committed
 weight version, the lifecycle's facts, the config it was written under, the sha256 of the tensor file and its
-own). It is written whole under a hidden name and renamed into place (:func:`models.checkpoint.write_directory`),
+own). It is written whole under a hidden name and renamed into place
+(:func:`engines.models.checkpoint.write_directory`),
 and ``SAVE/latest`` names it only afterwards, so a half-written checkpoint is never the latest (the hidden leftover
 of a driver killed mid-write goes with the next write; no complete checkpoint is ever removed). Reading never
 unpickles: tensors come from safetensors, the rest from JSON, and each is checked before it is used.
@@ -24,13 +25,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
-from lifecycle.jsonio import JSONFileError, iter_lines, loads, read_json, read_text
-from models.checkpoint import remove_leftovers, write_directory
-from trainer.run_manifest import LATEST
+from engines.models.checkpoint import remove_leftovers, write_directory
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.jsonio import JSONFileError, iter_lines, loads, read_json, read_text
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
+LATEST = "latest"  # SAVE/latest: names the newest job checkpoint
+JOB_PREFIX = "job-"  # SAVE/job-<step>
 TENSORS, MANIFEST = "state.safetensors", "state.json"
 NAME = re.compile(r"^job-(\d{6,})$")
 FLAG = "--load"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from models import PAD_ID, CausalLM
+from engines.models import PAD_ID, CausalLM
 
 
 def advantages(samples: Sequence[Mapping[str, Any]], *, eps: float = 1e-6) -> list[float]:

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from trainer.backend import BackendError, BackendSpec, checked_grads, checked_save
+from trainer.backend import BackendError, BackendSpec, checked_grads, checked_save, worker_seed
 
 
 class WorkerCrashed(Exception):
@@ -38,7 +38,6 @@ class TrainerWorker:
         import random
 
         from trainer.backend import build_backend
-        from trainer.run_manifest import worker_seed
 
         torch.manual_seed(worker_seed(seed, rank))
         random.seed(worker_seed(seed, rank))
@@ -102,7 +101,7 @@ class TrainerWorker:
     # -- the weight-update group: this worker is rank 0 and broadcasts --------------------------------
     def weight_metas(self) -> list[tuple[str, str, list[int]]]:
         """(name, dtype, shape) of every tensor the engines hold, in checkpoint naming."""
-        from models.weight_group import dtype_name
+        from engines.models.weight_group import dtype_name
 
         return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in self._named_weights().items()]
 
@@ -116,14 +115,14 @@ class TrainerWorker:
         return dict(named())
 
     def join_weight_group(self, address: str, port: int, world_size: int, name: str, timeout: float) -> None:
-        from models.weight_group import WeightGroup
+        from engines.models.weight_group import WeightGroup
 
         self.leave_weight_group()
         self._group: WeightGroup | None = WeightGroup(address, port, 0, world_size, timeout=timeout, name=name)
 
     def broadcast_bucket(self, names: list[str]) -> str:
         """Broadcast these tensors; "" or why it failed (a failed collective is not a crashed worker)."""
-        from models.weight_group import WeightGroupError
+        from engines.models.weight_group import WeightGroupError
 
         group = getattr(self, "_group", None)
         if group is None:

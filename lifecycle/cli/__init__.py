@@ -18,8 +18,8 @@ from typing import Any
 
 from lifecycle.cli import check, explain, graph, trace
 from lifecycle.cli.args import no_subcommand
-from lifecycle.config import RaisingParser
-from lifecycle.errors import LifecycleError, UsageError
+from lifecycle.decide.config import RaisingParser
+from lifecycle.decide.errors import LifecycleError, UsageError
 
 COMMAND_GROUP = "rl_lifecycle.commands"
 Registrar = Callable[[Any], None]

@@ -12,8 +12,8 @@ import argparse
 from importlib import resources
 from typing import Any
 
-from lifecycle.config import FLAG_BY_NAME, LifecycleConfig, add_lifecycle_arguments, load_config_file, nonblank
-from lifecycle.errors import ConfigError, UsageError
+from lifecycle.decide.config import FLAG_BY_NAME, LifecycleConfig, add_lifecycle_arguments, load_config_file, nonblank
+from lifecycle.decide.errors import ConfigError, UsageError
 
 EMBEDDED = {"cpu": "cpu.toml"}
 

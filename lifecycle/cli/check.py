@@ -9,13 +9,13 @@ import sys
 import time
 from typing import Any
 
+from lifecycle.check.explore import check_train_only_ft_equals_no_ft, lattice, run_check
+from lifecycle.check.invariants import INVARIANTS
+from lifecycle.check.mutants import MUTANTS
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
-from lifecycle.config import MAX_COUNT, Bounded, LifecycleConfig
-from lifecycle.errors import ConfigError
-from lifecycle.explore import check_train_only_ft_equals_no_ft, lattice, run_check
-from lifecycle.invariants import INVARIANTS
-from lifecycle.machines import MACHINES
-from lifecycle.mutants import MUTANTS
+from lifecycle.decide.config import MAX_COUNT, Bounded, LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.machines import MACHINES
 
 MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
 

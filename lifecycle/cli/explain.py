@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
-from lifecycle.explain import explain, render
+from lifecycle.observe.explain import explain, render
 
 
 def register(sub: Any) -> None:

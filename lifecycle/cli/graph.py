@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
-from lifecycle.config import LifecycleConfig, nonblank
-from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.decide.config import LifecycleConfig, nonblank
+from lifecycle.decide.errors import ConfigError, LifecycleError
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS, preset
 from lifecycle.graph import (
     FORMATS,
     INACTIVE_MARK,
@@ -26,9 +28,7 @@ from lifecycle.graph import (
     to_mermaid_markdown,
     write_golden,
 )
-from lifecycle.machines import MACHINES
-from lifecycle.outputs import check_output
-from lifecycle.presets import PRESETS, preset
+from lifecycle.observe.outputs import check_output
 
 
 def register(sub: Any) -> None:
@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
     p.add_argument("--machine", choices=[*MACHINES, "all"], default="all", help="which machine (default: all)")
     p.add_argument("--format", choices=FORMATS, default="mermaid", help="output format (default: mermaid)")
     p.add_argument("-o", "--output", type=nonblank, metavar="FILE", help="write here (default: stdout)")
-    p.add_argument("--preset", choices=PRESETS, help="a named config from lifecycle/presets.py instead of flags")
+    p.add_argument("--preset", choices=PRESETS, help="a named config from lifecycle/decide/presets.py instead of flags")
     p.add_argument("--prune", action="store_true", help="omit inactive edges and states unreachable under the config")
     p.add_argument(
         "--compare",
@@ -127,7 +127,7 @@ def _cmd_check(directory: str) -> int:
     for diff in problems:
         sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
     print(
-        f"\n{directory}: {len(problems)} graph file(s) differ from what lifecycle/machines.py produces. "
+        f"\n{directory}: {len(problems)} graph file(s) differ from what lifecycle/decide/machines.py produces. "
         f"If the spec change is intended, run `lifecycle graph --write {directory}` and commit the result."
     )
     return 1

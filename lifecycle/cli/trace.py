@@ -1,5 +1,5 @@
 """``lifecycle trace show|diff|check|timeline``: event logs read, compared, judged and drawn (libraries:
-:mod:`lifecycle.trace`, :mod:`lifecycle.monitor`, :mod:`lifecycle.timeline`)."""
+:mod:`lifecycle.observe.trace`, :mod:`lifecycle.observe.monitor`, :mod:`lifecycle.observe.timeline`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from lifecycle.cli.args import add_debug_argument, no_subcommand
 from lifecycle.cli.trace_check import add_check_parser
-from lifecycle.config import nonblank
-from lifecycle.errors import ConfigError
-from lifecycle.outputs import check_output
-from lifecycle.timeline import load_events, output_path, write_page
-from lifecycle.trace import Event, diff, line, load, torn_tail
+from lifecycle.decide.config import nonblank
+from lifecycle.decide.errors import ConfigError
+from lifecycle.observe.outputs import check_output
+from lifecycle.observe.timeline import load_events, output_path, write_page
+from lifecycle.observe.trace import Event, diff, line, load, torn_tail
 
 
 def register(sub: Any) -> None:
@@ -44,7 +44,8 @@ def _no_subcommand(p: argparse.ArgumentParser) -> int:
 
 def _read(path: str, read: Callable[[str], list[Event]], *, flag: str = "trace", verb: str = "shown") -> list[Event]:
     """Read a log with ``read``; every way it can be unreadable is one ``ConfigError`` naming the file. Every
-    subcommand comes here, and ``read`` goes through :func:`lifecycle.events.read_jsonl` (bounded, line by line)."""
+    subcommand comes here, and ``read`` goes through :func:`lifecycle.decide.events.read_jsonl` (bounded, line
+    by line)."""
     if not os.path.exists(path):
         raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file")
     if os.path.isdir(path):
@@ -90,7 +91,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
     return 0
 
 
-# -- lifecycle trace timeline: the run as one offline HTML page (the library is lifecycle.timeline) --
+# -- lifecycle trace timeline: the run as one offline HTML page (the library is lifecycle.observe.timeline) --
 
 
 def add_timeline_parser(tsub: Any) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lifecycle.check.invariants import INVARIANTS
 from lifecycle.cli.args import add_debug_argument
-from lifecycle.config import LifecycleConfig, nonblank
-from lifecycle.errors import ConfigError
-from lifecycle.events import STARTED
-from lifecycle.invariants import INVARIANTS
-from lifecycle.monitor import JUDGED, EventMonitor, Violation
-from lifecycle.trace import Event, line
+from lifecycle.decide.config import LifecycleConfig, nonblank
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.events import STARTED
+from lifecycle.observe.monitor import JUDGED, EventMonitor, Violation
+from lifecycle.observe.trace import Event, line
 
 CONTEXT = 6  # events shown before the one that broke an invariant
 

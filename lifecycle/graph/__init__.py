@@ -1,6 +1,6 @@
 """The machines' state graphs under a config, for review (the library behind ``lifecycle graph``).
 
-Everything is derived from the specs in :mod:`lifecycle.machines` compiled for one config
+Everything is derived from the specs in :mod:`lifecycle.decide.machines` compiled for one config
 (:meth:`MachineSpec.compile`), so a graph cannot disagree with what runs. One JSON-ready model
 (schema ``rl-lifecycle/graph@1``, documented in ``docs/graphs/SCHEMA.md``) is built first; the
 mermaid, DOT, SVG/PNG (graphviz ``dot``) and HTML outputs are renderings of it.

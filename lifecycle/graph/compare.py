@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.presets import PRESET_FLAGS, preset
 from lifecycle.graph.model import EdgeJSON, GraphJSON, MachineJSON, edge_label
-from lifecycle.presets import PRESET_FLAGS, preset
 
 
 def _edge_fingerprint(edge: EdgeJSON | Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 from lifecycle.graph.model import ConfigJSON, GraphJSON, MachineJSON, edge_label
 
 

@@ -14,7 +14,7 @@ def to_markup(machine: MachineJSON | Mapping[str, Any], *, config_only: bool = F
     """Keyword arguments for ``transitions.extensions.markup.MarkupMachine(**markup)``.
 
     By default every edge is kept and each guard becomes a condition naming the real predicate
-    (``lifecycle.predicates.rollout_ft``; negated guards go to ``unless``), which ``transitions``
+    (``lifecycle.decide.predicates.rollout_ft``; negated guards go to ``unless``), which ``transitions``
     calls with the event's arguments: fire ``m.recover(config)`` and the config decides.
     ``config_only=True`` keeps only the edges active under the exported config and drops the
     guards, giving a self-contained machine that needs no lifecycle import to fire.
@@ -25,8 +25,8 @@ def to_markup(machine: MachineJSON | Mapping[str, Any], *, config_only: bool = F
             continue
         row: dict[str, Any] = {"trigger": edge["trigger"], "source": edge["source"], "dest": edge["dest"]}
         if not config_only:
-            conditions = [f"lifecycle.predicates.{g['predicate']}" for g in edge["guards"] if not g["negated"]]
-            unless = [f"lifecycle.predicates.{g['predicate']}" for g in edge["guards"] if g["negated"]]
+            conditions = [f"lifecycle.decide.predicates.{g['predicate']}" for g in edge["guards"] if not g["negated"]]
+            unless = [f"lifecycle.decide.predicates.{g['predicate']}" for g in edge["guards"] if g["negated"]]
             if conditions:
                 row["conditions"] = conditions
             if unless:

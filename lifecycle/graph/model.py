@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
-from lifecycle import jsonio
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError, LifecycleError
-from lifecycle.machines import MACHINES
-from lifecycle.predicates import evaluate
-from lifecycle.spec import MachineSpec, Step
+from lifecycle.decide import jsonio
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError, LifecycleError
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.predicates import evaluate
+from lifecycle.decide.spec import MachineSpec, Step
 
 SCHEMA = "rl-lifecycle/graph@1"
 INACTIVE_MARK = "✗"

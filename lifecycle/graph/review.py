@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.explain import explain
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.predicates import PREDICATES
+from lifecycle.decide.presets import PRESETS, preset
 from lifecycle.graph.compare import diff_machines, reference_config
 from lifecycle.graph.dot import render_svgs, to_dot
 from lifecycle.graph.model import INACTIVE_MARK, SCHEMA, GraphJSON, graph_document
-from lifecycle.machines import MACHINES
-from lifecycle.predicates import PREDICATES
-from lifecycle.presets import PRESETS, preset
+from lifecycle.observe.explain import explain
 
 CLI_KEY = "command-line"
 REF_KEY = "reference-config"

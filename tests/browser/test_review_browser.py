@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS, preset
 from lifecycle.graph import graph_document, require_dot, to_mermaid
-from lifecycle.machines import MACHINES
-from lifecycle.presets import PRESETS, preset
 
 pytestmark = pytest.mark.browser
 

@@ -2,7 +2,7 @@
 
 The log is a real run checked in as ``tests/lifecycle/data/fault_run_events.jsonl`` (5 steps,
 ``--inject kill-engine:1@3``), unedited. What the page should show is computed here from the log's
-transition events alone, not through :mod:`lifecycle.timeline`, and compared with what the browser
+transition events alone, not through :mod:`lifecycle.observe.timeline`, and compared with what the browser
 finds: one ``g.lane[data-lane]`` per machine instance, its ``rect.span`` elements (``data-state``,
 ``data-start-index``) one per stay, the fault marker inside engine-1's lane and drawn over it.
 Invariant violations (which a healthy run has none of) are checked on a tiny synthetic log.

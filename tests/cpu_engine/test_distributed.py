@@ -1,6 +1,6 @@
 """The CPU engine's weight-update group (SGLang's distributed update), real processes over gloo.
 
-The test process is rank 0 (the trainer's side, :class:`models.weight_group.WeightGroup`); two CPU engine
+The test process is rank 0 (the trainer's side, :class:`engines.models.weight_group.WeightGroup`); two CPU engine
 processes join through ``/init_weights_update_group`` and receive through ``/update_weights_from_distributed``
 while rank 0 broadcasts. After a broadcast every tensor an engine holds (``/get_weights_by_name``) equals
 rank 0's; an engine SIGKILLed mid-broadcast makes rank 0 and the survivor fail (bounded), and the survivor
@@ -19,10 +19,10 @@ import torch
 
 from engines.client import EngineClient
 from engines.errors import EngineHTTPError
+from engines.models import TinyCausalLM
+from engines.models.weight_group import TensorMeta, WeightGroup, WeightGroupError, buckets, metas_of
 from engines.process import ServerProcess
-from models import TinyCausalLM
-from models.weight_group import TensorMeta, WeightGroup, WeightGroupError, buckets, metas_of
-from trainer.broadcast import free_port
+from trainer.app.broadcast import free_port
 
 pytestmark = pytest.mark.weight_update
 BOUND = 120.0  # a hang would fail here; the collectives' own deadline is 20 s (conftest: weight_group_timeout_s)
@@ -42,7 +42,7 @@ async def join(cs: list[EngineClient]) -> WeightGroup:
 
 
 async def send(group: WeightGroup, cs: list[EngineClient], bucket: list[TensorMeta], state: dict[str, Any], **kw: Any):
-    """One bucket: rank 0 broadcasts while every engine receives (what trainer.broadcast does)."""
+    """One bucket: rank 0 broadcasts while every engine receives (what trainer.app.broadcast does)."""
     names, dtypes, shapes = [m.name for m in bucket], [m.dtype for m in bucket], [list(m.shape) for m in bucket]
     recv = [c.update_weights_from_distributed(names, dtypes, shapes, **kw) for c in cs]
     return await asyncio.gather(

@@ -21,10 +21,10 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: pip i
 
 from engines.client import EngineClient
 from engines.errors import EngineHTTPError
+from engines.models import TinyCausalLM, build_tiny_llama, load_causal_lm, load_tokenizer
+from engines.models.hf import HFCausalLM
 from engines.process import ServerProcess, torch_engine_command
 from engines.protocol import SamplingParams
-from models import TinyCausalLM, build_tiny_llama, load_causal_lm, load_tokenizer
-from models.hf import HFCausalLM
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from engines.client import EngineClient
 from engines.errors import EngineHTTPError
+from engines.models import CharTokenizer, ModelConfig, TinyCausalLM
 from engines.process import ServerProcess
 from engines.protocol import (
     GateErrorBody,
@@ -24,7 +25,6 @@ from engines.protocol import (
     SamplingParams,
     ValidationErrorBody,
 )
-from models import CharTokenizer, ModelConfig, TinyCausalLM
 
 SEED = 7  # the main engine's (conftest.ENGINE_SPECS)
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
@@ -448,7 +448,7 @@ def test_the_command_line_binds_the_port_before_importing_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, cpu_engine.cli; print('torch' in sys.modules, 'cpu_engine.app' in sys.modules)"
+    code = "import sys, cpu_engine.cli; print('torch' in sys.modules, 'engines.cpu.app' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

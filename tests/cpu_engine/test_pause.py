@@ -14,9 +14,9 @@ import pytest
 
 from engines.client import EngineClient
 from engines.errors import EngineHTTPError, EngineTimeout
+from engines.models import TinyCausalLM
 from engines.process import ServerProcess
 from engines.protocol import GenerateResponse, SamplingParams
-from models import TinyCausalLM
 
 SEED = 5  # the slow engine's (conftest.ENGINE_SPECS): 10 ms per decode step
 N = 40  # tokens per request: ~0.45 s at the engine's step delay

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-import cpu_engine.scheduler as scheduler_module
-from cpu_engine.engine import TorchEngine
-from cpu_engine.scheduler import Scheduler
-from cpu_engine.validation import MAX_STOP_STRINGS, EngineRequestError
+import engines.cpu.scheduler as scheduler_module
+from engines.cpu.engine import TorchEngine
+from engines.cpu.scheduler import Scheduler
+from engines.cpu.validation import MAX_STOP_STRINGS, EngineRequestError
 from engines.protocol import GenerateReqInput, SamplingParams
 
 NORMAL = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}

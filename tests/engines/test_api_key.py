@@ -60,8 +60,8 @@ def _witnessed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     /pause_generation (then /continue_generation, so the old behaviour does not wedge the run) is tried."""
     pytest.importorskip("ray")
     from engines.engine import Engine
-    from lifecycle.config import LifecycleConfig
-    from trainer.loop import RunOptions, run_loop
+    from lifecycle.decide.config import LifecycleConfig
+    from trainer.app.loop import RunOptions, run_loop
 
     seen: list[tuple[int, int, str]] = []
     launch = Engine.launch
@@ -105,9 +105,9 @@ def test_a_runs_engines_refuse_a_request_without_its_key(tmp_path: Path, monkeyp
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_catches_engines_without_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.loop
+    import trainer.app.loop
 
-    monkeypatch.setattr(trainer.loop, "run_api_key", lambda run_dir: None)  # the old wiring: no key at all
+    monkeypatch.setattr(trainer.app.loop, "run_api_key", lambda run_dir: None)  # the old wiring: no key at all
     with pytest.raises(AssertionError, match="unauthenticated /pause_generation got 200"):
         _witnessed_run(tmp_path, monkeypatch)
 

@@ -29,7 +29,7 @@ from engines.errors import (
     EngineUnreachable,
 )
 from engines.protocol import PauseMode, SamplingParams
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 
 
 @dataclass

@@ -15,8 +15,8 @@ import pytest
 
 from engines.actor import RayLauncher
 from engines.engine import Engine, Timeouts
+from engines.models import TinyCausalLM
 from engines.process import torch_engine_command
-from models import TinyCausalLM
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

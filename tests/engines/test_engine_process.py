@@ -14,9 +14,9 @@ import pytest
 
 from engines.client import EngineClient
 from engines.errors import EngineStartError, EngineStartTimeout, EngineTimeout, EngineUnreachable
+from engines.models import ModelConfig, TinyCausalLM
 from engines.process import ServerProcess, torch_engine_command
 from engines.protocol import SamplingParams, UnauthorizedBody
-from models import ModelConfig, TinyCausalLM
 
 KEY = "s3cret-key"  # the keyed engine's (conftest.ENGINE_SPECS)
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
@@ -113,8 +113,8 @@ def test_a_missing_weights_file_is_one_line_and_exit_2(tmp_path):
 
 def test_wrong_shape_weights_at_start_are_one_line_and_exit_2(tmp_path, capsys):
     """The engine's start path, run in this process (the same code the CLI runs after binding)."""
-    from cpu_engine.app import run as serve
-    from cpu_engine.cli import bind, build_parser
+    from engines.cpu.app import run as serve
+    from engines.cpu.cli import bind, build_parser
 
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
     path = TinyCausalLM(wide, seed=0).save_pretrained(tmp_path / "wide")
@@ -133,7 +133,7 @@ def test_wrong_shape_weights_at_start_are_one_line_and_exit_2(tmp_path, capsys):
 
 def test_bad_flags_exit_2():
     for flags in (["--port", "70000"], ["--model-size", "huge"], ["--step-delay-s", "-1"]):
-        proc = ServerProcess([sys.executable, "-m", "cpu_engine", *flags], engine_id="flags")
+        proc = ServerProcess([sys.executable, "-m", "engines.cpu", *flags], engine_id="flags")
         with pytest.raises(EngineStartError) as info:
             proc.start(timeout=30)
         assert info.value.returncode == 2 and "error:" in info.value.output
@@ -254,7 +254,7 @@ def test_torch_engine_command_line():
     cmd = torch_engine_command(
         8123, 4, api_key="k", weights="/w.safetensors", weight_version="v1", model_size="small", step_delay_s=0.5
     )
-    assert cmd[:3] == [sys.executable, "-m", "cpu_engine"]
+    assert cmd[:3] == [sys.executable, "-m", "engines.cpu"]
     assert cmd[3:] == [
         "--host", "127.0.0.1", "--port", "8123", "--seed", "4", "--model-size", "small", "--api-key", "k",
         "--weights", "/w.safetensors", "--weight-version", "v1", "--step-delay-s", "0.5",

@@ -14,7 +14,7 @@ import pytest
 
 from engines.health import HealthMonitor
 from lifecycle import LifecycleConfig
-from lifecycle.core import Command, Outcome
+from lifecycle.decide.core import Command, Outcome
 
 pytestmark = pytest.mark.monitor
 CMD = Command("resume_monitor", "monitor", "monitor")

@@ -32,8 +32,8 @@ from engines.sglang import (
     require_sglang,
     sglang_available,
 )
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError, LifecycleError
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError, LifecycleError
 
 MODEL = "Qwen/Qwen3-0.6B"
 HEALTH, FLUSH = "/health_generate", "/flush_cache"
@@ -210,7 +210,7 @@ def test_missing_sglang_error_names_the_extra_and_the_gpu_host(monkeypatch: pyte
         require_sglang()
     message = str(info.value)
     assert "pip install 'rl-lifecycle[sglang]'" in message and SGLANG_EXTRA in message
-    assert "GPU host" in message and "cpu_engine" in message
+    assert "GPU host" in message and "engines.cpu" in message
     assert isinstance(info.value, LifecycleError) and isinstance(info.value, ImportError)
 
 

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from lifecycle.events import TRANSITION, read_jsonl
-from models.checkpoint import checkpoint_config, checkpoint_steps
+from engines.models.checkpoint import checkpoint_config, checkpoint_steps
+from lifecycle.decide.events import TRANSITION, read_jsonl
 
 pytest.importorskip("ray")
 pytest.importorskip("transformers", reason="the hf extra is not installed: pip install 'rl-lifecycle[hf]'")
@@ -83,7 +83,7 @@ def test_the_examples_trainer_heals_through_its_own_state(tmp_path: Path, monkey
 
     import torch
 
-    from models import build_tiny_llama
+    from engines.models import build_tiny_llama
 
     example = _example(monkeypatch)
     checkpoint = str(build_tiny_llama(tmp_path / "model", seed=0))

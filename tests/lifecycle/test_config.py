@@ -17,7 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from lifecycle.config import (
+from lifecycle.decide.config import (
     FLAG_BY_NAME,
     FLAGS,
     ConfigWarning,
@@ -25,7 +25,7 @@ from lifecycle.config import (
     add_lifecycle_arguments,
     load_config_file,
 )
-from lifecycle.errors import ConfigError, UsageError
+from lifecycle.decide.errors import ConfigError, UsageError
 
 # Servers start in normal and rollout-only mode, so most rows need a GPU count to get past that check.
 GPUS = {"rollout_num_gpus": 2}
@@ -1122,7 +1122,7 @@ def _check_outcome(build: Callable[[], LifecycleConfig]) -> LifecycleConfig | No
 
 
 def _check_config(config: LifecycleConfig) -> None:
-    from lifecycle.predicates import evaluate
+    from lifecycle.decide.predicates import evaluate
 
     hash(config)
     assert isinstance(config.ft_components, frozenset)

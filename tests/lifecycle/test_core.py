@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from lifecycle import LifecycleConfig
-from lifecycle.core import (
+from lifecycle.decide.core import (
     ROLLOUT,
     Command,
     Completed,
@@ -24,8 +24,8 @@ from lifecycle.core import (
     Refusal,
     next_delay,
 )
-from lifecycle.core.plan import RESULTS
-from lifecycle.presets import preset
+from lifecycle.decide.core.plan import RESULTS
+from lifecycle.decide.presets import preset
 
 Answer = Callable[[Command], Outcome]
 SUCCESS = ("ready", "dead", "loaded", "probe_ok", "trained", "saved", "checkpointed", "restored", "healed", "done")
@@ -374,7 +374,7 @@ def test_ci_injection_kills_one_engine_once_and_only_under_rollout_ft():
 # -- the groups the core reads off the specs ------------------------------------------------------------------
 def test_transient_states_always_wait_for_a_command():
     """The spec's ``transient`` tag and the core agree: an engine in a transient state has a command out."""
-    from lifecycle.world import Checker
+    from lifecycle.check.world import Checker
 
     checker = Checker(preset("ft-both"), engines=2, evals=1, max_faults=1)
     seen, frontier = set(), [checker.initial().key()]

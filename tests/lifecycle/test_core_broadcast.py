@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.core import BROADCAST as VIA_GROUP
-from lifecycle.core import COMMITTED_WEIGHTS, PENDING_WEIGHTS, Command, Outcome
+from lifecycle.decide.core import BROADCAST as VIA_GROUP
+from lifecycle.decide.core import COMMITTED_WEIGHTS, PENDING_WEIGHTS, Command, Outcome
 
 from .test_core import RFT, Drive, cfg, ok
 
@@ -145,8 +145,8 @@ def test_a_trainer_crash_mid_broadcast_heals_and_redoes_the_update_or_stops(ft, 
 def test_the_mixed_weights_invariant_reads_the_world_not_the_cores_bookkeeping():
     """It fails for a Serving engine whose process holds a failed broadcast's mix, whatever the core believes
     (even that the engine is current), and passes once the process is whole again."""
-    from lifecycle.invariants import no_engine_routed_with_mixed_weights
-    from lifecycle.world import Checker, Node
+    from lifecycle.check.invariants import no_engine_routed_with_mixed_weights
+    from lifecycle.check.world import Checker, Node
 
     checker = Checker(cfg(**RFT, **BROADCAST))
     d = Drive(cfg(**RFT, **BROADCAST)).start()

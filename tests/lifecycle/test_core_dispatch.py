@@ -11,13 +11,13 @@ from collections.abc import Mapping
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import DISPATCH, EFFECT_TABLE, Core
-from lifecycle.core.core import Row, coupled, dispatch, ledger
-from lifecycle.effects import EFFECTS
-from lifecycle.machines import MACHINES
-from lifecycle.presets import PRESETS, preset
-from lifecycle.spec import MachineSpec, T
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import DISPATCH, EFFECT_TABLE, Core
+from lifecycle.decide.core.core import Row, coupled, dispatch, ledger
+from lifecycle.decide.effects import EFFECTS
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS, preset
+from lifecycle.decide.spec import MachineSpec, T
 
 # commands the core issues from its own couplings and phases, not from a spec's move
 ISSUED_BY_THE_CORE = frozenset({("engine", "probe_engine"), ("engine", "inject_ci_fault")})
@@ -31,7 +31,7 @@ def problems(rows: tuple[Row, ...], specs: Mapping[str, MachineSpec]) -> list[st
     out = [f"{m}.{e} is in no class" for m, e in sorted(wanted - counts.keys())]
     out += [f"{m}.{e} is classified {n} times" for (m, e), n in sorted(counts.items()) if n > 1]
     out += [f"{m}.{e} is classified but nothing issues it" for m, e in sorted(counts.keys() - wanted)]
-    out += [f"{m}.{e} is not in lifecycle.effects" for m, e in sorted(counts) if e not in EFFECTS]
+    out += [f"{m}.{e} is not in lifecycle.decide.effects" for m, e in sorted(counts) if e not in EFFECTS]
     return out
 
 

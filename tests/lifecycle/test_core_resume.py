@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.core import Command, Failure, Outcome
-from lifecycle.core import core as core_module
-from lifecycle.explore import explore, lattice
-from lifecycle.invariants import INVARIANTS
+from lifecycle.check.explore import explore, lattice
+from lifecycle.check.invariants import INVARIANTS
+from lifecycle.decide.core import Command, Failure, Outcome
+from lifecycle.decide.core import core as core_module
 
 from .test_core import RFT, Drive, cfg, ok
 

@@ -4,7 +4,7 @@ would serve beside a zombie that still holds its port and memory."""
 
 from __future__ import annotations
 
-from lifecycle.core import ROLLOUT, Command, Outcome
+from lifecycle.decide.core import ROLLOUT, Command, Outcome
 
 from .test_core import RFT, Drive, cfg, ok
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import structlog
 
 from lifecycle import ENGINE, EventLog, LifecycleConfig, LifecycleMachine, bind_context, capture
-from lifecycle.events import TRANSITION, StructlogSink, canonical, read_jsonl, utc_now
+from lifecycle.decide.events import TRANSITION, StructlogSink, canonical, read_jsonl, utc_now
 
 CFG = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FIELDS = {"event", "machine", "instance", "seq", "src", "dst", "trigger", "guards", "effects", "ts"}
@@ -100,7 +100,7 @@ def test_jsonl_lines_survive_sigkill(tmp_path):
 import os, signal
 from lifecycle import ENGINE, EventLog, LifecycleConfig, LifecycleMachine
 log = EventLog()
-log.add_sink(__import__("lifecycle.events", fromlist=["JsonlSink"]).JsonlSink({str(path)!r}))
+log.add_sink(__import__("lifecycle.decide.events", fromlist=["JsonlSink"]).JsonlSink({str(path)!r}))
 cfg = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 for i in range(200):
     m = LifecycleMachine(ENGINE, cfg, f"e{{i}}", log=log)

@@ -7,14 +7,14 @@ import re
 
 import pytest
 
+from lifecycle.check.explore import explore, lattice, run_check
+from lifecycle.check.invariants import INVARIANTS, check_state, check_step
+from lifecycle.check.mutants import MUTANTS
+from lifecycle.check.world import DEAD, UP, Checker, Node, World, _normal
 from lifecycle.cli import main
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import EngineState, JobState
-from lifecycle.explore import explore, lattice, run_check
-from lifecycle.invariants import INVARIANTS, check_state, check_step
-from lifecycle.mutants import MUTANTS
-from lifecycle.predicates import vector
-from lifecycle.world import DEAD, UP, Checker, Node, World, _normal
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import EngineState, JobState
+from lifecycle.decide.predicates import vector
 
 SINGLE = ["--use-fault-tolerance", "--ft-components", "train", "--rollout-num-gpus", "2", "--jobs", "1"]
 ROLLOUT_ONLY = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2}, check_paths=False)

@@ -1,4 +1,4 @@
-"""``lifecycle.jsonio``: every way ``json.loads`` fails is one ``JSONFileError`` naming the file (and line), and
+"""``lifecycle.decide.jsonio``: every way ``json.loads`` fails is one ``JSONFileError`` naming the file (and line), and
 nothing is read without bound. The last tests put ``json.loads`` / a whole-file read back and watch them fail."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from lifecycle import jsonio
-from lifecycle.errors import LifecycleError
-from lifecycle.jsonio import JSONFileError
+from lifecycle.decide import jsonio
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.jsonio import JSONFileError
 
 DEEP = "[" * 100_000 + "]" * 100_000
 HUGE = "1" * 5000
@@ -104,7 +104,7 @@ def test_read_jsonl_names_the_bad_line_and_allows_nan(tmp_path: Path) -> None:
 def test_the_event_log_reader_goes_through_jsonio(tmp_path: Path) -> None:
     """``events.read_jsonl`` (behind every ``trace`` subcommand): NaN allowed, a torn last line still skipped,
     a deep or huge line one error naming the line."""
-    from lifecycle.events import read_jsonl
+    from lifecycle.decide.events import read_jsonl
 
     path = tmp_path / "events.jsonl"
     path.write_text('{"event": "x", "loss": NaN}\n{"event": "y"}\n{"event": "z", "na')

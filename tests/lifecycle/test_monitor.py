@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import VIOLATED, EventLog, JsonlSink, read_jsonl
-from lifecycle.monitor import JUDGED, EventMonitor, InvariantViolated, MonitorSink
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import VIOLATED, EventLog, JsonlSink, read_jsonl
+from lifecycle.observe.monitor import JUDGED, EventMonitor, InvariantViolated, MonitorSink
 
 LOG = Path(__file__).resolve().parents[1] / "telemetry" / "data" / "rollout_ft_kill_events.jsonl"
 Event = dict[str, Any]
@@ -206,8 +206,8 @@ def test_trace_check_without_the_config_line_asks_for_config(
 
 
 def test_the_runner_writes_its_config_line_once_first() -> None:
-    from lifecycle.events import capture
-    from lifecycle.runner import Runner
+    from lifecycle.decide.events import capture
+    from lifecycle.decide.runner import Runner
 
     log = EventLog()
     runner = Runner(LifecycleConfig.from_mapping({"debug_train_only": True}), log=log)

@@ -1,4 +1,4 @@
-"""The typed names (``lifecycle.names``) are the specs' names, and a misspelt one is a type error."""
+"""The typed names (``lifecycle.decide.names``) are the specs' names, and a misspelt one is a type error."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import textwrap
 from pathlib import Path
 from typing import get_args
 
-from lifecycle import names
-from lifecycle.core import OPERATIONS
-from lifecycle.machines import MACHINES
-from lifecycle.names_render import ALIASES, render
-from lifecycle.predicates import PREDICATES
+from lifecycle.decide import names
+from lifecycle.decide.core import OPERATIONS
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.names_render import ALIASES, render
+from lifecycle.decide.predicates import PREDICATES
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_names_module_is_written_from_the_specs() -> None:
-    """Regenerate with ``python -m lifecycle.names_render`` after changing a spec."""
+    """Regenerate with ``python -m lifecycle.decide.names_render`` after changing a spec."""
     assert (ROOT / "lifecycle" / "names.py").read_text() == render()
 
 
@@ -34,7 +34,7 @@ def test_a_misspelt_state_is_a_mypy_error(tmp_path: Path) -> None:
     """The reason for the types: ``state == "Serveing"`` would otherwise be silently False."""
     source = textwrap.dedent(
         """
-        from lifecycle.core import JobState
+        from lifecycle.decide.core import JobState
 
         def serving(s: JobState) -> bool:
             return s.engines[0].state == "Serveing"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.predicates import PREDICATES, lookup
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.predicates import PREDICATES, lookup
 
 MODES = ("normal", "train-only", "rollout-only", "replay")
 

@@ -12,9 +12,9 @@ import random
 import pytest
 
 from lifecycle import EffectLedger, EventLog, LifecycleConfig
-from lifecycle.core import Command, Outcome
-from lifecycle.events import TRANSITION, MemorySink
-from lifecycle.runner import OperationRefused, Runner, UnboundEffect
+from lifecycle.decide.core import Command, Outcome
+from lifecycle.decide.events import TRANSITION, MemorySink
+from lifecycle.decide.runner import OperationRefused, Runner, UnboundEffect
 
 ROLLOUT_ONLY = {"debug_rollout_only": True, "rollout_num_gpus": 3}
 

@@ -13,7 +13,7 @@ from lifecycle import (
     LifecycleConfig,
     LifecycleMachine,
 )
-from lifecycle.runtime import build_transitions_machine
+from lifecycle.decide.runtime import build_transitions_machine
 
 FT_ROLLOUT = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FT_TRAIN = LifecycleConfig(use_fault_tolerance=True, ft_components=["train"], rollout_num_gpus=2)

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 import pytest
 
 from lifecycle import ENGINE, EVAL_FLEET, MONITOR, ROLLOUT, TRAINER, LifecycleConfig, MachineSpec
-from lifecycle.core import ROLLOUT as ROLLOUT_GROUP
-from lifecycle.core import Outcome, Refusal
-from lifecycle.mutants import MUTANTS
+from lifecycle.check.mutants import MUTANTS
+from lifecycle.decide.core import ROLLOUT as ROLLOUT_GROUP
+from lifecycle.decide.core import Outcome, Refusal
 
 from .test_core import Drive
 

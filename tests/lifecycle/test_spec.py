@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from lifecycle import LifecycleConfig
-from lifecycle.errors import SpecError
-from lifecycle.machines import ENGINE, MACHINES, ROLLOUT
-from lifecycle.spec import Blocked, MachineSpec, StateSpec, Step, T
+from lifecycle.decide.errors import SpecError
+from lifecycle.decide.machines import ENGINE, MACHINES, ROLLOUT
+from lifecycle.decide.spec import Blocked, MachineSpec, StateSpec, Step, T
 
 S = StateSpec
 
@@ -115,7 +115,7 @@ def test_compile_is_cached_per_predicate_vector():
 
 def test_compile_from_a_plain_mapping_matches_the_config():
     cfg = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
-    from lifecycle.predicates import evaluate
+    from lifecycle.decide.predicates import evaluate
 
     by_map = ENGINE.compile(evaluate(cfg))
     by_cfg = ENGINE.compile(cfg)

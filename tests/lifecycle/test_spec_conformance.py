@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 from transitions.core import MachineError
 
-from lifecycle.errors import IllegalTransition
-from lifecycle.explore import lattice
-from lifecycle.machines import MACHINES
-from lifecycle.runtime import LifecycleMachine, build_transitions_machine
-from lifecycle.spec import Blocked, Step
+from lifecycle.check.explore import lattice
+from lifecycle.decide.errors import IllegalTransition
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.runtime import LifecycleMachine, build_transitions_machine
+from lifecycle.decide.spec import Blocked, Step
 
 CONFIGS = [group[0] for group in lattice().groups.values()]
 

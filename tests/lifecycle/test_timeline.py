@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.timeline import build_lanes, build_timeline, load_events, render_html, state_colour, write_timeline
+from lifecycle.observe.timeline import (
+    build_lanes,
+    build_timeline,
+    load_events,
+    render_html,
+    state_colour,
+    write_timeline,
+)
 
 DATA = Path(__file__).parent / "data"
 FAULT_RUN = DATA / "fault_run_events.jsonl"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.events import is_torn_line, read_jsonl
-from lifecycle.trace import diff, line, load
+from lifecycle.decide.events import is_torn_line, read_jsonl
+from lifecycle.observe.trace import diff, line, load
 
 
 def _log(path: Path, events: list[dict[str, object]], second: int = 0) -> Path:

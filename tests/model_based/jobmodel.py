@@ -1,4 +1,4 @@
-"""Hypothesis state machines over the lifecycle core in its world (``lifecycle.world.Checker``).
+"""Hypothesis state machines over the lifecycle core in its world (``lifecycle.check.world.Checker``).
 
 ``make_machine(machines=None, configs=None)`` returns a ``RuleBasedStateMachine`` class whose
 rules are the checker's own step families -- the operations a loop may call (rollout side, trainer
@@ -31,13 +31,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from lifecycle import EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
-from lifecycle.core import OPERATIONS
-from lifecycle.events import TRANSITION, MemorySink
-from lifecycle.explore import lattice
-from lifecycle.invariants import NEVER_IN_REPLAY, check_state, check_step
-from lifecycle.machines import MACHINES
-from lifecycle.spec import MachineSpec
-from lifecycle.world import Action, Checker, Node, Transition
+from lifecycle.check.explore import lattice
+from lifecycle.check.invariants import NEVER_IN_REPLAY, check_state, check_step
+from lifecycle.check.world import Action, Checker, Node, Transition
+from lifecycle.decide.core import OPERATIONS
+from lifecycle.decide.events import TRANSITION, MemorySink
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.spec import MachineSpec
 
 VALID_CONFIGS: tuple[LifecycleConfig, ...] = tuple(lattice().valid)
 ENGINE_COUNTS = (2, 1, 3)  # shrinks towards the explorer's default of 2
@@ -82,7 +82,7 @@ def family(action: Action) -> str:
 
 def configs_where(**predicates: bool) -> tuple[LifecycleConfig, ...]:
     """Lattice configs whose named predicates have the given values (``configs_where(replay=True)``)."""
-    from lifecycle.predicates import evaluate
+    from lifecycle.decide.predicates import evaluate
 
     out = tuple(c for c in VALID_CONFIGS if all(evaluate(c)[k] == v for k, v in predicates.items()))
     assert out, f"no lattice config has {predicates}"
@@ -304,7 +304,7 @@ def make_machine(
         @invariant()
         def every_step_has_a_rule(self) -> None:
             assert self.job is not None and self.state is not None
-            # CI's own injection (--ci-test) happens whatever the budget says (lifecycle.world: _results)
+            # CI's own injection (--ci-test) happens whatever the budget says (lifecycle.check.world: _results)
             ci = 1 if self.job.p["ci_injects_rollout_faults"] else 0
             assert self.state.world.faults <= self.job.max_faults + ci
             assert {family(t.action) for t in self.successors} <= set(FAMILIES)

@@ -19,7 +19,7 @@ from jobmodel import (
     train_only_ft_machine,
 )
 
-from lifecycle.mutants import MUTANTS
+from lifecycle.check.mutants import MUTANTS
 
 # every valid config of the lattice, 1-3 engines, <= 2 faults per run
 TestJobModel = make_machine().TestCase

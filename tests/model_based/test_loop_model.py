@@ -20,7 +20,7 @@ report:
 * nothing is in flight and the engine lock is free between calls; the ``transitions`` machines
   mirror the core; a run the core stopped raised the error naming the flag to turn on;
 
-and checks ``lifecycle.invariants`` on the state as observed.
+and checks ``lifecycle.check.invariants`` on the state as observed.
 
 Engines and trainer workers cost seconds to start, so one *world* is built per case and carried
 across hypothesis examples; it is rebuilt only after the run stopped or a check failed. Because the
@@ -44,31 +44,31 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import ROLLOUT, Op
-from lifecycle.errors import LifecycleError
-from lifecycle.events import EventLog, MemorySink
-from lifecycle.invariants import check_state
-from lifecycle.names import OperationName
-from lifecycle.runner import Runner
-from lifecycle.world import DEAD_NOTIFIED, UP, Checker, Node
-from lifecycle.world import World as CheckerWorld
+from lifecycle.check.invariants import check_state
+from lifecycle.check.world import DEAD_NOTIFIED, UP, Checker, Node
+from lifecycle.check.world import World as CheckerWorld
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import ROLLOUT, Op
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.events import EventLog, MemorySink
+from lifecycle.decide.names import OperationName
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from engines.engine import Timeouts
 from engines.launcher import launcher_factory
-from models import CharTokenizer
+from engines.models import CharTokenizer
 from rollout.controller import InferenceController
 from rollout.executor import EngineRolloutFn, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import save_rollout
 from rollout.sample import Sample, sample
+from trainer.app.loop import initial_weights
 from trainer.group import TrainerGroup
 from trainer.grpo import grpo_backend
-from trainer.loop import initial_weights
 from trainer.workers import WorkerCrashed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]

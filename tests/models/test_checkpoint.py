@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import models.checkpoint as checkpoint
-from models import TinyCausalLM
-from models.checkpoint import CheckpointError, checkpoint_config, checkpoint_steps, prune_checkpoints
+import engines.models.checkpoint as checkpoint
+from engines.models import TinyCausalLM
+from engines.models.checkpoint import CheckpointError, checkpoint_config, checkpoint_steps, prune_checkpoints
 
 
 def _same(a: TinyCausalLM, b: TinyCausalLM) -> bool:
@@ -124,7 +124,7 @@ def test_the_errors_cross_process_boundaries_whole() -> None:
     """A Ray worker's load error reaches the driver with its message and fields (pickled)."""
     import pickle
 
-    from models.weights import WeightsFileError
+    from engines.models.weights import WeightsFileError
 
     for exc in (
         WeightsFileError("/w/model.safetensors", "bad shape", tensor="tok_emb.weight"),

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra is not installed: pip install 'rl-lifecycle[hf]'")
 
-from models import (
+from engines.models import (
     CharTokenizer,
     CheckpointError,
     TinyCausalLM,
@@ -26,7 +26,7 @@ from models import (
     load_tokenizer,
     sample_token,
 )
-from models.hf import HFCausalLM
+from engines.models.hf import HFCausalLM
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from models import (
+from engines.models import (
     BOS_ID,
     EOS_ID,
     UNK_ID,

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from jobmodel import JobModelBase, make_machine
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.explore import explore, lattice
-from lifecycle.mutants import MUTANTS
-from lifecycle.predicates import evaluate
-from lifecycle.spec import MachineSpec
+from lifecycle.check.explore import explore, lattice
+from lifecycle.check.mutants import MUTANTS
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.predicates import evaluate
+from lifecycle.decide.spec import MachineSpec
 
 # Where each mutant shows (predicate values); every one shows with a single engine.
 WITNESS: dict[str, dict[str, bool]] = {

@@ -34,10 +34,10 @@ class RuntimeMutant:
     killers: tuple[str, ...]  # fast tests that fail on it
 
 
-CONTROLLER, EXECUTOR, RUNNER = "rollout/controller.py", "rollout/executor.py", "lifecycle/runner.py"
+CONTROLLER, EXECUTOR, RUNNER = "rollout/controller.py", "rollout/executor.py", "lifecycle/decide/runner.py"
 CORE, PLAN, HEALTH, FLEET = (
-    "lifecycle/core/core.py",
-    "lifecycle/core/plan.py",
+    "lifecycle/decide/core/core.py",
+    "lifecycle/decide/core/plan.py",
     "engines/health.py",
     "rollout/eval_fleet.py",
 )
@@ -51,8 +51,8 @@ GROUP, ROUTING, ENGINE, LAUNCHER, BROADCAST, WEIGHT_GROUP = (
     "rollout/routing.py",
     "engines/engine.py",
     "engines/launcher.py",
-    "trainer/broadcast.py",
-    "models/weight_group.py",
+    "trainer/app/broadcast.py",
+    "engines/models/weight_group.py",
 )
 T_RESUME, T_WITHDRAW, T_HEALTH, T_SLOT, T_STOP, T_TEARDOWN = (
     "tests/trainer/test_resume_restores.py",
@@ -341,7 +341,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "engine_keeps_destroyed_group",
         "the CPU engine closes a destroyed group but keeps it registered: the next init is refused",
-        "cpu_engine/engine.py",
+        "engines/cpu/engine.py",
         "group = self.groups.pop(body.group_name, None)",
         "group = self.groups.get(body.group_name)",
         (

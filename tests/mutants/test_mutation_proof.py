@@ -1,7 +1,7 @@
 """The mutation proof: every mutant of the specs is killed by the explorer *and* by hypothesis.
 
 A mutant re-introduces one bug class from the miles history into a copy of the specs
-(:mod:`lifecycle.mutants`). Each must be rejected by exhaustive exploration of the lattice and
+(:mod:`lifecycle.check.mutants`). Each must be rejected by exhaustive exploration of the lattice and
 by the stateful hypothesis suite bound to the mutated specs; the real specs pass both (control).
 ``pytest tests/mutants -s -k table`` prints the kill table.
 """
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import settings
 from jobmodel import make_machine, replay_machine, train_only_ft_machine
 
-from lifecycle.explore import check_train_only_ft_equals_no_ft, explore, lattice, run_check
-from lifecycle.invariants import INVARIANTS
-from lifecycle.machines import MACHINES
-from lifecycle.mutants import MUTANTS
-from lifecycle.predicates import evaluate, vector
+from lifecycle.check.explore import check_train_only_ft_equals_no_ft, explore, lattice, run_check
+from lifecycle.check.invariants import INVARIANTS
+from lifecycle.check.mutants import MUTANTS
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.predicates import evaluate, vector
 
 from .harness import (
     EXPECTED,

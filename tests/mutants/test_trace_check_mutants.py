@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.monitor import JUDGED
+from lifecycle.observe.monitor import JUDGED
 
 from .runtime_mutants import BY_NAME, ROOT, mutated_copy
 

@@ -79,7 +79,7 @@ def _edit_json(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None
 
 
 def _small_checkpoint(path: Path) -> None:
-    from models import TinyCausalLM
+    from engines.models import TinyCausalLM
 
     TinyCausalLM("small", seed=0).save_pretrained(path)
 
@@ -118,10 +118,10 @@ def _run_dir(damage: str = "", *, save: bool = True, checkpoint: bool = True) ->
         import torch
 
         from lifecycle.cli.args import _embedded
-        from lifecycle.config import LifecycleConfig
+        from lifecycle.decide.config import LifecycleConfig
+        from trainer.app.loop import RunOptions
+        from trainer.app.run_manifest import write_run_manifest
         from trainer.job_state import JobCheckpoint, save_job_checkpoint
-        from trainer.loop import RunOptions
-        from trainer.run_manifest import write_run_manifest
 
         values = {**_embedded("cpu"), **({"save": str(tmp / "run" / "ckpt")} if save else {})}
         config = LifecycleConfig.from_mapping(values)

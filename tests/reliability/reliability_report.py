@@ -1,6 +1,6 @@
 """``docs/reliability.md``: rendered from the matrix results, checked against the contract in code.
 
-The expected column comes from :func:`trainer.faults.expected` (the contract); the observed and
+The expected column comes from :func:`trainer.app.faults.expected` (the contract); the observed and
 time columns from the cells that ran. :func:`contract_rows` is what a committed file must agree
 with, so changing the contract without re-running the matrix fails the fast check.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle.faults import FAULTS
-from trainer.faults import BROADCAST_FAULTS, FAULT_DOCS, FT_CONFIGS, MODES, expected
+from lifecycle.decide.faults import FAULTS
+from trainer.app.faults import BROADCAST_FAULTS, FAULT_DOCS, FT_CONFIGS, MODES, expected
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 HEADER = ("fault", "mode", "FT config", "expected", "observed", "time (s)")
@@ -69,7 +69,7 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "every step was trained exactly once in the job's history, that both engines were relaunched and loaded",
         "the checkpoint's weights before any was routed, and that the committed version went on from the",
         "checkpoint's. *Expected* is the "
-        "contract in `trainer/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
+        "contract in `trainer/app/faults.py` (`expected()`, derived from the predicates `rollout_ft` and",
         "`heals_trainer`); *observed* is what the cell's test saw; a cell fails when they differ, and",
         "`tests/reliability/test_matrix.py::test_committed_doc_is_current` fails CI when this file and",
         "the contract diverge. Inside every run a rollout-function audit asks each `Serving` engine for",

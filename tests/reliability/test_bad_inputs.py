@@ -44,7 +44,7 @@ from badinput import (
 
 import lifecycle.cli as cli
 import lifecycle.cli.trace as trace_cli
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
 from rollout.replay import SCHEMA, save_rollout
 
 pytestmark = pytest.mark.bad_input
@@ -553,7 +553,7 @@ def test_catches_a_multi_line_message(
 def test_catches_a_non_object_event_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lifecycle.events import canonical, read_jsonl
+    from lifecycle.decide.events import canonical, read_jsonl
 
     monkeypatch.setattr(trace_cli, "load", lambda path, only=None: [canonical(e) for e in read_jsonl(path)])
     with pytest.raises(AttributeError):
@@ -576,7 +576,7 @@ def test_catches_a_replay_file_the_trainer_cannot_use(
     monkeypatch.setattr(rollout.replay, "_check_trainable", lambda *a: None)
     # without the check the run would go on to start Ray: stop it right there instead
     monkeypatch.setattr(
-        "trainer.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
+        "trainer.app.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
     )
     with pytest.raises(RuntimeError, match="got past replay"):
         check_in_process(_case("replay-no-samples"), tmp_path, capsys)
@@ -605,7 +605,7 @@ def test_engine_port_already_taken(taken_port: int) -> None:
     from engines.process import ServerProcess, torch_engine_command
 
     out = subprocess.run(
-        [sys.executable, "-m", "cpu_engine", "--port", str(taken_port)],
+        [sys.executable, "-m", "engines.cpu", "--port", str(taken_port)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -623,7 +623,7 @@ def test_engine_port_already_taken(taken_port: int) -> None:
 
 
 def _wide_weights(path: Path) -> Path:
-    from models import ModelConfig, TinyCausalLM
+    from engines.models import ModelConfig, TinyCausalLM
 
     wide = ModelConfig("wide", d_model=64, n_layers=2, n_heads=2, max_seq_len=256)
     return TinyCausalLM(wide, seed=1).save_pretrained(path)

@@ -16,12 +16,12 @@ from badinput import Case, _write, check_in_process, check_subprocess
 
 import lifecycle.cli as cli
 import lifecycle.cli.trace as trace_cli
-import lifecycle.config
-import lifecycle.errors
-import trainer.cli
-import trainer.faults
-from lifecycle.config import MAX_COUNT, LifecycleConfig, load_config_file
-from lifecycle.errors import ConfigError
+import lifecycle.decide.config
+import lifecycle.decide.errors
+import trainer.app.cli
+import trainer.app.faults
+from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, load_config_file
+from lifecycle.decide.errors import ConfigError
 
 pytestmark = pytest.mark.bad_input
 
@@ -269,7 +269,8 @@ def test_an_error_echoes_a_bounded_value(case_id: str, tmp_path: Path, capsys: p
 def test_the_bounds_are_what_torch_takes() -> None:
     """--seed's bound is exactly what the trainer's torch.manual_seed(seed * 65536 + rank) accepts."""
     torch = pytest.importorskip("torch")
-    from trainer.run_manifest import BOUNDS, worker_seed
+    from trainer.app.run_manifest import BOUNDS
+    from trainer.backend import worker_seed
 
     top = worker_seed(int(BOUNDS["seed"].hi), int(BOUNDS["workers"].hi) - 1)
     torch.Generator().manual_seed(int(top))  # the largest seed, with the largest rank
@@ -311,13 +312,15 @@ def _case(case_id: str) -> Case:
 
 def _stop_after_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a check let through must not go on to start Ray: stop right after the command line is parsed."""
-    monkeypatch.setattr(trainer.cli, "config_from_args", lambda ns: (_ for _ in ()).throw(RuntimeError("past parse")))
+    monkeypatch.setattr(
+        trainer.app.cli, "config_from_args", lambda ns: (_ for _ in ()).throw(RuntimeError("past parse"))
+    )
 
 
 def test_catches_an_unbounded_echo(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lifecycle.errors, "bounded_repr", repr)  # ConfigError echoes repr(value), as before
+    monkeypatch.setattr(lifecycle.decide.errors, "bounded_repr", repr)  # ConfigError echoes repr(value), as before
     with pytest.raises(AssertionError, match="-character paragraph"):
         test_an_error_echoes_a_bounded_value("config-huge-value", tmp_path, capsys)
 
@@ -325,7 +328,7 @@ def test_catches_an_unbounded_echo(
 def test_catches_an_unbounded_usage_message(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lifecycle.errors, "ECHO_CHARS", 10**9)  # argparse's message kept whole, as before
+    monkeypatch.setattr(lifecycle.decide.errors, "ECHO_CHARS", 10**9)  # argparse's message kept whole, as before
     with pytest.raises(AssertionError, match="-character paragraph"):
         test_an_error_echoes_a_bounded_value("run-launcher-5000-chars", tmp_path, capsys)
 
@@ -339,7 +342,7 @@ def _safe_load(text: str, path: str) -> Any:
 def test_catches_yaml_aliases(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)
+    monkeypatch.setattr(lifecycle.decide.config, "_yaml_load", _safe_load)
     with pytest.raises(AssertionError, match="YAML alias"):
         check_in_process(_case("yaml-alias-bomb"), tmp_path, capsys)
 
@@ -348,8 +351,8 @@ def test_catches_yaml_aliases_and_an_unbounded_echo_together(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both causes back: the 225-byte file makes a paragraph of megabytes."""
-    monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)
-    monkeypatch.setattr(lifecycle.errors, "bounded_repr", repr)
+    monkeypatch.setattr(lifecycle.decide.config, "_yaml_load", _safe_load)
+    monkeypatch.setattr(lifecycle.decide.errors, "bounded_repr", repr)
     with pytest.raises(AssertionError, match="-character paragraph"):
         test_an_error_echoes_a_bounded_value("yaml-alias-bomb", tmp_path, capsys)
 
@@ -369,7 +372,7 @@ def test_a_big_bomb_is_never_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path:
     path.write_text(BIG_BOMB)
     with pytest.raises(ConfigError, match=r"alias \*a"):
         load_config_file(path)
-    monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)  # the old loader builds it
+    monkeypatch.setattr(lifecycle.decide.config, "_yaml_load", _safe_load)  # the old loader builds it
     with pytest.raises(Built):
         load_config_file(path)
 
@@ -377,7 +380,7 @@ def test_a_big_bomb_is_never_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_catches_yaml_duplicate_keys(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lifecycle.config, "_yaml_load", _safe_load)
+    monkeypatch.setattr(lifecycle.decide.config, "_yaml_load", _safe_load)
     with pytest.raises(AssertionError, match="exit 0"):
         check_in_process(_case("yaml-duplicate-key"), tmp_path, capsys)
 
@@ -385,9 +388,9 @@ def test_catches_yaml_duplicate_keys(
 def test_catches_json_duplicate_keys(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import lifecycle.jsonio
+    import lifecycle.decide.jsonio
 
-    monkeypatch.setattr(lifecycle.jsonio, "loads", lambda text, source: json.loads(text))  # the old json.loads
+    monkeypatch.setattr(lifecycle.decide.jsonio, "loads", lambda text, source: json.loads(text))  # the old json.loads
     with pytest.raises(AssertionError, match="exit 0"):
         check_in_process(_case("json-duplicate-key"), tmp_path, capsys)
 
@@ -398,7 +401,7 @@ def test_catches_keys_outside_the_table(
     def old(data: dict[str, Any], path: str) -> dict[str, Any]:
         return data["lifecycle"] if isinstance(data.get("lifecycle"), dict) else data
 
-    monkeypatch.setattr(lifecycle.config, "_settings_table", old)
+    monkeypatch.setattr(lifecycle.decide.config, "_settings_table", old)
     with pytest.raises(AssertionError, match="exit 0"):
         check_in_process(_case("toml-key-above-table"), tmp_path, capsys)
 
@@ -406,9 +409,9 @@ def test_catches_keys_outside_the_table(
 def test_catches_an_unbounded_seed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import trainer.run_manifest
+    import trainer.app.run_manifest
 
-    monkeypatch.setitem(trainer.run_manifest.BOUNDS, "seed", int)  # `type=int`, as before
+    monkeypatch.setitem(trainer.app.run_manifest.BOUNDS, "seed", int)  # `type=int`, as before
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-seed-past-64-bits"), tmp_path, capsys)
@@ -417,7 +420,7 @@ def test_catches_an_unbounded_seed(
 def test_catches_an_unbounded_setting(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(lifecycle.config, "MAX_COUNT", 10**100)
+    monkeypatch.setattr(lifecycle.decide.config, "MAX_COUNT", 10**100)
     with pytest.raises(AssertionError, match="exit 0"):
         check_in_process(_case("explain-gpus-overflow"), tmp_path, capsys)
 
@@ -425,7 +428,7 @@ def test_catches_an_unbounded_setting(
 def test_catches_an_unbounded_fault_step(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.faults, "parse_number", lambda text, kind, lo, hi: kind(text))  # plain int()
+    monkeypatch.setattr(trainer.app.faults, "parse_number", lambda text, kind, lo, hi: kind(text))  # plain int()
     with pytest.raises(AssertionError, match="does not name"):
         check_in_process(_case("run-inject-step-5000-digits"), tmp_path, capsys)
 
@@ -433,7 +436,7 @@ def test_catches_an_unbounded_fault_step(
 def test_catches_an_unchecked_ray_address(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.cli, "parse_ray_address", lambda text: text)
+    monkeypatch.setattr(trainer.app.cli, "parse_ray_address", lambda text: text)
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-ray-address-empty"), tmp_path, capsys)
@@ -442,7 +445,7 @@ def test_catches_an_unchecked_ray_address(
 def test_catches_a_blank_value_read_as_not_given(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.cli, "nonblank", str)
+    monkeypatch.setattr(trainer.app.cli, "nonblank", str)
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-rollout-function-empty"), tmp_path, capsys)
@@ -466,7 +469,7 @@ def _old_check_metrics(port: int | None, host: str) -> None:
 def test_catches_the_wrong_flag_blamed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.cli, "_check_metrics", _old_check_metrics)
+    monkeypatch.setattr(trainer.app.cli, "_check_metrics", _old_check_metrics)
     with pytest.raises(AssertionError, match="does not name '--metrics-host'"):
         check_in_process(_case("run-metrics-host-not-local"), tmp_path, capsys)
 

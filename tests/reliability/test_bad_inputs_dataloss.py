@@ -31,8 +31,8 @@ from badinput import (
 )
 
 import lifecycle.cli as cli
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
 
 pytestmark = pytest.mark.bad_input
 
@@ -53,9 +53,9 @@ def _write_job(
     """``tmp/name``: a run of ``steps`` steps started with --save ``tmp/name/ckpt``, checkpointed after step 1."""
     import torch
 
+    from trainer.app.loop import RunOptions
+    from trainer.app.run_manifest import write_run_manifest
     from trainer.job_state import JobCheckpoint, save_job_checkpoint
-    from trainer.loop import RunOptions
-    from trainer.run_manifest import write_run_manifest
 
     config = _config(tmp, name)
     (tmp / name).mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,7 @@ def _raw_run_json(old: str, new: str) -> Setup:
 
 
 def _tiny_checkpoint(path: Path) -> None:
-    from models import TinyCausalLM
+    from engines.models import TinyCausalLM
 
     TinyCausalLM("tiny", seed=0).save_pretrained(path)
 
@@ -319,7 +319,7 @@ def test_the_other_runs_files_are_unchanged_byte_for_byte(argv: list[str], tmp_p
 def test_a_run_may_continue_its_own_directory_and_checkpoints(tmp_path: Path) -> None:
     """The refusals are not 'every existing directory': the run's own continuation (--resume, or --load of its own
     checkpoints into its own directory) passes, and so does a fresh directory and a new, empty --save."""
-    from trainer.run_manifest import check_new_run
+    from trainer.app.run_manifest import check_new_run
 
     _write_job(tmp_path)
     run, ckpt = tmp_path / "run", str(tmp_path / "run" / "ckpt")
@@ -334,7 +334,7 @@ def test_a_run_may_continue_its_own_directory_and_checkpoints(tmp_path: Path) ->
 
 def test_a_default_run_dir_is_a_fresh_one_each_time(tmp_path: Path) -> None:
     """`make run` twice in one second: the second run gets its own runs/<timestamp>-2, never the first's."""
-    from trainer.run_manifest import default_run_dir
+    from trainer.app.run_manifest import default_run_dir
 
     first = default_run_dir(tmp_path)
     first.mkdir()
@@ -378,8 +378,8 @@ def _refused_for_each_setting(tmp_path: Path) -> None:
 
     import torch
 
+    from trainer.app.loop import RunOptions
     from trainer.job_state import JobCheckpoint, load_job_checkpoint, save_job_checkpoint
-    from trainer.loop import RunOptions
 
     config = _config(tmp_path, "run")
     opts = RunOptions(run_dir=tmp_path / "run")
@@ -398,8 +398,8 @@ def test_a_checkpoint_of_other_loop_settings_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_option_that_changes_the_trained_state_is_in_the_fingerprint() -> None:
-    from trainer.loop import RunOptions
-    from trainer.run_manifest import JOB_OPTIONS, OPTIONS, check_options
+    from trainer.app.loop import RunOptions
+    from trainer.app.run_manifest import JOB_OPTIONS, OPTIONS, check_options
 
     assert set(JOB_CHANGES) == set(JOB_OPTIONS)
     manifest = RunOptions().manifest()
@@ -452,7 +452,7 @@ def test_resume_imports_nothing_before_the_manifest_and_checkpoint_are_checked(
 ) -> None:
     _resume_refused_without_importing(planted, capsys)
     started: list[object] = []
-    monkeypatch.setattr("trainer.loop.run", lambda config, opts: started.append(opts))  # no Ray here
+    monkeypatch.setattr("trainer.app.loop.run", lambda config, opts: started.append(opts))  # no Ray here
     assert cli.main(["run", "--resume", str(planted / "run"), "--quiet"]) == 0  # all good: now it is imported
     assert (planted / "imported").exists() and len(started) == 1
 
@@ -460,13 +460,13 @@ def test_resume_imports_nothing_before_the_manifest_and_checkpoint_are_checked(
 # -- each cause re-introduced: the checks above fail ------------------------------------------------------------------
 def _stop_before_writing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the refusals a new run creates its directory and starts Ray: stop it right there instead."""
-    monkeypatch.setattr("trainer.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past")))
+    monkeypatch.setattr("trainer.app.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past")))
 
 
 def test_catches_a_run_into_another_runs_directory(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("trainer.run_manifest.holds_run", lambda run_dir: [])
+    monkeypatch.setattr("trainer.app.run_manifest.holds_run", lambda run_dir: [])
     _stop_before_writing(monkeypatch)
     with pytest.raises(RuntimeError, match="got past"):
         check_in_process(_case("run-into-a-killed-runs-dir"), tmp_path, capsys)
@@ -475,7 +475,7 @@ def test_catches_a_run_into_another_runs_directory(
 def test_catches_a_save_dir_holding_another_jobs_checkpoints(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("trainer.run_manifest.holds_checkpoints", lambda save_dir: False)
+    monkeypatch.setattr("trainer.app.run_manifest.holds_checkpoints", lambda save_dir: False)
     _stop_before_writing(monkeypatch)
     with pytest.raises(RuntimeError, match="got past"):
         check_in_process(_case("run-save-into-another-jobs-checkpoints"), tmp_path, capsys)
@@ -498,11 +498,11 @@ def test_catches_a_fingerprint_without_the_loops_settings(tmp_path: Path, monkey
 def test_catches_an_hf_checkpoint_inside_the_run_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("trainer.run_manifest._inside", lambda path, folder: False)
+    monkeypatch.setattr("trainer.app.run_manifest._inside", lambda path, folder: False)
     _stop_before_writing(monkeypatch)
     with pytest.raises(AssertionError, match="does not name '--hf-checkpoint'"):  # only the run-dir check is left
         check_in_process(_case("hf-checkpoint-inside-its-run-dir"), tmp_path, capsys)
-    monkeypatch.setattr("trainer.run_manifest._same", lambda a, b: False)
+    monkeypatch.setattr("trainer.app.run_manifest._same", lambda a, b: False)
     with pytest.raises(RuntimeError, match="got past"):  # the model's own folder as the run directory
         check_in_process(_case("hf-checkpoint-is-the-run-dir"), tmp_path / "same", capsys)
 
@@ -519,7 +519,7 @@ def test_catches_an_output_over_its_input(
 def test_catches_infinity_read_from_run_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("trainer.run_manifest.read_json", lambda path, **kw: json.loads(Path(path).read_text()))
+    monkeypatch.setattr("trainer.app.run_manifest.read_json", lambda path, **kw: json.loads(Path(path).read_text()))
     with pytest.raises(AssertionError, match="does not name 'Infinity'"):  # refused later, by the lr check alone
         check_in_process(_case("resume-manifest-infinity"), tmp_path, capsys)
 
@@ -535,14 +535,14 @@ def test_catches_a_latest_pointer_read_as_plain_text(
 def test_catches_a_manifest_trusted_before_it_is_checked(
     planted: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import trainer.cli
-    import trainer.run_manifest as run_manifest
+    import trainer.app.cli
+    import trainer.app.run_manifest as run_manifest
 
     checked = run_manifest.read_run_manifest
 
     def old(run_dir: str | os.PathLike[str]) -> Any:  # the rollout function imported before any other check
         body = json.loads((Path(run_dir) / "run.json").read_text(errors="replace").replace("Infinity", "1"))
-        trainer.cli._check_environment("char", body["options"]["rollout_fn"], None)
+        trainer.app.cli._check_environment("char", body["options"]["rollout_fn"], None)
         return checked(run_dir)
 
     monkeypatch.setattr(run_manifest, "read_run_manifest", old)
@@ -554,15 +554,15 @@ def test_catches_a_checkpoint_of_another_job_resumed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without the job id, the other job's checkpoints (the same settings) would be continued: past every check."""
-    from trainer.run_manifest import RunManifest
+    from trainer.app.run_manifest import RunManifest
 
-    real = __import__("trainer.run_manifest", fromlist=["read_run_manifest"]).read_run_manifest
+    real = __import__("trainer.app.run_manifest", fromlist=["read_run_manifest"]).read_run_manifest
 
     def without_id(run_dir: str | os.PathLike[str]) -> RunManifest:
         got = real(run_dir)
         return RunManifest(got.config, got.options, got.cwd, got.path, None)
 
-    monkeypatch.setattr("trainer.run_manifest.read_run_manifest", without_id)
-    monkeypatch.setattr("trainer.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past")))
+    monkeypatch.setattr("trainer.app.run_manifest.read_run_manifest", without_id)
+    monkeypatch.setattr("trainer.app.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past")))
     with pytest.raises(RuntimeError, match="got past"):
         check_in_process(_case("resume-save-of-another-job"), tmp_path, capsys)

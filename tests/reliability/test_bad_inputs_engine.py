@@ -1,4 +1,4 @@
-"""The engine programs' bad flags (issue 27, cause 2): ``python -m cpu_engine`` and ``python -m sim_engine``.
+"""The engine programs' bad flags (issue 27, cause 2): ``python -m engines.cpu`` and ``python -m engines.sim``.
 
 A number that parses but overflows where it is used (a seed past 64 bits, a KV pool of terabytes, an infinite
 timeout) is refused at parse time: exit 2, ONE line ``lifecycle-...: error:`` naming the flag and the fix,
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from badinput import REPO, _paragraph_problems, tree_snapshot, written
 
-import cpu_engine.cli as engine_cli
-import sim_engine.__main__ as sim_cli
+import engines.cpu.cli as engine_cli
+import engines.sim.__main__ as sim_cli
 
 HUGE = str(1 << 70)
 DIGITS = "9" * 5000  # past Python's int-parsing limit
@@ -100,9 +100,9 @@ def test_bad_input_in_process(
 @pytest.mark.parametrize(
     ("module", "argv", "flag"),
     [
-        ("cpu_engine", ("--seed", HUGE), "--seed"),
-        ("cpu_engine", ("--max-running-requests", "10000000000"), "--max-running-requests"),
-        ("sim_engine", ("--engines", "1", "--latency", "*=nan"), "--latency"),
+        ("engines.cpu", ("--seed", HUGE), "--seed"),
+        ("engines.cpu", ("--max-running-requests", "10000000000"), "--max-running-requests"),
+        ("engines.sim", ("--engines", "1", "--latency", "*=nan"), "--latency"),
     ],
     ids=["engine-seed", "engine-kv-slots", "sim-latency"],
 )
@@ -114,7 +114,7 @@ def test_bad_input_as_a_process(module: str, argv: tuple[str, ...], flag: str) -
 
 def test_a_kv_pool_larger_than_the_machine_is_refused_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
     """Within the parse-time bound a model's slots can still outgrow a small machine: refused by name at load."""
-    import cpu_engine.memory as memory
+    import engines.cpu.memory as memory
 
     monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 1 << 20)
     with pytest.raises(memory.KVPoolTooLarge, match=r"--max-running-requests 64: .* Fix: give fewer slots"):

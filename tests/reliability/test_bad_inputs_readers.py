@@ -1,5 +1,5 @@
 """Bad-input corpus, readers (issue 27, causes 1, 3, 4 and 9 in part): every JSON/JSONL file a command reads
-goes through ``lifecycle.jsonio`` -- a line nested 100,000 deep, a 5,000-digit number, bytes that are not UTF-8,
+goes through ``lifecycle.decide.jsonio`` -- a line nested 100,000 deep, a 5,000-digit number, bytes that are not UTF-8,
 ``/dev/zero``, a sparse 5 GB weights file with a garbage header -- and a replay file whose checksum is valid but
 whose samples the trainer cannot use is refused when read, naming the file, the sample and the field.
 
@@ -31,7 +31,7 @@ from badinput import (
 )
 
 import lifecycle.cli as cli
-from lifecycle import jsonio
+from lifecycle.decide import jsonio
 
 pytestmark = pytest.mark.bad_input
 
@@ -267,7 +267,6 @@ def bounded_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return whole(self)
 
     monkeypatch.setattr(Path, "read_bytes", read_bytes)
-    import models.weights
 
     real_open = open
 
@@ -297,7 +296,9 @@ def bounded_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         f = real_open(file, mode, *args, **kwargs)
         return Counted(f) if "b" in mode else f
 
-    monkeypatch.setattr(models.weights, "open", counted_open, raising=False)
+    import engines.models.weights
+
+    monkeypatch.setattr(engines.models.weights, "open", counted_open, raising=False)
     yield asked
 
 
@@ -324,8 +325,8 @@ def test_sparse_weights_refused_from_the_header(
 
 
 def test_a_good_checkpoint_still_loads_through_the_header_check(tmp_path: Path, bounded_reads: list[int]) -> None:
-    from models import TinyCausalLM
-    from models.weights import read_safetensors_header
+    from engines.models import TinyCausalLM
+    from engines.models.weights import read_safetensors_header
 
     directory = TinyCausalLM("tiny", seed=0).save_pretrained(tmp_path / "ok")
     header = read_safetensors_header(directory / "model.safetensors")
@@ -368,7 +369,7 @@ def test_catches_an_event_log_read_whole(
 ) -> None:
     """The old ``events.read_jsonl`` read the file whole: on ``/dev/zero`` it never ends. A guard in its place
     of ``Path.read_bytes`` (refusing a device) turns that into an AssertionError instead of a hang."""
-    import lifecycle.events as events
+    import lifecycle.decide.events as events
 
     whole = Path.read_bytes
 
@@ -382,11 +383,11 @@ def test_catches_an_event_log_read_whole(
 
     monkeypatch.setattr(Path, "read_bytes", guarded)
     monkeypatch.setattr(events, "read_jsonl", old_read_jsonl)
-    import lifecycle.timeline
-    import lifecycle.trace
+    import lifecycle.observe.timeline
+    import lifecycle.observe.trace
 
-    monkeypatch.setattr(lifecycle.trace, "read_jsonl", old_read_jsonl)
-    monkeypatch.setattr(lifecycle.timeline, "read_jsonl", old_read_jsonl)
+    monkeypatch.setattr(lifecycle.observe.trace, "read_jsonl", old_read_jsonl)
+    monkeypatch.setattr(lifecycle.observe.timeline, "read_jsonl", old_read_jsonl)
     for sub in ("show", "timeline"):
         with pytest.raises(AssertionError, match="a device read whole"):
             check_in_process(_case(f"trace-{sub}-dev-zero"), tmp_path, capsys)
@@ -395,9 +396,10 @@ def test_catches_an_event_log_read_whole(
 def test_catches_weights_read_whole_before_the_header(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], bounded_reads: list[int]
 ) -> None:
-    import models.weights
 
-    monkeypatch.setattr(models.weights, "read_safetensors_header", lambda path: {})  # the header check gone
+    import engines.models.weights
+
+    monkeypatch.setattr(engines.models.weights, "read_safetensors_header", lambda path: {})  # the header check gone
     with pytest.raises(AssertionError, match="read whole"):
         _check_sparse(_case("hf-weights-sparse-garbage-header"), tmp_path, capsys)
 
@@ -427,7 +429,7 @@ def test_catches_the_old_replay_field_check(
 
     monkeypatch.setattr(rollout.replay, "_check_trainable", old_check)
     monkeypatch.setattr(
-        "trainer.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
+        "trainer.app.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past replay"))
     )
     with pytest.raises(RuntimeError, match="got past replay"):
         check_in_process(_case(case_id), tmp_path, capsys)

@@ -35,9 +35,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import lifecycle.cli as cli
-from lifecycle.config import FLAG_BY_NAME, FLAGS, LifecycleConfig, load_config_file
-from lifecycle.errors import ConfigError, UsageError
-from lifecycle.predicates import evaluate
+from lifecycle.decide.config import FLAG_BY_NAME, FLAGS, LifecycleConfig, load_config_file
+from lifecycle.decide.errors import ConfigError, UsageError
+from lifecycle.decide.predicates import evaluate
 
 pytestmark = pytest.mark.bad_input
 
@@ -424,9 +424,9 @@ def _naive_number(name: str, value: object, kind: str, optional: bool) -> int | 
 
 
 def test_fuzz_catches_a_naive_number_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lifecycle.config
+    import lifecycle.decide.config
 
-    monkeypatch.setattr(lifecycle.config, "_as_number", _naive_number)
+    monkeypatch.setattr(lifecycle.decide.config, "_as_number", _naive_number)
     with pytest.raises(Exception) as info:
         test_from_mapping_whole_space()
     assert not isinstance(info.value, ConfigError)
@@ -435,9 +435,9 @@ def test_fuzz_catches_a_naive_number_parser(monkeypatch: pytest.MonkeyPatch) -> 
 def test_fuzz_catches_a_naive_file_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     import tomllib
 
-    import lifecycle.config
+    import lifecycle.decide.config
 
-    monkeypatch.setattr(lifecycle.config, "load_config_file", lambda p: tomllib.loads(Path(p).read_text()))
+    monkeypatch.setattr(lifecycle.decide.config, "load_config_file", lambda p: tomllib.loads(Path(p).read_text()))
     with pytest.raises(Exception) as info:
         test_config_files_are_config_or_config_error(Path(tempfile.mkdtemp(prefix="config-fuzz-mutant-")))
     assert not isinstance(info.value, ConfigError)

@@ -153,7 +153,7 @@ def test_sigkill_mid_step_leaves_a_readable_event_log(tmp_path: Path, run_token:
     assert proc.returncode == -signal.SIGKILL
 
     # the marker reaches the whole tree: Ray's processes and the engine (own session, under a Ray worker)
-    assert any("cpu_engine" in c for c in spawned.values()), spawned
+    assert any("engines.cpu" in c for c in spawned.values()), spawned
     assert any("raylet" in c for c in spawned.values()), spawned
     survivors = kill_marked(run_token, grace=20)  # Ray and engines in other sessions: give them a chance
     assert not marked_pids(run_token)

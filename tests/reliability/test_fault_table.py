@@ -1,4 +1,4 @@
-"""The fault kinds are one table (``lifecycle.faults.FAULT_KINDS``): every reader of a kind takes it from there.
+"""The fault kinds are one table (``lifecycle.decide.faults.FAULT_KINDS``): every reader of a kind takes it from there.
 
 :func:`missing` names, for each kind of a table, every consumer that does not know it: the CLI's parsing
 and ``--inject`` help, the injector, the promised outcome, the reliability matrix's cells, its report's
@@ -14,14 +14,14 @@ from collections.abc import Sequence
 import pytest
 from reliability_report import CELLS, FT_CONFIGS, render
 
-from lifecycle.errors import ConfigError
-from lifecycle.faults import FAULT_INJECTED, FAULT_KINDS, FaultKind
-from lifecycle.timeline import build_timeline
-from trainer.faults import HEALS, INJECTORS, OUTCOMES, expected, parse_fault
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.faults import FAULT_INJECTED, FAULT_KINDS, FaultKind
+from lifecycle.observe.timeline import build_timeline
+from trainer.app.faults import HEALS, INJECTORS, OUTCOMES, expected, parse_fault
 
 
 def _inject_help() -> str:
-    from trainer.cli import register
+    from trainer.app.cli import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

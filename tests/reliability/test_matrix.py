@@ -1,10 +1,10 @@
-"""The reliability matrix: every fault kind of ``lifecycle.faults.FAULT_KINDS`` under the 4 FT configurations
+"""The reliability matrix: every fault kind of ``lifecycle.decide.faults.FAULT_KINDS`` under the 4 FT configurations
 (the broadcast ones in broadcast runs), plus the engine faults a run without a trainer must survive
 (``--debug-rollout-only``); each cell a real short run (``reliability_report.CELLS`` lists them).
 
 Every cell runs the real loop (Ray trainer worker, 2 CPU engine processes speaking SGLang's
 HTTP API) for 3 steps with the fault injected at the start of step 1, and asserts the outcome
-that ``trainer.faults.expected`` promises -- recovered with all steps done, or stopped fast with
+that ``trainer.app.faults.expected`` promises -- recovered with all steps done, or stopped fast with
 an error naming the engine/worker, the state and the reason. Inside every run the
 ``matrix_audit`` rollout function checks weight versions (``/model_info`` of every Serving
 engine) and sample accounting; from the event log each cell checks that a restarted engine is
@@ -32,13 +32,13 @@ import pytest
 from matrix_audit import AUDIT_ENV, find_problems
 from reliability_report import CELLS, DOC, CellResult, contract_rows, parse
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
-from lifecycle.events import read_jsonl
-from lifecycle.faults import FAULTS, KINDS
-from lifecycle.machines import ENGINE as ENGINE_SPEC
-from lifecycle.monitor import EventMonitor
-from trainer.faults import (
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.events import read_jsonl
+from lifecycle.decide.faults import FAULTS, KINDS
+from lifecycle.decide.machines import ENGINE as ENGINE_SPEC
+from lifecycle.observe.monitor import EventMonitor
+from trainer.app.faults import (
     BROADCAST_FAULTS,
     FT_CONFIGS,
     MODES,
@@ -121,7 +121,7 @@ def _read(run_dir: Path, audit: Path) -> tuple[list[dict[str, Any]], list[dict[s
 
 def run_in_process(fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
     from engines.engine import Timeouts
-    from trainer.loop import RunOptions, run_loop
+    from trainer.app.loop import RunOptions, run_loop
 
     audit = tmp / "audit.jsonl"
     monkeypatch.setenv(AUDIT_ENV, str(audit))
@@ -358,8 +358,8 @@ def check_recovered(run: Run) -> str:
 
 def check_broadcast_bounded(run: Run) -> None:
     """The fault landed mid-broadcast and the broadcast failed within its stated bound: every bucket's
-    collective has ``--update-weight-timeout``, the callers wait ``trainer.broadcast.MARGIN`` longer."""
-    from trainer.broadcast import MARGIN
+    collective has ``--update-weight-timeout``, the callers wait ``trainer.app.broadcast.MARGIN`` longer."""
+    from trainer.app.broadcast import MARGIN
 
     fired = run.first("fault.fired")
     assert fired["state"] == "Broadcasting", fired
@@ -486,7 +486,7 @@ def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -
     """The check above can fail: change one expected outcome and it does."""
     import reliability_report
 
-    import trainer.faults as faults
+    import trainer.app.faults as faults
 
     real = faults.expected
 

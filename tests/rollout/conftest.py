@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from lifecycle.core import Command, Outcome
-from lifecycle.runner import Runner
+from lifecycle.decide.core import Command, Outcome
+from lifecycle.decide.runner import Runner
 
 Weights = tuple[str, str]
 

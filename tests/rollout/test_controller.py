@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import TRANSITION, EventLog, MemorySink
-from lifecycle.runner import RunFailed, Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import TRANSITION, EventLog, MemorySink
+from lifecycle.decide.runner import RunFailed, Runner
 
 pytest.importorskip("torch")
 
 from engines.engine import EngineFailed
 from engines.launcher import launcher_factory
-from models import TinyCausalLM
+from engines.models import TinyCausalLM
 from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
@@ -207,7 +207,7 @@ def test_without_the_catch_up_a_restarted_engine_is_never_routed(
 ) -> None:
     """The other half, and proof the check can fail: drop the core's catch-up phase, and the engine that
     was restarted (PendingWeights: it holds no committed weights) stays out of routing -- the run stops."""
-    from lifecycle.core import core as core_module
+    from lifecycle.decide.core import core as core_module
 
     rig = Rig(ROLLOUT_FT, tmp_path)
     try:

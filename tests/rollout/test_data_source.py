@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.runner import Runner
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 from rollout.replay import load_rollout
@@ -89,7 +89,7 @@ def test_bad_prompts_name_the_flag(user_module: str) -> None:
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_train_only_run_trains_on_the_users_prompts(user_module: str, tmp_path: Path) -> None:
-    from trainer.loop import RunOptions, run_loop
+    from trainer.app.loop import RunOptions, run_loop
 
     saved = str(tmp_path / "data" / "{rollout_id}.json")
     config = LifecycleConfig.from_mapping({"debug_train_only": True, "save_debug_rollout_data": saved})

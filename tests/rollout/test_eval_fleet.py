@@ -24,12 +24,12 @@ pytest.importorskip("torch")
 
 from engines.engine import Engine, Timeouts
 from engines.launcher import LocalLauncher
+from engines.models import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle import EffectLedger, EventLog, LifecycleConfig
-from lifecycle.core import Outcome
-from lifecycle.events import TRANSITION, MemorySink
-from lifecycle.predicates import eval_fleet_enabled
-from models import TinyCausalLM
+from lifecycle.decide.core import Outcome
+from lifecycle.decide.events import TRANSITION, MemorySink
+from lifecycle.decide.predicates import eval_fleet_enabled
 from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 
@@ -231,7 +231,7 @@ def test_the_fleets_own_health_generate_on_the_wire(
 def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lifecycle.core import core as core_module
+    from lifecycle.decide.core import core as core_module
 
     async def disagree(f: Fleet) -> EvalResult:
         """eval-1's server loads other weights than it is asked for: its /model_info disagrees."""
@@ -345,8 +345,8 @@ def test_loop_writes_eval_rewards_into_metrics(tmp_path: Path) -> None:
     and after the weight updates of steps 1 and 3, each on the fleet pinned to the weights just pushed."""
     import io
 
-    from lifecycle.events import read_jsonl
-    from trainer.loop import RunOptions, run_loop
+    from lifecycle.decide.events import read_jsonl
+    from trainer.app.loop import RunOptions, run_loop
 
     config = _config({**MONITORED, "rollout_num_gpus": 2, "eval_num_gpus": 1, "eval_interval": 2})
     opts = RunOptions(steps=4, seed=0, run_dir=tmp_path / "run", launcher="local", quiet=True)

@@ -21,13 +21,13 @@ import pytest
 pytest.importorskip("torch")
 
 from engines.engine import EngineFailed, Timeouts
+from engines.models import TinyCausalLM
 from engines.process import ServerProcess, torch_engine_command
 from engines.router import router_available
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
-from lifecycle.events import EventLog, MemorySink
-from lifecycle.runner import Runner
-from models import TinyCausalLM
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.events import EventLog, MemorySink
+from lifecycle.decide.runner import Runner
 from rollout.controller import ControllerError
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask

@@ -14,9 +14,9 @@ from aiohttp import web
 
 from engines.client import EngineClient
 from engines.launcher import LocalLauncher
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.runner import Runner
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 

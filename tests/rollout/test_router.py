@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import Event, Move, Refusal
-from lifecycle.events import EventLog, MemorySink
-from lifecycle.runner import RunFailed, Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import Event, Move, Refusal
+from lifecycle.decide.events import EventLog, MemorySink
+from lifecycle.decide.runner import RunFailed, Runner
 
 pytest.importorskip("torch")
 pytest.importorskip("sglang_router")
 
 from engines.errors import EngineUnreachable
 from engines.launcher import launcher_factory
-from models import TinyCausalLM
+from engines.models import TinyCausalLM
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 from rollout.routing import RouterRouting
@@ -262,7 +262,7 @@ def test_the_check_fails_when_a_recovered_engine_is_not_registered_again(
 
     async def once(self: RouterRouting, engine: Any) -> Any:
         if engine.id in seen:
-            from lifecycle.core import Outcome
+            from lifecycle.decide.core import Outcome
 
             return Outcome("done")
         seen.add(engine.id)

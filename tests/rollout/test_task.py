@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.runner import Runner
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import SampleError

@@ -12,15 +12,15 @@ import pytest
 
 from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import EventLog, MemorySink
-from lifecycle.runner import Runner
-from lifecycle.trace import diff, load
-from models import TinyCausalLM
-from models.family import load_tokenizer
+from engines.models import TinyCausalLM
+from engines.models.family import load_tokenizer
+from engines.sim.launcher import SimFleet
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import EventLog, MemorySink
+from lifecycle.decide.runner import Runner
+from lifecycle.observe.trace import diff, load
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
-from sim_engine.launcher import SimFleet
 
 from ..rollout.conftest import bind_trainer_stand_in
 

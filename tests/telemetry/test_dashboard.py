@@ -1,7 +1,7 @@
 """The Grafana dashboard (docs/grafana/rl-lifecycle.json) asks only for what the exporter really emits.
 
 No Grafana, no Prometheus: the dashboard's PromQL is tokenized here, and the metric and label names it
-uses are compared with what a real :class:`telemetry.metrics.Metrics` exports after being fed the event
+uses are compared with what a real :class:`trainer.app.metrics.Metrics` exports after being fed the event
 log of a real run (rollout FT, two engines, engine-1 SIGKILLed at step 3 and recovered; that run had no
 guard refusal, so one real refusal by a ``LifecycleMachine`` is logged to the same exporter). The checker,
 :func:`dashboard_problems`, returns a list of problems; the tests below show it finds none in the
@@ -20,12 +20,12 @@ from typing import Any, cast
 
 import pytest
 
-from lifecycle.events import EventLog
-from lifecycle.machines import MACHINES
-from lifecycle.presets import preset
-from lifecycle.runtime import LifecycleMachine
-from lifecycle.spec import Blocked
-from telemetry.metrics import Metrics
+from lifecycle.decide.events import EventLog
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import preset
+from lifecycle.decide.runtime import LifecycleMachine
+from lifecycle.decide.spec import Blocked
+from trainer.app.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "rl-lifecycle.json"

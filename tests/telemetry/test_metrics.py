@@ -19,10 +19,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from lifecycle.events import EventLog, read_jsonl
-from lifecycle.machines import ENGINE
-from lifecycle.monitor import JUDGED
-from telemetry import Metrics, serve_metrics
+from lifecycle.decide.events import EventLog, read_jsonl
+from lifecycle.decide.machines import ENGINE
+from lifecycle.observe.monitor import JUDGED
+from trainer.app.metrics import Metrics, serve_metrics
 
 LOG = Path(__file__).resolve().parent / "data" / "rollout_ft_kill_events.jsonl"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -213,7 +213,7 @@ def test_a_bad_or_busy_metrics_port_is_one_error_naming_the_flag_before_anything
 
 
 def test_restarts_leave_the_budget_window_as_time_passes_not_only_at_the_next_restart() -> None:
-    from lifecycle.config import LifecycleConfig
+    from lifecycle.decide.config import LifecycleConfig
 
     now = [100.0]
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, "engine_restart_window": 60.0})

@@ -5,8 +5,8 @@ manager (``test_update_weights_*``, the loop tests)."""
 
 from __future__ import annotations
 
-from lifecycle.core import Command, Outcome
-from lifecycle.runner import Runner
+from lifecycle.decide.core import Command, Outcome
+from lifecycle.decide.runner import Runner
 
 # the nominal result of each command (the rest answer ``done``): what a healthy engine reports
 NOMINAL = {"launch_engine": "ready", "kill_engine": "dead", "transfer_weights": "loaded", "probe_engine": "probe_ok"}

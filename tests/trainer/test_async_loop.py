@@ -17,19 +17,19 @@ from typing import Any
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError, IllegalTransition
-from lifecycle.events import read_jsonl
-from lifecycle.machines import ROLLOUT
-from lifecycle.runtime import LifecycleMachine
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError, IllegalTransition
+from lifecycle.decide.events import read_jsonl
+from lifecycle.decide.machines import ROLLOUT
+from lifecycle.decide.runtime import LifecycleMachine
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-import trainer.loop as loop_mod
-from lifecycle.runner import OperationRefused
+import trainer.app.loop as loop_mod
+from lifecycle.decide.runner import OperationRefused
 from rollout.executor import EngineRolloutFn
-from trainer.loop import RunOptions, RunResult, check_options, run_loop
+from trainer.app.loop import RunOptions, RunResult, check_options, run_loop
 
 CPU = {
     "use_fault_tolerance": True,
@@ -158,7 +158,7 @@ def test_cli_async_with_offload_names_the_flag(tmp_path: Path, capsys: pytest.Ca
 def test_async_loop_recovers_a_killed_engine(tmp_path: Path) -> None:
     """Rollout FT under --async: an engine killed between steps is recovered by the next weight update
     (after the overlapping generation ended on the surviving engine) and training continues."""
-    from trainer.faults import parse_fault
+    from trainer.app.faults import parse_fault
 
     result = _run(tmp_path / "kill", 5, faults=(parse_fault("kill-engine:1@2"),))
     assert len(result.rewards) == 5

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("torch")
 

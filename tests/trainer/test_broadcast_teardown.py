@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.core import Command
-from lifecycle.events import EventLog
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import Command
+from lifecycle.decide.events import EventLog
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("ray")  # trainer.workers imports it; no cluster is started here
 pytest.importorskip("torch")
 
-from trainer.broadcast import WeightBroadcast
+from trainer.app.broadcast import WeightBroadcast
 
 FLAGS = {"rollout_num_gpus": 2, "update_weight_transfer_mode": "broadcast", "update_weight_timeout": 30.0}
 
@@ -94,8 +94,8 @@ def test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_
 
     import torch
 
-    from models.weight_group import WeightGroup, WeightGroupError
-    from trainer.broadcast import free_port
+    from engines.models.weight_group import WeightGroup, WeightGroupError
+    from trainer.app.broadcast import free_port
 
     port, members = free_port(), {}
 

@@ -1,4 +1,4 @@
-"""``lifecycle run`` is a plug-in command: ``trainer.cli`` registers it through the entry-point group.
+"""``lifecycle run`` is a plug-in command: ``trainer.app.cli`` registers it through the entry-point group.
 
 (Its bad-input cases are in ``tests/reliability/test_bad_inputs.py``, with every other command's.)
 """
@@ -16,7 +16,7 @@ from lifecycle.cli import COMMAND_GROUP, build_parser, main, plugin_commands
 
 def test_run_is_discovered_through_the_entry_point_group() -> None:
     (run,) = [ep for ep in plugin_commands() if ep.name == "run"]
-    assert run.group == COMMAND_GROUP and run.value == "trainer.cli:register"
+    assert run.group == COMMAND_GROUP and run.value == "trainer.app.cli:register"
     assert "run" in build_parser().format_help()
 
 
@@ -40,7 +40,7 @@ def test_a_plugin_that_cannot_import_still_shows_and_says_how_to_fix_it(capsys: 
 
 
 def test_run_help_lists_the_faults_from_the_fault_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from trainer.faults import FAULTS
+    from trainer.app.faults import FAULTS
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])

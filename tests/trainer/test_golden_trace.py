@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.trace import diff, load
+from lifecycle.observe.trace import diff, load
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")

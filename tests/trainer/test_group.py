@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import TRANSITION, EventLog, MemorySink
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import TRANSITION, EventLog, MemorySink
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -34,7 +34,7 @@ ROLLOUT_FT = {"use_fault_tolerance": True, "ft_components": ["rollout"], "rollou
 def _samples(n_groups: int = 2, group_size: int = 2) -> list[dict[str, Any]]:
     """A small GRPO batch in the executor's sample format (rewards differ inside each group)."""
     task = PatternTask(prompts_per_step=n_groups, group_size=group_size, response_len=4)
-    from models import CharTokenizer
+    from engines.models import CharTokenizer
 
     tok = CharTokenizer()
     out = []
@@ -320,8 +320,8 @@ def test_the_trainer_starts_from_the_hf_checkpoint_and_keeps_the_last_k(
 ) -> None:
     """``initial_checkpoint`` (``--hf-checkpoint``): every worker loads it, so version 0 is that directory's
     weights; each update writes a checkpoint directory and only the newest ``keep_checkpoints`` stay."""
-    from models import TinyCausalLM
-    from models.checkpoint import checkpoint_steps
+    from engines.models import TinyCausalLM
+    from engines.models.checkpoint import checkpoint_steps
 
     given = TinyCausalLM("tiny", seed=11)
     path = given.save_pretrained(tmp_path / "given")
@@ -353,7 +353,7 @@ def test_a_checkpoint_the_workers_cannot_load_fails_naming_the_file(
     tmp_path: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
     """Past the CLI's check (an API caller): the worker's own error travels, not Ray's header line."""
-    from models import TinyCausalLM
+    from engines.models import TinyCausalLM
 
     small = TinyCausalLM("small", seed=0).save_pretrained(tmp_path / "small")
     group, _ = _group(tmp_path / "run", NO_FT, workers=1, initial_checkpoint=small)
@@ -374,7 +374,7 @@ def test_a_checkpoint_the_workers_cannot_load_fails_naming_the_file(
 def test_a_job_checkpoint_keeps_each_workers_generators_and_a_resume_gives_each_its_own(
     tmp_path: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
-    from lifecycle.errors import ConfigError
+    from lifecycle.decide.errors import ConfigError
     from trainer.job_state import load_job_checkpoint
 
     flags = {**NO_FT, "save": str(tmp_path / "ckpt")}

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import EventLog, MemorySink
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import EventLog, MemorySink
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="the hf extra is not installed: pip install 'rl-lifecycle[hf]'")
 
-from models import build_tiny_llama, load_causal_lm, load_tokenizer  # noqa: E402
+from engines.models import build_tiny_llama, load_causal_lm, load_tokenizer  # noqa: E402
 from rollout.pattern import PatternTask  # noqa: E402
 from trainer.group import TrainerGroup  # noqa: E402
 from trainer.grpo import grpo_backend  # noqa: E402

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.errors import ConfigError
-from trainer import job_state, run_manifest
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from trainer import job_state
+from trainer.app import run_manifest
 from trainer.backend import build_backend
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, latest_checkpoint, load_job_checkpoint, save_job_checkpoint
@@ -196,7 +197,7 @@ def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_as
 
 
 def test_the_run_manifest_round_trips_and_refuses_what_cannot_be_resumed(tmp_path: Path) -> None:
-    from trainer.loop import RunOptions
+    from trainer.app.loop import RunOptions
 
     saving = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "save": str(tmp_path / "ckpt")})
     options = RunOptions(steps=4, seed=1, run_dir=tmp_path).manifest()
@@ -231,7 +232,7 @@ def test_resume_reads_a_relative_save_directory_where_the_run_started(
     values = {**CONFIG.to_dict(), "rollout_num_gpus": 2, "save": "runs/job/ckpt"}
     config = LifecycleConfig.from_mapping(values)
     Path("runs/job").mkdir(parents=True)
-    from trainer.loop import RunOptions
+    from trainer.app.loop import RunOptions
 
     run_manifest.write_run_manifest(Path("runs/job"), config, RunOptions(steps=2, run_dir=Path("runs/job")).manifest())
     facts, rng = {"restarts": [[], []]}, {"ranks": [{}]}
@@ -247,7 +248,7 @@ def test_resume_reads_a_relative_save_directory_where_the_run_started(
 def test_a_checkpoint_passed_to_the_loop_without_config_load_is_refused(tmp_path: Path) -> None:
     """The lifecycle resumes only under ``load`` (the ``resumes`` predicate): a checkpoint without it would
     start the job afresh under the checkpoint's step numbers."""
-    from trainer.loop import RunOptions, check_options
+    from trainer.app.loop import RunOptions, check_options
 
     job = JobCheckpoint(2, "2", {}, {"restarts": [[], []]}, {"ranks": [{}]}, tmp_path)
     with pytest.raises(ConfigError, match=r"RunOptions\.resume: is a job checkpoint, but config\.load is unset"):

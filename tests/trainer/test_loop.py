@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import TRANSITION, read_jsonl
-from lifecycle.trace import diff, load
-from models.checkpoint import checkpoint_config, checkpoint_steps
+from engines.models.checkpoint import checkpoint_config, checkpoint_steps
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import TRANSITION, read_jsonl
+from lifecycle.observe.trace import diff, load
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from rollout.controller import ControllerError
-from trainer.faults import parse_fault
-from trainer.loop import Progress, RunOptions, RunResult, run_loop
+from trainer.app.faults import parse_fault
+from trainer.app.loop import Progress, RunOptions, RunResult, run_loop
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -63,7 +63,7 @@ def test_learning_criterion_fixed_seed(tmp_path: Path) -> None:
 
 def test_rollout_only_serves_the_hf_checkpoint_it_is_given(tmp_path: Path) -> None:
     """--hf-checkpoint DIR is version 0: the engines load that directory (not the seed's weights)."""
-    from models import TinyCausalLM
+    from engines.models import TinyCausalLM
 
     config = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 1})
     given = TinyCausalLM("tiny", seed=7).save_pretrained(tmp_path / "given")
@@ -246,7 +246,7 @@ def test_policy_producer_samples_the_trainers_policy_faithfully(tmp_path: Path) 
     trainer's own (``token_logprobs`` on the same tokens) -- so GRPO trains on-policy on them."""
     import torch
 
-    from models import TinyCausalLM, WeightsFileError
+    from engines.models import TinyCausalLM, WeightsFileError
     from rollout.pattern import PatternTask
     from rollout.policy_source import PolicyRolloutFn
     from trainer.policy import batch_tensors
@@ -317,8 +317,8 @@ def test_tiny_llama_learns_within_the_default_run(tmp_path: Path) -> None:
 
 
 def test_a_model_and_an_hf_checkpoint_together_are_refused(tmp_path: Path) -> None:
-    from lifecycle.errors import ConfigError
-    from trainer.loop import check_options
+    from lifecycle.decide.errors import ConfigError
+    from trainer.app.loop import check_options
 
     opts = RunOptions(run_dir=tmp_path, model="tiny-llama", hf_checkpoint=tmp_path / "given")
     with pytest.raises(ConfigError, match="--hf-checkpoint gives the model already"):

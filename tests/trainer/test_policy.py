@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from models import CharTokenizer, TinyCausalLM  # noqa: E402
+from engines.models import CharTokenizer, TinyCausalLM  # noqa: E402
 from trainer.policy import advantages, batch_tensors, grpo_loss  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.events import read_jsonl
+from lifecycle.decide.events import read_jsonl
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lifecycle.events import read_jsonl
+from lifecycle.decide.events import read_jsonl
 
 pytestmark = pytest.mark.slow
 

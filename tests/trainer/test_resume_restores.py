@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import LifecycleConfig
-from lifecycle.events import EventLog
-from lifecycle.runner import Runner
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import EventLog
+from lifecycle.decide.runner import Runner
 
 pytest.importorskip("ray")  # trainer.workers imports it; no cluster is started here
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS
 from lifecycle.graph import SCHEMA, golden_files
-from lifecycle.machines import MACHINES
-from lifecycle.presets import PRESETS
 
 NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
 

@@ -12,9 +12,9 @@ from transitions.core import MachineError
 from transitions.extensions.markup import MarkupMachine
 
 from lifecycle.cli import main
-from lifecycle.errors import LifecycleError
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.presets import preset
 from lifecycle.graph import graph_document, markup_machine, render, require_dot, to_dot, to_markup, to_mermaid
-from lifecycle.presets import preset
 
 NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
 
@@ -108,7 +108,8 @@ def test_missing_dot_is_a_clear_error_and_text_formats_still_work(tmp_path, monk
 
 
 def test_markup_machine_evaluates_the_real_predicates_when_fired():
-    """to_markup keeps every edge; guards become lifecycle.predicates.* conditions called with the event's args."""
+    """to_markup keeps every edge; guards become lifecycle.decide.predicates.* conditions called with the
+    event's args."""
     engine = _engine("ft-rollout")["machines"]["engine"]
     m = markup_machine(engine)  # the public loader: MarkupMachine(**to_markup(engine))
     assert isinstance(m, MarkupMachine)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from lifecycle.decide.machines import ENGINE, MACHINES, MONITOR
+from lifecycle.decide.presets import PRESETS, preset
+from lifecycle.decide.spec import Blocked, Step
 from lifecycle.graph import SCHEMA, edge_ids_guarded_by, edge_label, graph_document, machine_graph, to_json
-from lifecycle.machines import ENGINE, MACHINES, MONITOR
-from lifecycle.presets import PRESETS, preset
-from lifecycle.spec import Blocked, Step
 
 
 @pytest.fixture(scope="module")

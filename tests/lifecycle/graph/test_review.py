@@ -11,9 +11,9 @@ import shutil
 import pytest
 
 from lifecycle.cli import main
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS, preset
 from lifecycle.graph import diff_machines, graph_document, reference_config
-from lifecycle.machines import MACHINES
-from lifecycle.presets import PRESETS, preset
 
 NOT_EXTERNAL = "!external_engines (external_engines=false)"  # the second guard of recover
 

@@ -1,0 +1,1 @@
+"""Checking: the checker's world, the explorer, the invariants and the spec mutants."""

@@ -1,0 +1,487 @@
+"""The checker's world: real processes, reduced to what the lifecycle can observe of them, around the core.
+
+The core (:mod:`lifecycle.decide.core`) never sees a process; it sees operations, reports and the results
+of its commands. The checker supplies all of them, for every choice the world could make: a loop
+calls any operation the core allows, a command's result follows the engine process's health (an
+answer from a live process; a failed request from a dead or hung one) or a fault (a refused load,
+a trainer worker crash, a shell error), and faults strike at any time (SIGKILL, a hang, an HTTP
+server death). A step of the checker is one ``Core.step``: the function the runtime calls.
+
+A node is the job's state plus the world's: each engine process's health and the faults used.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple, cast
+
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import (
+    EVAL,
+    OPERATIONS,
+    RESULTS,
+    ROLLOUT,
+    Command,
+    Completed,
+    Core,
+    EngineState,
+    Event,
+    JobState,
+    Move,
+    Op,
+    Outcome,
+)
+from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.names import OperationName
+from lifecycle.decide.spec import MachineSpec
+
+# An engine process's health as the world knows it (the core learns it only through reports).
+UP, DEAD, HUNG, DEAD_NOTIFIED, KILLING = "up", "dead", "hung", "dead-notified", "killing"
+# Operations the checker calls: every one a loop may call, but dispose (it ends a run; the runtime tests cover it).
+EXPLORED_OPS: tuple[OperationName, ...] = tuple(
+    cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
+)
+ENGINE_OPS = ("stop_engine", "start_engine")
+# stop_routing talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
+_SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing"})
+# the trainer's commands: their plain success, and those during which the checker lets a worker crash
+_SUCCESS = {
+    "train_step": "trained",
+    "save_checkpoint": "saved",
+    "replace_worker": "healed",
+    "save_job_state": "checkpointed",
+    "restore_job_state": "restored",
+}
+_MAY_CRASH = frozenset({"train_step", "save_checkpoint", "transfer_weights", "save_job_state", "restore_job_state"})
+
+
+class World(NamedTuple):
+    procs: tuple[str, ...] = ()  # rollout engine processes
+    eval_procs: tuple[str, ...] = ()
+    faults: int = 0  # faults injected so far (bounded by the checker)
+    # broadcast mode only (empty otherwise), one flag per rollout engine process:
+    grouped: tuple[bool, ...] = ()  # the process joined the weight-update group that exists now
+    torn: tuple[bool, ...] = ()  # the process holds a mix of two weight versions (a broadcast failed midway)
+
+    def group(self, group: str) -> tuple[str, ...]:
+        return self.procs if group == ROLLOUT else self.eval_procs
+
+
+class Node(NamedTuple):
+    """A state of the exploration: the job as the core has it, and the world around it."""
+
+    job: JobState
+    world: World
+
+    def key(self) -> Node:
+        """Identical engines are interchangeable: sort them (symmetry reduction), renaming every reference."""
+        return Node(*_sorted(self.job, self.world))
+
+
+class Action(NamedTuple):
+    """What happened in one step: an operation, a command's results, a report, or a fault."""
+
+    name: str  # "op.generate", "results", "news.died", "fault.kill"
+    engine: int | None = None
+    group: str = ROLLOUT
+    fault: bool = False
+
+    def label(self) -> str:
+        who = f"{'eval' if self.group == EVAL else 'engine'}-{self.engine}" if self.engine is not None else ""
+        kind, _, what = self.name.partition(".")
+        if kind == "op":
+            return f"loop calls {what}" + (f" on {who}" if who else "")
+        if kind == "results":
+            said = (part.split("=", 1) for part in what.split(","))
+            return "the shells report: " + ", ".join(f"{who} {outcome}" for who, outcome in said)
+        if kind == "news":
+            return {
+                "died": f"Ray reports {who} dead",
+                "threshold_reached": f"the monitor's probes of {who} fail (threshold)",
+                "stale_threshold": f"a stale failed probe of {who} returns",
+                "request_failed": f"a request to {who} fails",
+                "probe": "the monitor runs a probe round",
+            }.get(what, f"{who} {what}")
+        return {
+            "kill": f"{who} process dies (SIGKILL)",
+            "hang": f"{who} hangs (probes and requests stall)",
+            "http_death": f"{who} HTTP server dies, actor alive",
+            "kill_router": f"the {self.group} router process dies (SIGKILL)",
+        }.get(what, f"{what} {who}".strip())
+
+
+class Transition(NamedTuple):
+    action: Action
+    moves: tuple[Move, ...]
+    node: Node
+
+
+class Checker:
+    """The successor relation of the exploration: the core, driven by a loop and the world."""
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        *,
+        engines: int = 2,
+        evals: int | None = None,
+        machines: Mapping[str, MachineSpec] | None = None,
+        max_faults: int = 2,
+    ) -> None:
+        self.config = config
+        n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
+        self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
+        self.p = self.core.p
+        self.max_faults = max_faults
+        self._main: dict[str, tuple[str, str] | None] = {}
+        for name, op in OPERATIONS.items():
+            main = next((p for p in op.program if "." in p), None)
+            self._main[name] = None if main is None else (main.split(".", 1)[0], main.split(".", 1)[1])
+
+    def initial(self) -> Node:
+        core = self.core
+        flags = (False,) * core.engines if self.p["broadcasts_weights"] else ()
+        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags))
+
+    def terminal(self, n: Node) -> bool:
+        """The run is over: it stopped fast (the core names why)."""
+        return bool(n.job.failed)
+
+    def successors(self, n: Node) -> Iterator[Transition]:
+        if self.terminal(n):
+            return
+        budget = n.world.faults < self.max_faults
+        job = n.job
+        if job.awaiting:
+            yield from self._results(n, budget)
+        elif not job.rollout_op and not job.trainer_op:
+            yield from self._operations(n, budget)
+        # Faults strike between commands, not while one is out: the core sees a process only through a
+        # command's result and the news, and the world answers from the process's health when it answers,
+        # so a fault during a command reads exactly like the same fault just before it was issued (a new
+        # process failing while it starts is the launch's own start_failed answer).
+        quiet = budget and not job.awaiting
+        yield from self._news(n, quiet)
+        if quiet:
+            yield from self._faults(n)
+
+    # -- driving the core ---------------------------------------------------------------------------------------
+    def step(self, n: Node, event: Event, action: Action, world: World | None = None) -> Transition | None:
+        result = self.core.step(n.job, event)
+        if result.refused is not None:
+            return None
+        w = world or n.world
+        for cmd in result.commands:  # what issuing a command does to the world
+            w = _issued(w, cmd)
+        job, moves = result.state, result.moves
+        # Commands whose only possible answer is a plain success that no fault can change (the monitor's and
+        # the trainer's bookkeeping) come back at once: nothing the world does in between could matter.
+        while job.awaiting and all(
+            c.machine not in ("engine", "trainer", "weight_sync") or c.effect in _SURE for c in job.awaiting
+        ):
+            more = self.core.step(job, Completed(tuple((c, Outcome("done")) for c in job.awaiting)))
+            job, moves = more.state, (*moves, *more.moves)
+            for cmd in more.commands:
+                w = _issued(w, cmd)
+        return Transition(action, moves, Node(job, w))
+
+    def _possible(self, n: Node, name: str, engine: int | None = None) -> bool:
+        """A cheap look at the operation's own machine event: most operations are not allowed in a state."""
+        main = self._main[name]
+        if main is None:
+            return True
+        part, trigger = main
+        if part == "engine":
+            state = n.job.engines[engine].state if engine is not None else "Init"
+        else:
+            state = getattr(n.job, part)
+        return (state, trigger) in self.core.c[part].table
+
+    def _operations(self, n: Node, budget: bool) -> Iterator[Transition]:
+        for name in EXPLORED_OPS:
+            if name not in ENGINE_OPS and not self._possible(n, name):
+                continue
+            if name in ENGINE_OPS:
+                for i in range(self.core.engines):
+                    fault = name == "stop_engine"  # an operator stopping an engine: bounded like a fault
+                    if (fault and not budget) or not self._possible(n, name, i):
+                        continue
+                    w = n.world._replace(faults=n.world.faults + fault)
+                    t = self.step(n, Op(name, i), Action(f"op.{name}", i, fault=fault), w)
+                    if t is not None:
+                        yield t
+                continue
+            t = self.step(n, Op(name), Action(f"op.{name}"))
+            if t is not None:
+                yield t
+
+    def _results(self, n: Node, budget: bool) -> Iterator[Transition]:
+        """Every command out comes back at once (the runtime commits a fan-out's results in slot order)."""
+        options = [self._answers(cmd, n.world, n.job) for cmd in n.job.awaiting]
+        choices = [(c, sum(fault for _, fault, _ in c)) for c in itertools.product(*options)]
+        within = [(c, f) for c, f in choices if n.world.faults + f <= self.max_faults]
+        if not within:  # a fault the job causes itself (CI's injection) happens whatever the budget says
+            least = min(f for _, f in choices)
+            within = [(c, f) for c, f in choices if f == least]
+        for choice, faults in within:
+            w = n.world._replace(faults=n.world.faults + faults)
+            for _, _, change in choice:
+                w = change(w)
+            results = tuple((cmd, outcome) for cmd, (outcome, _, _) in zip(n.job.awaiting, choice, strict=True))
+            names = ",".join(f"{cmd.instance}={o.name}" for cmd, o in results)
+            t = self.step(n, Completed(results), Action(f"results.{names}", fault=faults > 0), w)
+            if t is not None:
+                yield t
+
+    def _answers(self, cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
+        """How the world may answer one command: (outcome, is it a fault, what it does to the world)."""
+        same = _keep
+        if cmd.machine == "weight_sync":
+            return _group_answers(cmd, w, job)
+        if cmd.machine == "engine" and cmd.group is not None and cmd.engine is not None:
+            proc = w.group(cmd.group)[cmd.engine]
+            alive = proc == UP
+            mark = _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED) if proc == DEAD else same
+            if cmd.effect == "launch_engine":
+                if alive:
+                    return [(Outcome("ready"), False, same), (Outcome("start_failed"), True, same)]
+                return [(Outcome("start_failed"), False, mark)]
+            if cmd.effect == "kill_engine":
+                return [(Outcome("dead"), False, _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED))]
+            if cmd.effect == "transfer_weights":
+                # a load from disk replaces every tensor: mixed weights are gone (a broadcast's part is the group's)
+                loaded = same if w.torn == () or cmd.lane == "trainer" else _Flag("torn", cmd.engine, False)
+                if alive:
+                    return [
+                        (Outcome("loaded"), False, loaded),
+                        (Outcome("refused"), True, same),
+                        (Outcome("error"), True, same),
+                    ]
+                return [(Outcome("request_failed"), False, same)]
+            if cmd.effect == "stop_routing":  # the router forgets the engine whatever the engine's health
+                return [(Outcome("done"), False, same)]
+            if cmd.effect == "inject_ci_fault":  # the CI's own fault: a SIGKILL, counted in the budget like any
+                return [(Outcome("done"), True, _set_proc(cmd.group, cmd.engine, DEAD))]
+            if cmd.effect == "probe_engine":
+                return [(Outcome("probe_ok" if alive else "probe_failed"), False, same)]
+            return [(Outcome("done" if alive else "request_failed"), False, same)]
+        if cmd.machine == "trainer":
+            success = _SUCCESS.get(cmd.effect, "done")
+            answers = [(Outcome(success), False, same)]
+            if "worker_crashed" in RESULTS.get(cmd.effect, frozenset()) and cmd.effect in _MAY_CRASH:
+                answers.append((Outcome("worker_crashed"), True, same))
+            return answers
+        return [(Outcome("done"), False, same)]
+
+    def _news(self, n: Node, budget: bool) -> Iterator[Transition]:
+        job, w, core = n.job, n.world, self.core
+        if job.monitor == "Running":
+            t = self.step(n, Outcome("probe"), Action("news.probe"))
+            if t is not None and t.moves:
+                yield t
+        for group in (ROLLOUT, EVAL):
+            for i, (e, proc) in enumerate(zip(job.group(group), w.group(group), strict=True)):
+                if proc == DEAD:  # Ray reports the death at once
+                    seen = _set_proc(group, i, DEAD_NOTIFIED)(w)
+                    t = self.step(n, Outcome("died", group, i), Action("news.died", i, group), seen)
+                    if t is not None:
+                        yield t
+                if e.state not in core.live:
+                    continue
+                if job.monitor == "Running" and proc in (DEAD, HUNG):
+                    yield from self._maybe(
+                        n, Outcome("threshold_reached", group, i), Action("news.threshold_reached", i, group)
+                    )
+                stale = (
+                    job.monitor == "Paused"
+                    and proc == UP
+                    and budget
+                    and (group == ROLLOUT or job.rollout == "Evaluating")
+                )
+                if stale:  # a probe sent before the pause fails late
+                    action = Action("news.stale_threshold", i, group, fault=True)
+                    counted = w._replace(faults=w.faults + 1)
+                    yield from self._maybe(n, Outcome("threshold_reached", group, i), action, counted)
+                busy = job.rollout in core.rollout_busy or job.fleet == "Pinned"
+                if busy and e.state == "Serving" and proc in (DEAD, HUNG) and job.monitor != "Running":
+                    yield from self._maybe(
+                        n, Outcome("request_failed", group, i), Action("news.request_failed", i, group)
+                    )
+
+    def _maybe(self, n: Node, event: Event, action: Action, world: World | None = None) -> Iterator[Transition]:
+        t = self.step(n, event, action, world)
+        if t is not None and (t.moves or t.node != n):
+            yield t
+
+    def _faults(self, n: Node) -> Iterator[Transition]:
+        # Eval engines serve only while an eval runs: a fault on one between evals is, for the lifecycle, the
+        # same as one at the next eval's start (the fleet pins, probes and restarts then), so the checker
+        # injects them only inside that window -- a 4x smaller state space for the configs with a fleet.
+        groups = (ROLLOUT, EVAL) if n.job.rollout == "Evaluating" else (ROLLOUT,)
+        for group in groups:
+            # the group's router dies (SIGKILL): its watcher reports it at once; only Serving engines are in it
+            if any(e.state == "Serving" for e in n.job.group(group)):
+                counted = n.world._replace(faults=n.world.faults + 1)
+                action = Action("fault.kill_router", None, group, fault=True)
+                t = self.step(n, Outcome("router_died", group), action, counted)
+                if t is not None:
+                    yield t
+            for i, (e, proc) in enumerate(zip(n.job.group(group), n.world.group(group), strict=True)):
+                if proc != UP or not (e.state in self.core.live or e.state == "Starting"):
+                    continue
+                # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death (only probes and requests tell)
+                for fault, health in (("kill", DEAD), ("hang", HUNG), ("http_death", HUNG)):
+                    w = _set_proc(group, i, health)(n.world)
+                    w = w._replace(faults=w.faults + 1)
+                    yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), Node(n.job, w))
+
+
+class _Change:
+    """A change to the world (a process marked dead, a new process), applied when a result is chosen."""
+
+    __slots__ = ("group", "i", "proc")
+
+    def __init__(self, group: str | None = None, i: int = 0, proc: str = "") -> None:
+        self.group, self.i, self.proc = group, i, proc
+
+    def __call__(self, w: World) -> World:
+        if self.group is None:
+            return w
+        procs = w.group(self.group)
+        new = (*procs[: self.i], self.proc, *procs[self.i + 1 :])
+        return w._replace(procs=new) if self.group == ROLLOUT else w._replace(eval_procs=new)
+
+
+_keep = _Change()
+
+
+class _Flag(_Change):
+    """A per-process flag of broadcast mode set or cleared (``grouped``/``torn`` of some engines)."""
+
+    __slots__ = ("field", "indices", "value")
+
+    def __init__(self, field: str, indices: int | frozenset[int] | None, value: bool) -> None:
+        super().__init__()
+        self.field, self.value = field, value
+        self.indices = frozenset({indices}) if isinstance(indices, int) else indices  # None: every engine
+
+    def __call__(self, w: World) -> World:
+        flags: tuple[bool, ...] = getattr(w, self.field)
+        new = tuple(self.value if self.indices is None or i in self.indices else f for i, f in enumerate(flags))
+        return w._replace(grouped=new) if self.field == "grouped" else w._replace(torn=new)
+
+
+def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
+    """The group's calls succeed only when every member's process is up (and, for a broadcast, joined
+    this group); a failed broadcast leaves every receiver with mixed weights."""
+    if cmd.effect == "init_weight_group":
+        members = frozenset(i for i, e in enumerate(job.engines) if e.joined)
+        if all(w.procs[i] == UP for i in members):
+            return [(Outcome("done"), False, _Flag("grouped", members, True)), (Outcome("failed"), True, _keep)]
+        return [(Outcome("failed"), False, _keep)]
+    if cmd.effect == "broadcast_weights":
+        receivers = frozenset(
+            c.engine
+            for c in job.awaiting
+            if c.effect == "transfer_weights" and c.group == ROLLOUT and c.engine is not None
+        )
+        tear = _Flag("torn", receivers, True)
+        if all(w.procs[i] == UP and w.grouped[i] for i in receivers):
+            whole = _Flag("torn", receivers, False)  # every tensor of one version arrived
+            return [
+                (Outcome("done"), False, whole),
+                (Outcome("failed"), True, tear),
+                (Outcome("worker_crashed"), True, tear),
+            ]
+        return [(Outcome("failed"), False, tear)]
+    return [(Outcome("done"), False, _Flag("grouped", None, False))]  # destroy: nobody is in a group now
+
+
+def _set_proc(group: str, i: int, proc: str) -> _Change:
+    return _Change(group, i, proc)
+
+
+def _issued(w: World, cmd: Command) -> World:
+    """A launch starts a new, healthy process; a kill is on its way (the process exits when it lands)."""
+    if cmd.machine != "engine" or cmd.group is None or cmd.engine is None:
+        return w
+    if cmd.effect == "launch_engine":
+        w = _set_proc(cmd.group, cmd.engine, UP)(w)
+        if w.grouped and cmd.group == ROLLOUT:  # a new process: in no group, holding its launch weights
+            w = _Flag("torn", cmd.engine, False)(_Flag("grouped", cmd.engine, False)(w))
+        return w
+    if cmd.effect == "kill_engine" and w.group(cmd.group)[cmd.engine] != DEAD_NOTIFIED:
+        return _set_proc(cmd.group, cmd.engine, KILLING)(w)
+    return w
+
+
+# -- symmetry reduction ----------------------------------------------------------------------------------------------
+def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
+    """Engines sorted by (state, facts, process health); commands and programs renamed to match."""
+    job, world = _normal(job, world)
+    engines, procs = job.engines, world.procs
+    if world.grouped:  # broadcast mode: a process's group membership and torn weights travel with it
+        procs = tuple(
+            f"{p}{'+g' if g else ''}{'+t' if t else ''}"
+            for p, g, t in zip(world.procs, world.grouped, world.torn, strict=True)
+        )
+    if len(engines) < 2 or (len(engines) == 2 and not (engines[1], procs[1]) < (engines[0], procs[0])):
+        return job, world  # already in order (the common case, without building the sort)
+    pairs = list(zip(engines, procs, strict=True))
+    order = sorted(range(len(pairs)), key=pairs.__getitem__)
+    if all(i == o for i, o in enumerate(order)):
+        return job, world
+    where = {old: new for new, old in enumerate(order)}
+
+    def rename(cmd: Command) -> Command:
+        if cmd.group != ROLLOUT or cmd.engine is None:
+            return cmd
+        return cmd._replace(engine=where[cmd.engine], instance=f"engine-{where[cmd.engine]}")
+
+    def program(phases: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(f"{p.partition('@')[0]}@{where[int(p.partition('@')[2])]}" if "@" in p else p for p in phases)
+
+    return (
+        job._replace(
+            engines=tuple(engines[i] for i in order),
+            awaiting=tuple(rename(c) for c in job.awaiting),
+            rollout_program=program(job.rollout_program),
+        ),
+        world._replace(
+            procs=tuple(world.procs[i] for i in order),
+            grouped=tuple(world.grouped[i] for i in order) if world.grouped else (),
+            torn=tuple(world.torn[i] for i in order) if world.torn else (),
+        ),
+    )
+
+
+_FINISHED = MACHINES["engine"].terminal_states
+_IDLE = frozenset({"Stopped", "Unhealthy", "Init"})
+
+
+def _normal(job: JobState, world: World) -> tuple[JobState, World]:
+    """Facts that nothing can read any more are cleared (a finished engine's weights, its process)."""
+    if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
+        e.current or e.fresh for e in job.evals
+    ):
+        # between pins the fleet serves nothing: which version an eval engine held last is not read again
+        job = job._replace(evals=tuple(e._replace(current=False, fresh=False) for e in job.evals))
+    engines, procs = job.engines, world.procs
+    for e, p in zip(engines, procs, strict=True):
+        if e.state in _FINISHED:
+            if p != DEAD_NOTIFIED or e.current or e.fresh or e.released or e.restarts:
+                break
+        elif e.state in _IDLE and (e.current or e.fresh or e.released or e.mixed):
+            break
+    else:
+        return job, world
+    new_engines, new_procs = [], []
+    for e, p in zip(engines, procs, strict=True):
+        if e.state in _FINISHED:
+            e, p = EngineState(e.state), DEAD_NOTIFIED
+        elif e.state in _IDLE:
+            e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
+        new_engines.append(e)
+        new_procs.append(p)
+    return job._replace(engines=tuple(new_engines)), world._replace(procs=tuple(new_procs))

@@ -1,0 +1,211 @@
+"""The values the core computes with: the job's state, what comes in, what goes out.
+
+Everything is an immutable tuple, so a state is a dictionary key for the checker and a snapshot
+for the runtime; nothing here does I/O or knows about time except through the ``now`` an event
+carries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from lifecycle.decide.names import (
+    EngineStateName,
+    FleetStateName,
+    MachineName,
+    MonitorStateName,
+    OperationName,
+    RolloutStateName,
+    StateName,
+    TrainerStateName,
+    Trigger,
+    WeightSyncStateName,
+)
+
+# What an engine's transfer_weights loads: the weights every current engine holds, or the trainer's new ones;
+# and how, where not from their checkpoint: the weight-update group broadcasts them (Command.weights, .via).
+COMMITTED_WEIGHTS, PENDING_WEIGHTS, BROADCAST = "committed", "pending", "broadcast"
+ROLLOUT, EVAL = "rollout", "eval"  # the two engine groups: rollout engines and the eval fleet's
+GROUP_PREFIX = {ROLLOUT: "engine", EVAL: "eval"}  # instance names: engine-0, eval-0, ...
+
+
+class EngineState(NamedTuple):
+    """One engine slot as the lifecycle knows it: its machine state plus the facts invariants read."""
+
+    state: EngineStateName = "Init"
+    current: bool = False  # holds the committed weight version
+    fresh: bool = False  # took the weight update now in flight (becomes current when it is committed)
+    released: frozenset[str] = frozenset()  # memory tags released and not yet resumed
+    restarts: tuple[float, ...] = ()  # when its restarts happened, for the budget window
+    joined: bool = False  # its current process is a member of the weight-update group (broadcast mode)
+    mixed: bool = False  # a failed broadcast left it a mix of two versions: it reloads the committed ones first
+
+
+class Command(NamedTuple):
+    """An effect the shells must carry out: ``effect`` of ``machine[instance]`` (an engine: group and index)."""
+
+    effect: str
+    machine: str
+    instance: str
+    group: str | None = None
+    engine: int | None = None
+    delay: float = 0.0  # wait this long first (a restart's backoff)
+    lane: str = "news"  # the operation lane it belongs to ("news": a report's consequence)
+    weights: str = ""  # an engine's transfer_weights: what it loads (COMMITTED_WEIGHTS or PENDING_WEIGHTS)
+    via: str = ""  # how, where another shell than the engine's carries it out (BROADCAST: the update group)
+
+    @property
+    def handler(self) -> str:
+        """The name a shell binds its handler to (``Runner.provide``): ``machine.effect``, or
+        ``machine.effect.via`` -- a broadcast member's receive is the weight-update group's, not the engine's."""
+        return f"{self.machine}.{self.effect}.{self.via}" if self.via else f"{self.machine}.{self.effect}"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why the run stopped, as fields the shells read (never a message they parse): which part, where, why.
+
+    ``str()`` is the one-line message: the reason, or ``engine-0 failed`` where the part's own move says it.
+    """
+
+    machine: str  # the part that failed: a spec's name (engine, rollout, trainer, ...) or "router"
+    instance: str  # engine-0, eval-1, rollout, trainer, weight-sync, router-rollout
+    state: str  # the state it was in when it failed (a failing move's source); "" for a part with no machine
+    reason: str = ""  # the message, for people (``engine-0: process still alive after SIGKILL (...)``); "" when
+    # the part's own failing move says it all (its fail, give_up, servers_failed: ``engine-0 failed``)
+    fix: str = ""  # what the user can change, where the core knows it
+
+    def __str__(self) -> str:
+        return self.reason or f"{self.instance} failed"
+
+
+class JobState(NamedTuple):
+    """Every machine's state, the engines' facts, and the operations in flight (one per lane)."""
+
+    rollout: RolloutStateName = "Init"
+    trainer: TrainerStateName = "Init"
+    monitor: MonitorStateName = "Init"
+    fleet: FleetStateName = "Init"
+    engines: tuple[EngineState, ...] = ()
+    evals: tuple[EngineState, ...] = ()
+    lock: bool = False  # the engine lock: held exactly while the rollout side updates weights
+    committed: bool = False  # some weights are committed (the initial ones count): there is something to load
+    dirty: bool = False  # a weight update failed and was not redone: engines may disagree
+    ci_pending: bool = False  # --ci-test armed a fault for the first generate
+    rollout_op: str = ""  # the operation in flight on the rollout lane ("" = none)
+    rollout_program: tuple[str, ...] = ()  # its phases still to run
+    trainer_op: str = ""
+    trainer_program: tuple[str, ...] = ()
+    awaiting: tuple[Command, ...] = ()  # commands given to the shells whose results have not come back
+    failed: Failure | None = None  # the run stopped fast: who failed, where, why
+    sync: WeightSyncStateName = "Init"  # the weight-update process group (broadcast mode)
+    ahead: bool = False  # the trainer trained since the last commit: its weights are not the served ones yet
+
+    def group(self, group: str) -> tuple[EngineState, ...]:
+        return self.engines if group == ROLLOUT else self.evals
+
+
+class Move(NamedTuple):
+    """One machine event the core fired (the runtime replays it on a ``transitions`` machine and logs it)."""
+
+    machine: MachineName
+    instance: str
+    trigger: Trigger
+    src: StateName
+    dst: StateName
+    effects: tuple[str, ...]
+
+
+class Op(NamedTuple):
+    """An operation a training loop calls (``generate``, ``update_weights``, ``stop_engine`` of engine 1, ...)."""
+
+    name: OperationName
+    engine: int | None = None
+    now: float = 0.0
+
+
+class Fact(NamedTuple):
+    """What a shell's I/O did (the version a server reported, a tag it released), for the event log only.
+
+    The core never reads facts; the runner logs a command's facts when it reports the command's result, in
+    the order the core gave the commands out, so the log stays deterministic however the I/O interleaves.
+    """
+
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, event: str, **fields: Any) -> Fact:
+        return cls(event, tuple(fields.items()))
+
+
+class Outcome(NamedTuple):
+    """What a shell reports: a command's result, or news (an engine died, a probe threshold was reached).
+
+    ``name`` is a command's result (:data:`lifecycle.decide.core.plan.RESULTS`) or news
+    (:data:`lifecycle.decide.core.plan.NEWS`);
+    engine outcomes name the group and index.
+    """
+
+    name: str
+    group: str | None = None
+    engine: int | None = None
+    reason: str = ""
+    now: float = 0.0
+    facts: tuple[Fact, ...] = ()  # logged with the result, never judged by the core
+
+
+class Completed(NamedTuple):
+    """The results of commands the core handed out, in the order it handed them out (one outcome each)."""
+
+    results: tuple[tuple[Command, Outcome], ...]
+    now: float = 0.0
+
+
+Event = Op | Outcome | Completed
+
+
+class Refusal(NamedTuple):
+    """Why an operation did not happen.
+
+    ``kind``: ``blocked`` (a predicate is false: the operation does not apply to this config),
+    ``not_applicable`` (nothing to do in this state, e.g. onload without an offload), ``busy`` (its
+    lane runs another operation), ``illegal`` (not allowed in this state: a loop bug), ``failed``
+    (the run has stopped).
+    """
+
+    kind: str
+    reason: str
+    blocked_by: tuple[str, ...] = ()
+
+
+class BlockedMove(NamedTuple):
+    """A machine event a guard refused (the event log's ``lifecycle.blocked``): why a move did not happen."""
+
+    machine: str
+    instance: str
+    trigger: str
+    state: str
+    blocked_by: tuple[str, ...]
+    guards: tuple[tuple[str, bool], ...]
+    after: int = 0  # how many of the step's moves came before it (the event log keeps the order)
+
+
+class Result(NamedTuple):
+    """What one event did: the next state, the moves fired, the commands to carry out, or a refusal."""
+
+    state: JobState
+    moves: tuple[Move, ...] = ()
+    commands: tuple[Command, ...] = ()
+    refused: Refusal | None = None
+    blocked: tuple[BlockedMove, ...] = ()
+    commits: bool = False  # weights were committed: the trainer's pending ones (if any) are the served ones now
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None
+
+
+def instance_name(group: str, index: int) -> str:
+    return f"{GROUP_PREFIX[group]}-{index}"

@@ -1,0 +1,199 @@
+"""Named predicates over :class:`LifecycleConfig`: the only guards the machines may use.
+
+Each gate of the miles fixes is one function here, referenced *by name* from every site that
+needs it (monitors, CI injection, trainer-side recovery, eval-fleet probing), so a graph edge
+shows the name and one definition governs them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the config validates itself with these predicates, so it imports this module
+    from lifecycle.decide.config import LifecycleConfig
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A named, documented boolean function of the config."""
+
+    name: str
+    fn: Callable[[LifecycleConfig], bool]
+    doc: str
+
+    def __call__(self, config: LifecycleConfig) -> bool:
+        return self.fn(config)
+
+
+PREDICATES: dict[str, Predicate] = {}
+
+
+def predicate(fn: Callable[[LifecycleConfig], bool]) -> Callable[[LifecycleConfig], bool]:
+    """Register ``fn`` under its own name; its docstring's first line is the graph tooltip."""
+    doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+    PREDICATES[fn.__name__] = Predicate(fn.__name__, fn, doc)
+    return fn
+
+
+@predicate
+def ft_enabled(c: LifecycleConfig) -> bool:
+    """The FT master switch (--use-fault-tolerance); gates nothing rollout-side on its own."""
+    return c.use_fault_tolerance
+
+
+@predicate
+def ci_mode(c: LifecycleConfig) -> bool:
+    """--ci-test alone; on its own it must arm nothing (rollout FT decides)."""
+    return c.ci_test
+
+
+@predicate
+def rollout_ft(c: LifecycleConfig) -> bool:
+    """Rollout fault tolerance: FT on and 'rollout' among --ft-components (the lifecycle gate)."""
+    return c.use_fault_tolerance and "rollout" in c.ft_components
+
+
+@predicate
+def train_ft(c: LifecycleConfig) -> bool:
+    """Trainer fault tolerance: FT on and 'train' among --ft-components."""
+    return c.use_fault_tolerance and "train" in c.ft_components
+
+
+@predicate
+def replay(c: LifecycleConfig) -> bool:
+    """Replaying saved rollouts (--load-debug-rollout-data): the construction gate."""
+    return c.load_debug_rollout_data is not None
+
+
+@predicate
+def train_only(c: LifecycleConfig) -> bool:
+    """No rollout servers (--debug-train-only, forced by replay)."""
+    return c.debug_train_only
+
+
+@predicate
+def rollout_only(c: LifecycleConfig) -> bool:
+    """Generate without training (--debug-rollout-only)."""
+    return c.debug_rollout_only
+
+
+@predicate
+def trains(c: LifecycleConfig) -> bool:
+    """A trainer group exists and trains (everything but rollout-only)."""
+    return not c.debug_rollout_only
+
+
+@predicate
+def constructs_rollout_fn(c: LifecycleConfig) -> bool:
+    """Build the rollout/eval functions: always, except replay (plain train-only needs them as data source)."""
+    return not replay(c)
+
+
+@predicate
+def starts_servers(c: LifecycleConfig) -> bool:
+    """Start rollout inference servers: every mode but train-only (and so replay)."""
+    return not train_only(c)
+
+
+@predicate
+def external_engines(c: LifecycleConfig) -> bool:
+    """The rollout engines were started outside the job (--rollout-external-engine-addrs): never restarted."""
+    return starts_servers(c) and bool(c.rollout_external_engine_addrs)
+
+
+@predicate
+def monitors_rollout(c: LifecycleConfig) -> bool:
+    """Create rollout health monitors: servers exist and rollout FT is on."""
+    return starts_servers(c) and rollout_ft(c)
+
+
+@predicate
+def ci_injects_rollout_faults(c: LifecycleConfig) -> bool:
+    """Arm CI fault injection on rollout engines: --ci-test under rollout FT, on engines the job started."""
+    return c.ci_test and monitors_rollout(c) and not external_engines(c)
+
+
+@predicate
+def eval_fleet_enabled(c: LifecycleConfig) -> bool:
+    """A dedicated eval fleet exists: --eval-num-gpus > 0 and servers start."""
+    return c.eval_num_gpus > 0 and starts_servers(c)
+
+
+@predicate
+def eval_fleet_self_probes(c: LifecycleConfig) -> bool:
+    """The eval fleet probes its engines itself: exactly when no rollout monitor does (rollout FT off)."""
+    return eval_fleet_enabled(c) and not rollout_ft(c)
+
+
+@predicate
+def updates_rollout_weights(c: LifecycleConfig) -> bool:
+    """The trainer pushes weights to rollout engines: it trains and servers exist."""
+    return trains(c) and starts_servers(c)
+
+
+@predicate
+def broadcasts_weights(c: LifecycleConfig) -> bool:
+    """The trainer's updates go over a process group with every engine (--update-weight-transfer-mode broadcast)."""
+    return updates_rollout_weights(c) and c.update_weight_transfer_mode == "broadcast"
+
+
+@predicate
+def trainer_recovers_rollout(c: LifecycleConfig) -> bool:
+    """The trainer's update_weights recovers dead rollout engines first: rollout FT, engines the job started."""
+    return updates_rollout_weights(c) and rollout_ft(c) and not external_engines(c)
+
+
+@predicate
+def heals_trainer(c: LifecycleConfig) -> bool:
+    """A crashed trainer worker is replaced and healed from a peer: train FT with a trainer."""
+    return trains(c) and train_ft(c)
+
+
+@predicate
+def offloads_rollout(c: LifecycleConfig) -> bool:
+    """Release rollout engine memory around training: --offload-rollout with servers and a trainer."""
+    return c.offload_rollout and starts_servers(c) and trains(c)
+
+
+@predicate
+def offloads_train(c: LifecycleConfig) -> bool:
+    """Release trainer memory around generation: --offload-train with a trainer."""
+    return c.offload_train and trains(c)
+
+
+@predicate
+def saves_rollout_data(c: LifecycleConfig) -> bool:
+    """Write each rollout's samples for later replay (--save-debug-rollout-data)."""
+    return c.save_debug_rollout_data is not None
+
+
+@predicate
+def saves_job(c: LifecycleConfig) -> bool:
+    """Write checkpoints of the whole job (--save): a run can continue after its driver died."""
+    return c.save is not None and trains(c)
+
+
+@predicate
+def resumes(c: LifecycleConfig) -> bool:
+    """Continue a job from its latest checkpoint (--load, or lifecycle run --resume): restore, then relaunch."""
+    return c.load is not None and trains(c)
+
+
+def evaluate(config: LifecycleConfig) -> dict[str, bool]:
+    """Every predicate's value under ``config``, in registry order."""
+    return {name: p.fn(config) for name, p in PREDICATES.items()}
+
+
+def vector(config: LifecycleConfig) -> tuple[bool, ...]:
+    """The predicate vector: configs with equal vectors behave identically in every machine."""
+    return tuple(p.fn(config) for p in PREDICATES.values())
+
+
+def lookup(name: str) -> Predicate:
+    """The predicate called ``name``; a KeyError lists the known ones."""
+    try:
+        return PREDICATES[name]
+    except KeyError:
+        raise KeyError(f"unknown predicate {name!r}; known: {', '.join(PREDICATES)}") from None

@@ -1,0 +1,308 @@
+"""The runtime's driver of the core: the shells give it handlers, the loop gives it operations.
+
+A :class:`Runner` holds one job's state and does, for every operation a loop calls and every report a
+shell makes, exactly this: ``Core.step`` decides; the runner replays the moves on ``transitions``
+machines (one per machine instance: the event log, guards checked a second time), hands the commands
+to their handlers *concurrently*, waits for all of them, and reports their results back to the core
+*in the order the core gave them out* -- so a fixed seed gives the same event log however the
+handlers' I/O interleaves -- until the operation has nothing more to do.
+
+Handlers are bound by ``machine.effect`` name (XState's ``provide``): ``engine.launch_engine``,
+``trainer.train_step``, ... A job whose config can issue a command nobody handles fails at its first
+operation, naming it. The effect ledger records an effect when its work is done (or failed), not
+when the transition fires; effects that need no work (the core's own couplings, labels like
+``route_traffic``) are recorded with their move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import (
+    COMMITTED_WEIGHTS,
+    PENDING_WEIGHTS,
+    Command,
+    Completed,
+    Core,
+    Event,
+    Failure,
+    JobState,
+    Move,
+    Op,
+    Outcome,
+    Refusal,
+    Result,
+    instance_name,
+)
+from lifecycle.decide.core.plan import ERROR
+from lifecycle.decide.errors import IllegalTransition, LifecycleError
+from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, STARTED, EventLog, bind_context
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.names import OperationName
+from lifecycle.decide.runtime import LifecycleMachine
+from lifecycle.decide.spec import MachineSpec
+
+Handler = Callable[[Command], Awaitable[Outcome | None]]
+FAILED_RESULTS = frozenset({"start_failed", "refused", "request_failed", "probe_failed", "worker_crashed", "alive"})
+
+
+class UnboundEffect(LifecycleError):
+    """The config can issue a command that no shell handles (a runtime built without one of its parts)."""
+
+
+class RunFailed(LifecycleError):
+    """The run has stopped (the core's failure); the parts' explainers give the detailed error first."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.failure = failure
+        super().__init__(f"{failure}. Fix: {failure.fix}" if failure.fix else str(failure))
+
+
+class OperationRefused(LifecycleError):
+    """An operation the core does not allow now (a loop bug: the wrong order, or a busy lane)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        self.refusal = refusal
+        super().__init__(refusal.reason)
+
+
+class Runner:
+    """One job's core, its machine instances, and the shells' handlers."""
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        *,
+        engines: int | None = None,
+        evals: int | None = None,
+        log: EventLog | None = None,
+        ledger: EffectLedger | None = None,
+        machines: Mapping[str, MachineSpec] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.core = Core(config, engines=engines, evals=evals, machines=machines)
+        self.state: JobState = self.core.initial()
+        self.log = log if log is not None else DEFAULT_LOG
+        self.ledger = ledger if ledger is not None else EffectLedger()
+        self.clock = clock
+        self.handlers: dict[str, Handler] = {}
+        self.reasons: dict[str, str] = {}  # instance -> why it was last marked or failed (for error messages)
+        self.errors: list[BaseException] = []  # exceptions handlers raised (the core saw an "error" result)
+        # Data the shells share, kept in step with the core's moves: the weights every current engine holds
+        # (the initial ones, then each committed update) and the trainer's new ones while an update is out.
+        self.committed: tuple[str, str] | None = None
+        self.pending: tuple[str, str] | None = None
+        self._machines: dict[str, LifecycleMachine] = {}
+        self._issued: dict[Command, tuple[int, str, str, str]] = {}  # the move that issued a command
+        self._watchers: list[Callable[[Move], None]] = []
+        self._explainers: list[Callable[[Failure], None]] = []
+        self._lock = asyncio.Lock()
+        self._checked = False
+
+    # -- binding ----------------
+    def provide(self, handlers: Mapping[str, Handler]) -> None:
+        """Bind effects to the code that carries them out: ``{"engine.launch_engine": launch, ...}``."""
+        unknown = sorted(name for name in handlers if "." not in name)
+        if unknown:
+            raise UnboundEffect(f"handler names must be machine.effect, got {', '.join(unknown)}")
+        self.handlers.update(handlers)
+
+    def watch(self, fn: Callable[[Move], None]) -> None:
+        """Call ``fn`` with every move as it is applied (shells keep their data in step: committed weights)."""
+        self._watchers.append(fn)
+
+    def explain(self, fn: Callable[[Failure], None]) -> None:
+        """``fn(failure)`` raises the error that names a failure of its part (the engine, the flag, the fix) and
+        returns when the failure is another part's (it reads the failure's fields); :meth:`check_failed` asks
+        every part."""
+        self._explainers.append(fn)
+
+    def unbound(self) -> list[str]:
+        """The commands this config can issue that have no handler."""
+        return sorted(f"{m}.{e}" for m, e in self.core.commands() if f"{m}.{e}" not in self.handlers)
+
+    def check(self) -> None:
+        missing = self.unbound()
+        if missing:
+            raise UnboundEffect(
+                f"no handler for {', '.join(missing)}: a shell of this job is missing (bind it with "
+                "Runner.provide, or declare the effect ledger-only in lifecycle.decide.core.core)"
+            )
+        first, self._checked = not self._checked, True
+        if first and self.log.enabled:  # the log judges itself: `lifecycle trace check` reads the config here
+            self.log.emit(STARTED, config=self.config.to_dict(), engines=self.core.engines, evals=self.core.evals)
+
+    # -- driving ----------------
+    async def operate(
+        self, name: OperationName, engine: int | None = None, *, allow: frozenset[str] = frozenset()
+    ) -> Refusal | None:
+        """Run one operation to its end. A refusal whose kind is in ``allow`` (``blocked``, ``not_applicable``)
+        is returned; any other raises :class:`OperationRefused`."""
+        refusal = await self.submit(Op(name, engine, self.clock()))
+        if refusal is not None and refusal.kind not in allow:
+            if refusal.kind == "failed":
+                self.check_failed()
+            raise OperationRefused(refusal)
+        return refusal
+
+    async def report(self, outcome: Outcome) -> None:
+        """News from a shell (a death, a probe verdict, a failed request)."""
+        if outcome.reason and outcome.group is not None and outcome.engine is not None:
+            self.reasons[instance_name(outcome.group, outcome.engine)] = outcome.reason
+        await self.submit(outcome._replace(now=self.clock()))
+
+    async def submit(self, event: Event) -> Refusal | None:
+        if not self._checked:
+            self.check()
+        async with self._lock:
+            result = self.core.step(self.state, event)
+            why = {}
+            if isinstance(event, Outcome) and event.reason and event.group is not None and event.engine is not None:
+                why[instance_name(event.group, event.engine)] = event.reason
+            commands = self._apply(result, why)
+        if result.refused is not None:
+            return result.refused
+        while commands:
+            try:
+                outcomes = await asyncio.gather(*(self._carry_out(c) for c in commands))
+            except asyncio.CancelledError:  # the caller gave up: what was out is undone, every lock released
+                await asyncio.shield(self._cancelled(commands))
+                raise
+            async with self._lock:
+                results = tuple(zip(commands, outcomes, strict=True))
+                done = self.core.step(self.state, Completed(results, self.clock()))
+                self._record(commands, outcomes)
+                commands = self._apply(done, {c.instance: o.reason for c, o in results if o.reason})
+        return None
+
+    async def _cancelled(self, commands: tuple[Command, ...]) -> None:
+        """Every command left out is reported as an error, so the core undoes what it was for."""
+        async with self._lock:
+            while commands:
+                results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
+                done = self.core.step(self.state, Completed(results, self.clock()))
+                self._record(commands, [o for _, o in results])
+                commands = self._apply(done, {c.instance: o.reason for c, o in results})
+
+    async def _carry_out(self, cmd: Command) -> Outcome:
+        handler = self.handlers.get(cmd.handler)
+        if handler is None:  # checked at the first operation; a mutated spec can still get here
+            return Outcome(ERROR, reason=f"no handler for {cmd.handler}")
+        try:
+            if cmd.delay > 0:
+                await asyncio.sleep(cmd.delay)
+            outcome = await handler(cmd)
+        except Exception as exc:  # the core decides what an error means; the exception is kept for the caller
+            self.errors.append(exc)
+            return Outcome(ERROR, reason=f"{cmd.instance}: {cmd.effect} raised {type(exc).__name__}: {exc}")
+        outcome = outcome or Outcome("done")
+        if outcome.reason:
+            self.reasons[cmd.instance] = outcome.reason
+        return outcome
+
+    # -- the record: machines, event log, ledger ----------------
+    def machine(self, machine: str, instance: str) -> LifecycleMachine:
+        m = self._machines.get(instance)
+        if m is None:
+            spec = self.core.specs[machine]
+            m = LifecycleMachine(spec, self.config, instance, ledger=self.ledger, log=self.log, record=False)
+            self._machines[instance] = m
+        return m
+
+    def _apply(self, result: Result, why: Mapping[str, str] | None = None) -> tuple[Command, ...]:
+        """Take the core's step: its state, its commit, its moves (replayed, logged, ledgered), its commands.
+
+        ``why`` (instance -> reason) is the news that caused the step; it travels with that instance's moves
+        in the event log, so a ``mark_unhealthy`` says what the probe, the request or the death was."""
+        self.state = result.state
+        if result.commits and self.log.enabled:  # before the moves: the engines they route must hold it
+            served = self.pending or self.committed
+            self.log.emit(COMMITTED, weight_version=served[1] if served else None)
+        if result.commits and self.pending is not None:  # the core committed the update: these are served now
+            self.committed, self.pending = self.pending, None
+        commands, moves, blocked = result.commands, result.moves, result.blocked
+        pending = {(c.machine, c.instance, c.effect): c for c in commands}
+        for k, move in enumerate((*moves, None)):
+            for b in blocked:  # a guard's refusal, logged by the machine itself (lifecycle.blocked), in order
+                if b.after == k and self.machine(b.machine, b.instance).state == b.state:
+                    self.machine(b.machine, b.instance).fire(b.trigger)
+            if move is None:
+                break
+            m = self.machine(move.machine, move.instance)
+            if m.state != move.src:
+                raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
+            reason = why.get(move.instance) if why else None
+            if reason:
+                with bind_context(reason=reason):
+                    fired = m.fire(move.trigger)
+            else:
+                fired = m.fire(move.trigger)
+            if fired.dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
+                raise LifecycleError(f"{move.instance}: {move.trigger} went to {fired.dst}, the core said {move.dst}")
+            labels = []
+            for effect in move.effects:
+                cmd = pending.pop((move.machine, move.instance, effect), None)
+                if cmd is None:
+                    labels.append(effect)
+                else:
+                    self._issued[cmd] = (m.seq, move.trigger, move.src, move.dst)
+            if labels:
+                self.ledger.record(move.machine, move.instance, m.seq, move.trigger, move.src, move.dst, tuple(labels))
+            for fn in self._watchers:
+                fn(move)
+        return commands
+
+    def _record(self, commands: tuple[Command, ...], outcomes: list[Outcome]) -> None:
+        """Each command's effect, now that its work has run (or failed), under the move that issued it."""
+        for cmd, outcome in zip(commands, outcomes, strict=True):
+            m = self.machine(cmd.machine, cmd.instance)
+            seq, trigger, src, dst = self._issued.pop(cmd, (m.seq, "", m.state, m.state))
+            status = "failed" if outcome.name == ERROR or outcome.name in FAILED_RESULTS else "done"
+            self.ledger.record(cmd.machine, cmd.instance, seq, trigger, src, dst, (cmd.effect,), status)
+            if outcome.facts and self.log.enabled:  # what the I/O did, in the core's order (deterministic logs)
+                for fact in outcome.facts:
+                    self.log.emit(fact.event, **dict(fact.fields))
+
+    def weights(self, cmd: Command) -> tuple[str, str] | None:
+        """The weights an engine's ``transfer_weights`` loads, as the core's command names them (committed, or
+        the trainer's pending ones): (checkpoint path, weight version), or None when there are none yet."""
+        if cmd.weights == PENDING_WEIGHTS:
+            return self.pending
+        if cmd.weights == COMMITTED_WEIGHTS:
+            return self.committed
+        raise LifecycleError(f"{cmd.instance}: {cmd.effect} names no weights to load ({cmd.weights!r})")
+
+    # -- a job checkpoint's part (--save, --load) ----------------
+    def restart_ages(self) -> list[list[float]]:
+        """How long ago each rollout engine's counted restarts were (a clock-free form a checkpoint keeps)."""
+        now = self.clock()
+        return [[round(now - t, 3) for t in e.restarts] for e in self.state.engines]
+
+    def restore_restart_ages(self, ages: list[list[float]]) -> None:
+        """A resumed job's engines keep the restart budget they had spent (before its first operation)."""
+        now = self.clock()
+        self.state = self.core.with_restarts(self.state, tuple(tuple(now - a for a in row) for row in ages))
+
+    # -- views ----------------
+    def states(self, group: str = "rollout") -> dict[str, str]:
+        return {instance_name(group, i): e.state for i, e in enumerate(self.state.group(group))}
+
+    def raise_failure(self) -> None:
+        """Raise the exception a handler raised, when that is why the run stopped."""
+        if self.state.failed and self.errors:
+            raise self.errors[-1]
+
+    def check_failed(self) -> None:
+        """When the run has stopped, raise why: a handler's exception, else the error of the part that failed
+        (its explainer names the engine or worker, the state and the flag), else :class:`RunFailed`."""
+        failed = self.state.failed
+        if failed is None:
+            return
+        self.raise_failure()
+        for explain in self._explainers:
+            explain(failed)
+        raise RunFailed(failed)

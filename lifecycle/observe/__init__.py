@@ -1,0 +1,1 @@
+"""Observing: the live invariant monitor, traces, the run timeline, explanations."""

@@ -1,0 +1,348 @@
+"""The live invariant monitor: the job-level invariants that an event log can show, judged event by event.
+
+The explorer proves the invariants over the core's model; this judges the *run* -- the machines' moves
+together with what the shells report their I/O did (``engine.weights``, ``engine.probe``,
+``engine.memory``, ``engine.routed``, ``rollout.source``) -- so a shell that does something other than
+what the core decided shows up as a violation. The same :class:`EventMonitor` runs as a sink of a live
+:class:`~lifecycle.decide.events.EventLog` (:class:`MonitorSink`) and over a finished or torn log
+(``lifecycle trace check``). Each rule carries the name of the invariant it witnesses
+(:data:`lifecycle.check.invariants.INVARIANTS`), and the state sets it needs come from the core, not from here.
+
+Why some rules wait for the *next* rollout move: a move is logged before its handlers run (the pause
+of the monitor, a release of memory), so the shell's report of the work may come a little after the
+move. The runner finishes every command of an operation before the rollout machine moves again, so by
+the next rollout move the shell must have caught up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lifecycle.check.invariants import INVARIANTS, NEVER_IN_REPLAY
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import Core
+from lifecycle.decide.errors import LifecycleError
+from lifecycle.decide.events import (
+    CHECKPOINTED,
+    COMMITTED,
+    MEMORY,
+    PROBE,
+    RESUMED,
+    ROLLOUT_SOURCE,
+    ROUTED,
+    STARTED,
+    TRANSITION,
+    VIOLATED,
+    WEIGHTS,
+    EventLog,
+    canonical,
+)
+from lifecycle.observe.trace import line
+
+Event = Mapping[str, Any]
+
+# the invariants the event stream can witness (each a name of lifecycle.check.invariants); `lifecycle trace check
+# --list` prints them with their documentation
+JUDGED = (
+    "replay_never_constructs",
+    "recover_only_with_rollout_ft",
+    "train_only_ft_never_recovers_rollout",
+    "traffic_only_to_serving",
+    "serving_engines_hold_current_weights",
+    "engine_lock_held_only_while_updating",
+    "monitors_run_only_during_generate_or_eval",
+    "onload_restores_what_offload_released",
+    "weight_version_never_goes_backwards",
+)
+assert all(name in INVARIANTS for name in JUDGED), "a judged invariant is missing from lifecycle.check.invariants"
+
+
+class InvariantViolated(LifecycleError):
+    """A run broke an invariant (fatal under --ci-test)."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    problem: str
+    index: int  # position in the stream of the event that showed it (0-based)
+    related: tuple[int, ...] = ()  # earlier events that took part (the weights the engine reported, ...)
+    instance: str | None = None  # the machine instance of the event that showed it (its timeline lane)
+
+    def describe(self) -> str:
+        return f"{self.invariant}: {self.problem} (event {self.index + 1})"
+
+
+@dataclass
+class _Job:
+    """What the log has shown so far: each instance's state and the facts its shells reported."""
+
+    states: dict[str, str] = field(default_factory=dict)
+    rollout_moves: int = 0
+    lock: bool = False
+    committed: str | None = None
+    committed_at: int = -1
+    held: dict[str, tuple[str | None, int]] = field(default_factory=dict)  # instance -> (version, event index)
+    released: dict[str, set[str]] = field(default_factory=dict)
+    monitor_paused_at: int = -1  # rollout moves seen when the monitor last stopped Running
+    checkpointed: tuple[str, int] | None = None  # the version of the last job checkpoint, and its event index
+    resuming: tuple[str, int] | None = None  # a resumed run's checkpoint version, until its first commit
+
+    def state(self, instance: str) -> str:
+        return self.states.get(instance, "Init")
+
+
+class EventMonitor:
+    """Feed it events in log order; it returns the violations each one shows.
+
+    The config comes from the constructor or from the log's own ``lifecycle.started`` line; until one is
+    known, only the config-independent rules are judged.
+    """
+
+    def __init__(self, config: LifecycleConfig | None = None, *, only: Iterable[str] | None = None) -> None:
+        self.only = frozenset(only) if only is not None else frozenset(JUDGED)
+        unknown = sorted(self.only - set(JUDGED))
+        if unknown:
+            raise ValueError(f"not judged from events: {', '.join(unknown)} (judged: {', '.join(JUDGED)})")
+        self.core: Core | None = None
+        self.p: Mapping[str, bool] = {}
+        self._given = config is not None  # else each driver's lifecycle.started line says (a resumed run: --load)
+        if config is not None:
+            self._configure(config)
+        self.job = _Job()
+        self.index = -1
+        self.violations: list[Violation] = []
+        self._drivers = 0  # lifecycle.started lines seen
+
+    def _configure(self, config: LifecycleConfig) -> None:
+        self.core = Core(config)
+        self.p = self.core.p
+
+    def feed(self, event: Event) -> list[Violation]:
+        self.index += 1
+        found: list[Violation] = []
+        kind = event.get("event")
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is not None:
+            who = event.get("instance")
+            for name, problem, related in handler(self, event):
+                if name in self.only:
+                    found.append(Violation(name, problem, self.index, related, str(who) if who else None))
+        self.violations.extend(found)
+        return found
+
+    def feed_all(self, events: Iterable[Event]) -> list[Violation]:
+        out: list[Violation] = []
+        for e in events:
+            out.extend(self.feed(e))
+        return out
+
+    # -- the rules, one method per kind of event ------------------------------------------------------------
+    def _started(self, e: Event) -> Iterable[_Found]:
+        if not self._given and isinstance(e.get("config"), Mapping):
+            self._configure(LifecycleConfig.from_mapping(dict(e["config"]), check_paths=False))
+        if self._drivers and self.job.resuming is None:  # a new run in a reused run directory, not a resume
+            self.job = _Job()
+        self._drivers += 1
+        return ()
+
+    def _checkpointed(self, e: Event) -> Iterable[_Found]:
+        self.job.checkpointed = (str(e.get("weight_version")), self.index)
+        return ()
+
+    def _resumed(self, e: Event) -> Iterable[_Found]:
+        """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
+        version = str(e.get("weight_version"))
+        last = self.job.checkpointed
+        self.job = _Job(checkpointed=last, resuming=(version, self.index))
+        if last is not None and _older(version, last[0]):
+            problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
+            return [("weight_version_never_goes_backwards", problem, (last[1],))]
+        return ()
+
+    def _transition(self, e: Event) -> Iterable[_Found]:
+        job, core, p = self.job, self.core, self.p
+        machine, instance, src, dst = e.get("machine"), str(e.get("instance")), e.get("src"), str(e.get("dst"))
+        effects = tuple(e.get("effects") or ())
+        out: list[_Found] = []
+        if p.get("replay"):
+            for x in effects:
+                if x in NEVER_IN_REPLAY:
+                    out.append(("replay_never_constructs", f"{instance} performed {x} while replaying", ()))
+        if p and not p.get("rollout_ft") and "recover_engine" in effects:
+            out.append(("recover_only_with_rollout_ft", f"{instance} performed recover_engine without rollout FT", ()))
+        if p.get("train_ft") and not p.get("rollout_ft"):
+            train_only = "train_only_ft_never_recovers_rollout"
+            if machine == "engine" and dst == "Recovering":
+                out.append((train_only, f"{instance} is Recovering under train-only fault tolerance", ()))
+            if machine == "monitor" and "start_monitor" in effects:  # (its dispose from Init creates nothing)
+                out.append((train_only, f"a rollout monitor was created ({dst}) under train-only fault tolerance", ()))
+        if "route_traffic" in effects and dst != "Serving":
+            out.append(("traffic_only_to_serving", f"{instance} made routable while entering {dst}", ()))
+        if machine == "rollout" and core is not None:
+            job.rollout_moves += 1
+            if job.state("monitor") == "Running" and src not in core.rollout_busy:
+                out.append(
+                    (
+                        "monitors_run_only_during_generate_or_eval",
+                        f"the health monitor was running while the rollout manager was {src}",
+                        (),
+                    )
+                )
+            job.lock = (job.lock or "acquire_engine_lock" in effects) and "release_engine_lock" not in effects
+            updating = dst in core.rollout_updating
+            if job.lock != updating:
+                held = "still held" if job.lock else "not held"
+                out.append(("engine_lock_held_only_while_updating", f"the engine lock is {held} in {dst}", ()))
+        if machine == "monitor" and src == "Running" and dst != "Running":
+            job.monitor_paused_at = job.rollout_moves
+        if machine == "engine":
+            if "launch_engine" in effects:  # a new process: it holds no verified weights and releases nothing
+                job.held.pop(instance, None)
+                job.released.pop(instance, None)
+            if dst == "Serving" and src != "Serving":
+                out += self._enters_serving(instance)
+        job.states[instance] = dst
+        return out
+
+    def _enters_serving(self, instance: str) -> list[_Found]:
+        job = self.job
+        out: list[_Found] = []
+        if job.committed is not None:
+            version, at = job.held.get(instance, (None, -1))
+            if version != job.committed:
+                holds = f"weight version {version}" if version is not None else "no verified weights"
+                problem = f"{instance} entered Serving holding {holds}, the committed version is {job.committed}"
+                related = tuple(i for i in (at, job.committed_at) if i >= 0)
+                out.append(("serving_engines_hold_current_weights", problem, related))
+        released = job.released.get(instance)
+        if released:
+            problem = f"{instance} entered Serving with memory still released: {', '.join(sorted(released))}"
+            out.append(("onload_restores_what_offload_released", problem, ()))
+        return out
+
+    def _committed(self, e: Event) -> Iterable[_Found]:
+        job, raw = self.job, e.get("weight_version")
+        version = None if raw is None else str(raw)
+        out: list[_Found] = []
+        rule = "weight_version_never_goes_backwards"
+        if job.resuming is not None and version is not None:  # first the checkpoint's weights, nothing older
+            want, at = job.resuming
+            job.resuming = None
+            if version != want:
+                out.append(
+                    (rule, f"a resumed run committed version {version} first, its checkpoint's is {want}", (at,))
+                )
+        elif job.committed is not None and version is not None and _older(version, job.committed):
+            problem = f"weight version {version} was committed after version {job.committed}"
+            out.append((rule, problem, (job.committed_at,)))
+        job.committed = version
+        job.committed_at = self.index
+        return out
+
+    def _weights(self, e: Event) -> Iterable[_Found]:
+        if e.get("outcome") == "loaded":
+            self.job.held[str(e.get("instance"))] = (str(e.get("weight_version")), self.index)
+        return ()
+
+    def _memory(self, e: Event) -> Iterable[_Found]:
+        instance, tag = str(e.get("instance")), str(e.get("tag"))
+        tags = self.job.released.setdefault(instance, set())
+        out: list[_Found] = []
+        if e.get("op") == "resume" and tag not in tags:  # an onload must restore what the offload released
+            held = ", ".join(sorted(tags)) or "nothing"
+            problem = f"{instance} was asked to resume {tag}, which it had not released (released: {held})"
+            out.append(("onload_restores_what_offload_released", problem, ()))
+        if e.get("outcome") == "done":
+            (tags.add if e.get("op") == "release" else tags.discard)(tag)
+        return out
+
+    def _routed(self, e: Event) -> Iterable[_Found]:
+        instance = str(e.get("instance"))
+        state = self.job.state(instance)
+        if state != "Serving":
+            return [("traffic_only_to_serving", f"{instance} was added to {e.get('router')} while {state}", ())]
+        return ()
+
+    def _probe(self, e: Event) -> Iterable[_Found]:
+        job, instance = self.job, str(e.get("instance"))
+        if e.get("by") != "monitor":
+            return ()
+        if e.get("stale"):
+            return ()  # a result the monitor discarded: sent while it ran, back after a pause
+        monitor = job.state("monitor")
+        if monitor != "Running" and job.rollout_moves > job.monitor_paused_at:
+            problem = f"the health monitor probed {instance} and acted on it while {monitor}"
+            return [("monitors_run_only_during_generate_or_eval", problem, ())]
+        return ()
+
+    def _source(self, e: Event) -> Iterable[_Found]:
+        if self.p.get("replay") and e.get("source") != "replay":
+            problem = f"rollout {e.get('rollout_id')} called the rollout function while replaying"
+            return [("replay_never_constructs", problem, ())]
+        return ()
+
+    def finish(self) -> list[Violation]:
+        """The end of the log: nothing to add today (every rule judges as events arrive)."""
+        return []
+
+
+def _older(version: str, than: str) -> bool:
+    """Versions are the trainer's step numbers; others (a user's labels) have no order to judge."""
+    try:
+        return int(version) < int(than)
+    except ValueError:
+        return False
+
+
+_Found = tuple[str, str, tuple[int, ...]]
+_HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
+    STARTED: EventMonitor._started,
+    CHECKPOINTED: EventMonitor._checkpointed,
+    RESUMED: EventMonitor._resumed,
+    TRANSITION: EventMonitor._transition,
+    COMMITTED: EventMonitor._committed,
+    WEIGHTS: EventMonitor._weights,
+    MEMORY: EventMonitor._memory,
+    ROUTED: EventMonitor._routed,
+    PROBE: EventMonitor._probe,
+    ROLLOUT_SOURCE: EventMonitor._source,
+}
+
+
+class MonitorSink:
+    """The monitor on a live log: each violation is logged as ``lifecycle.invariant_violated``, naming the
+    invariant and the events that broke it (as ``lifecycle trace show`` lines, so it reads the same whatever
+    the order of the log's sinks), right after the event that showed it."""
+
+    RECENT = 256  # events kept to quote the ones a violation relates to (a weights report some steps back)
+
+    def __init__(self, log: EventLog, config: LifecycleConfig | None = None) -> None:
+        self.log = log
+        self.monitor = EventMonitor(config)
+        self._recent: deque[tuple[int, Mapping[str, Any]]] = deque(maxlen=self.RECENT)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        found = self.monitor.feed(event)  # its own events count too (indices match the file) but show nothing
+        self._recent.append((self.monitor.index, event))
+        for v in found:
+            wanted = {*v.related, v.index}
+            quoted = [line(canonical(e)) for i, e in self._recent if i in wanted]
+            where = {"instance": v.instance} if v.instance else {}
+            self.log.emit(VIOLATED, invariant=v.invariant, problem=v.problem, at=v.index, events=quoted, **where)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return self.monitor.violations
+
+    def raise_if_violated(self) -> None:
+        """--ci-test: the first violation stops the run."""
+        if self.monitor.violations:
+            first = self.monitor.violations[0]
+            raise InvariantViolated(
+                f"invariant {first.invariant} violated: {first.problem}. The event log names the events; "
+                "`lifecycle trace check events.jsonl` shows them with their context"
+            )

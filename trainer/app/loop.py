@@ -1,0 +1,571 @@
+"""The RL training loop that embeds the lifecycle (``lifecycle run``): the miles order per step.
+
+Per step: generate -> offload rollout -> train -> onload rollout weights -> update weights ->
+onload KV. The async variant (``--async``, miles' train_async) overlaps generate(k+1) with
+train(k) -- one step off-policy -- and waits for that generation to end before the weight update
+(the rollout machine allows ``begin_update`` only from ``Ready``); it never offloads. Every
+decision about what to construct, start, monitor, offload or recover is taken by the machines
+(each call below is a machine move that its predicates may block). Writes, into the run
+directory: ``events.jsonl`` (the event log of every machine), ``metrics.jsonl`` (one line per
+step), ``run.json`` (the settings ``--resume`` starts the job again with) and ``reward.png`` when
+matplotlib is installed; with ``--save``, job checkpoints after every ``--save-interval`` steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from engines.apikey import run_api_key
+from engines.engine import Timeouts
+from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
+from engines.models.family import is_char_checkpoint
+from engines.process import torch_engine_command
+from engines.router import router_available
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.events import RESUMED, EventLog, JsonlSink, bind_context, cut_torn_tail
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.runner import Runner
+from lifecycle.observe.monitor import MonitorSink
+from lifecycle.observe.timeline import write_timeline
+from rollout.executor import EvalResult, RolloutManager
+from rollout.pattern import PatternTask
+from rollout.policy_source import PolicyRolloutFn
+from rollout.sample import Sample
+from rollout.task import Task, checked_task
+from trainer.app.checks import check_async, check_hf_checkpoint, check_model
+from trainer.app.faults import Fault, FaultInjector, parse_fault
+from trainer.app.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
+from trainer.backend import BackendSpec, build_backend, checked_save
+from trainer.grpo import grpo_backend
+from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint
+
+if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
+    from trainer.group import TrainerGroup
+
+SHORT = {
+    "Serving": "S",
+    "Quiesced": "Q",
+    "PendingWeights": "P",
+    "Unhealthy": "U",
+    "Recovering": "R",
+    "Failed": "F",
+    "Offloaded": "O",
+    "WeightsOnly": "W",
+    "Disposed": "D",
+    "Stopped": "X",
+}
+
+
+@dataclass
+class RunOptions:
+    steps: int = 30
+    seed: int = 0
+    run_dir: Path = field(default_factory=default_run_dir)
+    ray_address: str | None = None
+    faults: tuple[Fault, ...] = ()
+    ray_nodes: int = 1  # > 1: a local multi-node Ray cluster (head + workers hosting the engines)
+    timeouts: Timeouts | None = None  # engine startup/request/death bounds (tests shorten them)
+    launcher: LauncherKind = "ray"
+    workers: int = 1
+    lr: float = 1e-2
+    model_size: str = "tiny"
+    rollout_fn: str | None = None
+    data_source: str | None = None  # MODULE:ATTR of a prompts source (miles --data-source-path)
+    task: Task | None = None  # None: the project's PatternTask of the seed
+    backend: BackendSpec | None = None  # None: the project's GRPO trainer of model_size, seed, lr
+    quiet: bool = False
+    async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
+    keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
+    hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
+    model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
+    router: bool | None = None  # the real sglang-router in the rollout path; None: where it is installed
+    engine_launcher: LauncherFactory | None = None  # engine_id -> Launcher (scripts/gpu_check.py: SGLang servers)
+    metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics at http://metrics_host:PORT/metrics
+    metrics_host: str = "127.0.0.1"
+    timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
+    resume: JobCheckpoint | None = None  # the checkpoint of config.load, read and checked already (else read here)
+
+    def manifest(self) -> dict[str, Any]:
+        """The options RUN_DIR/run.json keeps, so that ``lifecycle run --resume RUN_DIR`` starts the same job
+        (a Python task, backend or launcher object cannot be written down: an API caller passes it again)."""
+        timeouts = self.timeouts or Timeouts()
+        return {
+            "steps": self.steps,
+            "seed": self.seed,
+            "faults": [str(f) for f in self.faults],
+            "ray_nodes": self.ray_nodes,
+            "timeouts": dataclasses.asdict(timeouts),
+            "launcher": self.launcher,
+            "workers": self.workers,
+            "lr": self.lr,
+            "model_size": self.model_size,
+            "rollout_fn": self.rollout_fn,
+            "data_source": self.data_source,
+            "async_mode": self.async_mode,
+            "keep_checkpoints": self.keep_checkpoints,
+            "hf_checkpoint": None if self.hf_checkpoint is None else str(self.hf_checkpoint),
+            "model": self.model,
+            "router": self.router,
+            "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
+        }
+
+    def job_settings(self) -> dict[str, Any]:
+        """What, besides the config, a job checkpoint belongs to: every option that changes the trained state
+        (a Python backend object by its factory and arguments)."""
+        backend = None if self.backend is None else {"factory": self.backend.factory, "kwargs": self.backend.kwargs}
+        return {**job_options(self.manifest()), "backend": backend}
+
+    @classmethod
+    def from_manifest(cls, options: Mapping[str, Any], where: Path, **given: Any) -> RunOptions:
+        """The options of :meth:`manifest` again (``where``: the run.json they came from, for the error);
+        ``given``: what this driver sets itself (run_dir, steps, quiet, the checkpoint, ...)."""
+        try:
+            faults = tuple(parse_fault(f) for f in options["faults"])
+            hf = options["hf_checkpoint"]
+            return cls(
+                seed=int(options["seed"]),
+                faults=tuple(f for f in faults if f.kind != "kill-driver"),  # it has done its part
+                ray_nodes=int(options["ray_nodes"]),
+                timeouts=Timeouts(**options["timeouts"]),
+                launcher=options["launcher"],
+                workers=int(options["workers"]),
+                lr=float(options["lr"]),
+                model_size=str(options["model_size"]),
+                rollout_fn=options["rollout_fn"],
+                data_source=options["data_source"],
+                keep_checkpoints=int(options["keep_checkpoints"]),
+                hf_checkpoint=Path(hf) if hf else None,
+                model=str(options["model"]),
+                router=options["router"],
+                **given,
+            )
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            problem = f"lacks the option {exc}" if isinstance(exc, KeyError) else f"is malformed ({exc})"
+            raise ConfigError(
+                "--resume", str(where), problem, "restore the run.json lifecycle run wrote into the run directory"
+            ) from None
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    rewards: list[float]
+    seconds: float
+    metrics: list[dict[str, Any]]
+
+    @property
+    def first5(self) -> float:
+        head = self.rewards[:5]
+        return sum(head) / max(len(head), 1)
+
+    @property
+    def last5(self) -> float:
+        tail = self.rewards[-5:]
+        return sum(tail) / max(len(tail), 1)
+
+
+def _states(manager: RolloutManager) -> str:
+    states = manager.controller.states()
+    if not states:
+        return manager.state
+    return " ".join(SHORT.get(s, s) for s in states.values())
+
+
+def _plot(path: Path, rewards: list[float]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(len(rewards)), rewards, marker="o", ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_ylim(0, 1)
+    ax.set_title("lifecycle run: reward")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+class Progress:
+    """Step i/N, a bar, reward, engine states, elapsed/ETA: one line redrawn with ``\\r`` on a TTY,
+    one line per step otherwise (logs and pipes keep every step)."""
+
+    WIDTH = 20
+
+    def __init__(self, total: int, out: TextIO, *, quiet: bool = False, tty: bool | None = None, done: int = 0) -> None:
+        self.total = total
+        self.first = done  # a resumed run's ETA counts only the steps this driver ran
+        self.out = out
+        self.quiet = quiet
+        self.tty = out.isatty() if tty is None else tty
+        self.t0 = time.monotonic()
+        self._drawn = 0  # length of the line on screen (TTY mode)
+
+    def step(self, step: int, reward: float, loss: float, engines: str, seconds: float, example: str) -> None:
+        if self.quiet:
+            return
+        done = step + 1
+        if not self.tty:
+            line = (
+                f"  step {done:>3}/{self.total}  reward {reward:.3f}  loss {loss:+.3f}  "
+                f"engines [{engines}]  {seconds:.1f}s  e.g. {example!r}"
+            )
+            print(line, file=self.out, flush=True)
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / max(done - self.first, 1) * (self.total - done)
+        filled = round(self.WIDTH * done / self.total)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        line = (
+            f"  step {done:>3}/{self.total} [{bar}] reward {reward:.3f}  engines [{engines}]  "
+            f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s"
+        )
+        pad = " " * max(self._drawn - len(line), 0)  # erase what a longer previous line left behind
+        self._drawn = len(line)
+        self.out.write("\r" + line + pad)
+        self.out.flush()
+
+    def close(self) -> None:
+        """End the redrawn line so the next output starts on its own line."""
+        if self.tty and self._drawn and not self.quiet:
+            self.out.write("\n")
+            self.out.flush()
+        self._drawn = 0
+
+
+async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:
+    """The loop (sync, or async with ``opts.async_mode``). Starts Ray (or connects to ``ray_address``)."""
+    from engines.actor import init_local_cluster
+    from trainer.app.broadcast import WeightBroadcast
+    from trainer.group import TrainerGroup
+
+    check_options(config, opts)
+
+    def say(line: str) -> None:
+        if not opts.quiet:
+            print(line, file=out, flush=True)
+
+    run_dir = opts.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume = opts.resume
+    if resume is None and config.load is not None:  # API callers: read and check it before anything starts
+        resume = load_job_checkpoint(config.load, config, opts.job_settings())
+    start = resume.step if resume is not None else 0
+    # a resumed (or --load) job keeps its identity, which each of its checkpoints records
+    job_id = resume.job_id if resume is not None and resume.job_id else uuid.uuid4().hex
+    job = {**opts.job_settings(), "id": job_id}
+    # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
+    write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
+    if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
+        from engines.models import build_tiny_llama
+
+        built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed)
+        opts = dataclasses.replace(opts, hf_checkpoint=built.resolve())
+    task = checked_task(opts.task or PatternTask(seed=opts.seed), "RunOptions.task")
+    checkpoint = None if opts.hf_checkpoint is None else str(opts.hf_checkpoint)
+    backend = opts.backend or grpo_backend(
+        model_size=opts.model_size, seed=opts.seed, lr=opts.lr, temperature=task.temperature, checkpoint=checkpoint
+    )
+    events_path = run_dir / "events.jsonl"
+    torn = cut_torn_tail(events_path) if resume is not None else b""  # the dead driver's unended last line
+    sink = JsonlSink(events_path)
+    log = EventLog([sink])
+    invariants = MonitorSink(log, config)  # the live invariant monitor: violations are logged (fatal: --ci-test)
+    log.add_sink(invariants)
+    ledger = EffectLedger()
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics: list[dict[str, Any]] = []
+    if resume is None:
+        metrics_path.write_text("")
+    else:  # the log continues in the same file: the checkpoint's step, and what the dead driver did after it
+        metrics, discarded = continue_metrics(metrics_path, start)
+        log.emit(
+            RESUMED,
+            resume_at=start,
+            weight_version=resume.weight_version,
+            checkpoint=str(resume.path),
+            discarded_steps=discarded,
+            torn_bytes=len(torn),
+        )
+    rewards: list[float] = [float(row["reward"]) for row in metrics]
+    t0 = time.monotonic()
+    init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
+    runner = Runner(config, log=log, ledger=ledger)  # the job's one lifecycle core, shared by both sides
+    trainer = TrainerGroup(
+        config,
+        run_dir,
+        runner=runner,
+        workers=opts.workers,
+        backend=backend,
+        keep_checkpoints=opts.keep_checkpoints,
+        initial_checkpoint=opts.hf_checkpoint,
+        resume=resume,
+        seed=opts.seed,
+        job=job,
+    )
+    manager = RolloutManager(
+        config,
+        task,
+        runner=runner,
+        launcher_factory=opts.engine_launcher
+        or launcher_factory(opts.launcher, engine_command(opts), api_key=run_api_key(run_dir)),
+        seed=opts.seed,
+        rollout_fn_path=opts.rollout_fn,
+        data_source_path=opts.data_source,
+        timeouts=opts.timeouts,
+        router=router_available() if opts.router is None else opts.router,
+        log_dir=str(run_dir),
+    )
+    WeightBroadcast(runner, manager.controller, trainer)  # the weight_sync machine's shell (broadcast mode)
+    progress = Progress(opts.steps, out, quiet=opts.quiet, done=start)
+
+    def record(step: int, samples: list[Sample], stats: dict[str, Any], ts: float) -> None:
+        """One step's metrics row (metrics.jsonl) and its progress line."""
+        reward = sum(float(s["reward"]) for s in samples) / len(samples)
+        rewards.append(reward)
+        seconds = round(time.monotonic() - ts, 3)
+        row = {
+            "step": step,
+            "reward": round(reward, 6),
+            "samples": len(samples),
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()},
+            "engines": manager.controller.states(),
+            "seconds": seconds,
+        }
+        metrics.append(row)
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        example = samples[0]["response"] if samples else ""
+        progress.step(step, reward, stats.get("loss", 0.0), _states(manager), seconds, example)
+        if config.ci_test:  # --ci-test: a broken invariant ends the run at the step that showed it
+            invariants.raise_if_violated()
+
+    async def save_job(done: int) -> None:
+        """After the step's row is written: a driver dying between the two redoes the step, never skips it."""
+        if config.checkpoint_due(done, opts.steps):
+            await trainer.checkpoint(done)
+
+    mode = f"{config.mode}, async" if opts.async_mode else config.mode
+    say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
+    if resume is not None:
+        say(f"  resumed at step {start} from {resume.path} (weights v{resume.weight_version})")
+    exporter = None
+    if opts.metrics_port is not None:  # closed in the finally below, whatever happens from here on
+        from trainer.app.metrics import serve_metrics
+
+        exporter = serve_metrics(log, opts.metrics_port, host=opts.metrics_host, config=config)
+        say(f"  prometheus: {exporter.url}")
+    try:
+        # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
+        weights = await trainer.start() or await initial_weights(run_dir, backend, opts.hf_checkpoint)
+        await manager.init(weights)
+        _feed_policy_source(manager, weights)
+        say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
+        progress.t0 = time.monotonic()
+        if opts.async_mode:
+            await _async_steps(opts, manager, trainer, record)
+        sync_steps = 0 if opts.async_mode else opts.steps
+        for step in range(start, sync_steps):
+            ts = time.monotonic()
+            with bind_context(step=step, rollout_id=step):
+                await _inject_due(opts.faults, step, manager, trainer)
+                evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
+                if config.eval_interval is not None and step == 0:  # miles: eval before the first rollout
+                    _add_eval(evals, await manager.eval(step))
+                samples = await manager.generate(step)
+                await manager.offload()
+                stats = await trainer.train(samples) or {}
+                await manager.onload_weights()
+                await trainer.update_weights(step + 1)
+                await _checkpoint_for_policy_source(manager, trainer, step + 1)
+                await manager.onload_kv()
+                if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
+                    _add_eval(evals, await manager.eval(step))  # on the weights just pushed
+            record(step, samples, {**stats, **evals}, ts)
+            with bind_context(step=step, rollout_id=step):
+                await save_job(step + 1)
+    finally:
+        progress.close()
+        try:
+            await manager.dispose()
+        finally:
+            await trainer.dispose()
+            if exporter is not None:
+                exporter.close()
+            log.remove_sink(invariants)
+            log.remove_sink(sink)
+            # also (best effort) when the run failed: the timeline is where a person looks first then
+            timeline = _timeline(sink.path, run_dir, opts, failing=sys.exc_info()[0] is not None)
+    seconds = time.monotonic() - t0
+    result = RunResult(run_dir, rewards, seconds, metrics)
+    png = run_dir / "reward.png"
+    plotted = _plot(png, rewards)
+    say(
+        f"done in {seconds:.1f}s: reward first-5 mean {result.first5:.3f} -> last-5 mean {result.last5:.3f}"
+        f" ({result.last5 / max(result.first5, 1e-9):.1f}x)"
+    )
+    say(f"  events:  {run_dir / 'events.jsonl'}")
+    say(f"  metrics: {metrics_path}")
+    say(f"  plot:    {png}" if plotted else "  plot:    (pip install matplotlib for reward.png)")
+    if timeline is not None:
+        say(f"  timeline: {timeline}")
+    return result
+
+
+def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -> Path | None:
+    """RUN_DIR/timeline.html; while a failure propagates, a timeline that cannot be drawn must not hide it."""
+    if not opts.timeline:
+        return None
+    try:
+        return write_timeline(events, run_dir / "timeline.html")
+    except (OSError, ValueError):
+        if failing:
+            return None
+        raise
+
+
+def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
+    """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
+    check_async(config, opts.async_mode)
+    if opts.resume is not None and config.load is None:
+        raise ConfigError(
+            "RunOptions.resume",
+            str(opts.resume.path),
+            "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
+            "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
+        )
+    check_model(opts.model, opts.hf_checkpoint)
+    if opts.hf_checkpoint is not None:
+        check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
+    check_new_run(opts.run_dir, save=config.save, load=config.load, hf_checkpoint=opts.hf_checkpoint)
+
+
+def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
+    """The engines' command line: a Hugging Face initial checkpoint is also what they start from (the family
+    is the directory's); the char model starts from the seed and gets version 0 by a weight update."""
+    weights = opts.hf_checkpoint
+    if weights is not None and is_char_checkpoint(weights):
+        weights = None
+    return functools.partial(torch_engine_command, seed=opts.seed, weights=weights)
+
+
+def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
+    """Plain train-only: hand the trainer's weights to the engine-less data producer."""
+    fn = manager.executor.rollout_fn
+    if isinstance(fn, PolicyRolloutFn):
+        fn.load(*weights)
+
+
+async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: TrainerGroup, version: int) -> None:
+    """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
+    if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
+        path = await trainer.save(version)
+        if path is not None:
+            _feed_policy_source(manager, (path, str(version)))
+
+
+async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Path | None = None) -> tuple[str, str]:
+    """The weights a trainer would start from (version ``0``) when no trainer runs (--debug-rollout-only):
+    ``--hf-checkpoint``, else a checkpoint the backend writes as ``run_dir/weights/step-0``."""
+    if hf_checkpoint is not None:
+        return str(Path(hf_checkpoint).resolve()), "0"
+    path = await asyncio.to_thread(checked_save, build_backend(backend, 0), backend, run_dir / "weights" / "step-0")
+    return str(Path(path).resolve()), "0"
+
+
+def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:
+    """generate(step) as a task; its events carry step/rollout_id (the task copies the context)."""
+    with bind_context(step=step, rollout_id=step):
+        return asyncio.create_task(manager.generate(step), name=f"generate-{step}")
+
+
+async def _await_generation(pending: asyncio.Task[list[Sample]] | None) -> None:
+    """The weight update must not start while generate runs: wait for it (its errors surface later)."""
+    if pending is not None:
+        await asyncio.wait([pending])
+
+
+async def _async_steps(
+    opts: RunOptions,
+    manager: RolloutManager,
+    trainer: TrainerGroup,
+    record: Callable[[int, list[Sample], dict[str, Any], float], None],
+) -> None:
+    """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
+
+    Evals (``--eval-interval``) run as in the sync loop -- before the first rollout and after every
+    K-th weight update -- at moments when no generation is in flight (the rollout manager is Ready).
+    """
+    interval = manager.config.eval_interval
+    evals: dict[str, Any] = {}
+    if interval is not None:
+        with bind_context(step=0, rollout_id=0):
+            _add_eval(evals, await manager.eval(0))  # miles: eval before the first rollout
+    pending: asyncio.Task[list[Sample]] | None = _start_generate(manager, 0)
+    try:
+        for step in range(opts.steps):
+            ts = time.monotonic()
+            with bind_context(step=step, rollout_id=step):
+                assert pending is not None
+                samples = await pending  # generated during the previous step's training (weights k-1)
+                pending = None
+                await _inject_due(opts.faults, step, manager, trainer)
+                if step + 1 < opts.steps:
+                    pending = _start_generate(manager, step + 1)
+                    await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
+                stats = await trainer.train(samples) or {}
+                await _await_generation(pending)  # the core refuses a weight update while generate runs
+                await trainer.update_weights(step + 1)
+                await _checkpoint_for_policy_source(manager, trainer, step + 1)
+                if interval is not None and (step + 1) % interval == 0:
+                    _add_eval(evals, await manager.eval(step))  # generate(k+1) has ended: the manager is Ready
+            record(step, samples, {**stats, **evals}, ts)
+            evals = {}
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+
+
+def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
+    """One eval into this step's metrics row: ``eval_reward``, or ``eval_skipped`` with the reason.
+
+    A step with two evals (step 0 with ``--eval-interval 1``: before the first rollout and after
+    the first update) keeps the first one's field as ``eval_reward_initial`` / ``eval_skipped_initial``;
+    the unsuffixed fields always describe the step's last eval, never a mix of the two.
+    """
+    for key in ("eval_reward", "eval_skipped"):
+        if key in evals:
+            evals[f"{key}_initial"] = evals.pop(key)
+    if result.reward is None:
+        evals["eval_skipped"] = result.skipped or "no_reward"
+    else:
+        evals["eval_reward"] = result.reward
+
+
+async def _inject_due(faults: tuple[Fault, ...], step: int, manager: RolloutManager, trainer: TrainerGroup) -> None:
+    """The faults scheduled for this step's start (``--inject``); each logs a ``fault.injected`` event."""
+    injector = FaultInjector()
+    for fault in faults:
+        if fault.step == step:
+            await injector.inject(fault, manager.controller, trainer)
+
+
+def run(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:
+    return asyncio.run(run_loop(config, opts, out))
