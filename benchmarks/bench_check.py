@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from lifecycle import world as world_module
+from lifecycle.check import world as world_module
 from lifecycle.check.explore import explore, lattice, run_check
 from lifecycle.decide.presets import preset
 

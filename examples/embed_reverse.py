@@ -4,7 +4,8 @@
 reward and a torch trainer wants only the part that is easy to get wrong: engines that start, serve,
 take each weight update, die and come back, in an order the lifecycle core decides and checks. This
 script brings a task (reverse "abc:" -> "cba"), a trainer (a Hugging Face Llama, AdamW, REINFORCE with a
-group-mean baseline) and the loop; the project contributes the rollout manager and the trainer group.
+group-mean baseline) and the loop; the project contributes the run's assembly, :class:`trainer.app.Job` (the
+rollout manager, the trainer group, their lifecycle core) and the verbs the loop calls on it.
 
 Run it from the repository root (Ray puts the driver's working directory on its workers' ``sys.path``,
 which is how a trainer worker imports ``examples.embed_reverse:ReverseBackend``)::
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
 import random
 import shutil
@@ -30,17 +30,11 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from engines.actor import init_local_cluster
-from engines.launcher import launcher_factory
 from engines.models import build_tiny_llama
-from engines.process import torch_engine_command
-from engines.router import router_available
-from lifecycle import EventLog, LifecycleConfig
+from lifecycle import LifecycleConfig
 from lifecycle.decide.events import bind_context
-from lifecycle.decide.runner import Runner
-from rollout import RolloutManager
-from trainer import TrainerGroup
-from trainer.backend import BackendSpec
+from trainer import BackendSpec
+from trainer.app import Job
 
 
 @dataclass(frozen=True)
@@ -166,47 +160,30 @@ async def main(
     config = LifecycleConfig.from_mapping(
         {"use_fault_tolerance": True, "ft_components": ["rollout"], "rollout_num_gpus": 2}
     )
-    init_local_cluster(num_cpus=2)  # a no-op when Ray is up already
-    log = EventLog()
-    runner = Runner(config, log=log)  # the job's one lifecycle core: both sides bind their handlers to it
     backend = BackendSpec(
         "examples.embed_reverse:ReverseBackend",
         {"checkpoint": str(checkpoint), "lr": lr, "temperature": task.temperature},
     )
-    trainer = TrainerGroup(config, run_dir, runner=runner, backend=backend, initial_checkpoint=checkpoint)
-    engines = launcher_factory("ray", functools.partial(torch_engine_command, weights=checkpoint))
-    manager = RolloutManager(
-        config, task, runner=runner, launcher_factory=engines, router=router_available(), log_dir=str(run_dir)
-    )
     rewards: list[float] = []
-    with log.to_jsonl(run_dir / "events.jsonl"):
-        try:
-            weights = await trainer.start()
-            assert weights is not None  # None only without a trainer (--debug-rollout-only)
-            await manager.init(weights)
-            for step in range(steps):
-                with bind_context(step=step):
-                    if step == kill_engine_at:
-                        await manager.controller.kill_engine(1)  # a real death; recovered by the next generate
-                    samples = await manager.generate(step)
-                    await manager.offload()  # each call is a move of the core: a no-op this config does not allow
-                    stats = await trainer.train(samples) or {}
-                    await manager.onload_weights()
-                    await trainer.update_weights(step + 1)
-                    await manager.onload_kv()
-                rewards.append(sum(s["reward"] for s in samples) / len(samples))
-                states = " ".join(manager.controller.states().values())
-                print(
-                    f"step {step:>3}  reward {rewards[-1]:.3f}  loss {stats.get('loss', 0.0):+.4f}  "
-                    f"logprob gap {stats.get('logprob_gap', 0.0):.1e}  "
-                    f"e.g. {samples[0]['prompt']}{samples[0]['response']!r}  engines [{states}]",
-                    flush=True,
-                )
-        finally:
-            try:
-                await manager.dispose()
-            finally:
-                await trainer.dispose()
+    # the project's part: Ray, the lifecycle core, the trainer group running ReverseBackend, the rollout manager
+    # (CPU engines started from the checkpoint), the live invariant monitor, run_dir/events.jsonl -- and their
+    # disposal (engines, then trainer), however this block ends
+    async with Job(config, task, run_dir=run_dir, backend=backend, initial_checkpoint=checkpoint, seed=seed) as job:
+        for step in range(steps):
+            with bind_context(step=step):  # the step's events carry it
+                if step == kill_engine_at:
+                    await job.manager.controller.kill_engine(1)  # a real death; recovered by the next generate
+                samples = await job.generate(step)
+                stats = await job.train(samples)  # offload (a no-op this config does not allow), then train
+                await job.update_weights(step + 1)  # onload, push to every engine, onload KV
+            rewards.append(sum(s["reward"] for s in samples) / len(samples))
+            states = " ".join(job.manager.controller.states().values())
+            print(
+                f"step {step:>3}  reward {rewards[-1]:.3f}  loss {stats.get('loss', 0.0):+.4f}  "
+                f"logprob gap {stats.get('logprob_gap', 0.0):.1e}  "
+                f"e.g. {samples[0]['prompt']}{samples[0]['response']!r}  engines [{states}]",
+                flush=True,
+            )
     return rewards
 
 

@@ -1,6 +1,6 @@
 """The engine's HTTP layer (aiohttp): SGLang's paths, methods, bodies and status codes.
 
-It only parses and answers; every decision is :class:`~cpu_engine.engine.TorchEngine`'s. Served on
+It only parses and answers; every decision is :class:`~engines.cpu.engine.TorchEngine`'s. Served on
 a socket the CLI bound before torch was imported (see :mod:`engines.cpu.cli`).
 """
 

@@ -1,4 +1,4 @@
-"""The CPU torch engine: a :class:`~cpu_engine.scheduler.Scheduler` over a :class:`~cpu_engine.memory.ModelMemory`.
+"""The CPU torch engine: a :class:`~engines.cpu.scheduler.Scheduler` over a :class:`~engines.cpu.memory.ModelMemory`.
 
 This is where the two meet: a weight update holds admission while it swaps the weights, a flush
 waits for the scheduler to free every KV slot, a release asks how many requests are decoding.

@@ -1,9 +1,10 @@
-"""A local Hugging Face causal LM as a :class:`~models.protocol.CausalLM`: served by the engine, trained by the trainer.
+"""A local Hugging Face causal LM as a :class:`~engines.models.protocol.CausalLM`: served by the engine, trained
+by the trainer.
 
 ``transformers`` is imported only when a model of this family is built (``import engines.models`` works
 without it; the char model never needs it), and only from local directories (``local_files_only``).
 
-KV handling: the engine's pool is the same preallocated :class:`~models.kv.KVCache` the char model
+KV handling: the engine's pool is the same preallocated :class:`~engines.models.kv.KVCache` the char model
 uses (``[layers, slots, kv_heads, context, head_dim]``), not one growing transformers cache per
 request. Memory is then allocated once, reported exactly and released as a whole -- refused while a
 slot is held -- as SGLang's token pool is. Each call builds a transformers ``DynamicCache`` from the
@@ -48,7 +49,7 @@ def transformers_module(path: str | Path) -> Any:
 
 
 class HFTokenizer:
-    """A transformers tokenizer behind :class:`~models.protocol.Tokenizer` (``encode`` adds its special tokens,
+    """A transformers tokenizer behind :class:`~engines.models.protocol.Tokenizer` (``encode`` adds its special tokens,
     e.g. BOS, as ``/generate`` on ``text`` does)."""
 
     def __init__(self, tokenizer: Any) -> None:
@@ -99,7 +100,7 @@ class HFLayout:
 
 def check_tensor_names(path: Path, expected: Mapping[str, tuple[int, ...]]) -> None:
     """Names and shapes from the safetensors header alone (no tensor is read): the cheap half of
-    :func:`~models.weights.read_weights_file`'s checks, same messages."""
+    :func:`~engines.models.weights.read_weights_file`'s checks, same messages."""
     header = read_safetensors_header(path)  # bounded: a sparse multi-GB file is refused having read its header
     found = {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
     missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))

@@ -9,7 +9,8 @@ from torch import Tensor
 
 
 class KVLayout(Protocol):
-    """What a KV pool's shape comes from (a :class:`~models.config.ModelConfig` is one; so is the HF model's)."""
+    """What a KV pool's shape comes from (a :class:`~engines.models.config.ModelConfig` is one; so is the HF
+    model's)."""
 
     @property
     def n_layers(self) -> int: ...

@@ -1,7 +1,7 @@
 """What the engine, the trainer and the rollout side need of a model family, as typed protocols.
 
-Two families satisfy them: the built-in char model (:class:`~models.tiny.TinyCausalLM`) and any local
-Hugging Face causal LM (:class:`~models.hf.HFCausalLM`). Code above ``engines.models`` is typed against these,
+Two families satisfy them: the built-in char model (:class:`~engines.models.tiny.TinyCausalLM`) and any local
+Hugging Face causal LM (:class:`~engines.models.hf.HFCausalLM`). Code above ``engines.models`` is typed against these,
 so a third family is one class, not edits across the engine and the trainer. No torch import at run
 time: the names below are only annotations.
 """

@@ -2,7 +2,7 @@
 
 One class serves both sides so that the weights a trainer writes are exactly what an engine
 loads: ``forward(input_ids) -> logits`` (differentiable, for training) and ``prefill`` /
-``decode_step`` over a slot-based :class:`~models.kv.KVCache` (for incremental decoding).
+``decode_step`` over a slot-based :class:`~engines.models.kv.KVCache` (for incremental decoding).
 Parameters are initialised from ``seed`` alone (the global RNG is left alone), so two processes
 with the same seed hold bitwise-identical weights.
 """

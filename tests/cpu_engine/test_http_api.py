@@ -448,7 +448,7 @@ def test_the_command_line_binds_the_port_before_importing_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, cpu_engine.cli; print('torch' in sys.modules, 'engines.cpu.app' in sys.modules)"
+    code = "import sys, engines.cpu.cli; print('torch' in sys.modules, 'engines.cpu.app' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

@@ -1,12 +1,13 @@
 """The README's embedding example runs as written on a real Ray cluster.
 
-It is the public API's contract: config, a user's task, a user's trainer backend, rollout manager,
-trainer group, event log. The example must train (engines served, weights pushed) and its event log
-must show the machines it drove.
+It is the public API's contract: config, a user's task, a user's trainer backend, and one ``Job`` that
+assembles the run around the user's own loop, in at most four imports of the project. The example must
+train (engines served, weights pushed) and its event log must show the machines it drove.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 from pathlib import Path
@@ -18,11 +19,30 @@ from lifecycle.decide.events import read_jsonl
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
+PROJECT = ("lifecycle", "engines", "rollout", "trainer")
+
+
 def _embedding_block() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README, re.S)
-    found = [b for b in blocks if "RolloutManager" in b and "TrainerGroup" in b]
-    assert found, "README lost its embedding example (RolloutManager + TrainerGroup)"
-    return found[0]
+    found = [b for b in blocks if "async with Job(" in b]
+    assert found, "README lost its embedding example (async with Job(...))"
+    return str(found[0])
+
+
+def _project_imports(block: str) -> list[str]:
+    """The block's import statements of the project's packages (stdlib ones do not count)."""
+    imports = [n for n in ast.walk(ast.parse(block)) if isinstance(n, ast.Import | ast.ImportFrom)]
+    names = [n.module or "" if isinstance(n, ast.ImportFrom) else n.names[0].name for n in imports]
+    return [name for name in names if name.split(".")[0] in PROJECT]
+
+
+def test_readme_embedding_example_needs_at_most_four_imports_and_keeps_its_own_loop() -> None:
+    block = _embedding_block()
+    project = _project_imports(block)
+    assert project and len(project) <= 4, project
+    assert re.search(r"^\s+for step in range\(steps\):", block, re.M), "the user's loop is the example's own"
+    for verb in ("generate", "train", "update_weights"):
+        assert f"await job.{verb}(" in block, verb
 
 
 @pytest.mark.usefixtures("ray_cluster")

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer.app.broadcast import WeightBroadcast
+    from trainer.app.job import Job
     from trainer.app.loop import RunOptions, RunResult, run_loop
     from trainer.app.metrics import Metrics, MetricsServer, serve_metrics
 
 _EXPORTS = {
+    "Job": "trainer.app.job",
     "Metrics": "trainer.app.metrics",
     "MetricsServer": "trainer.app.metrics",
     "serve_metrics": "trainer.app.metrics",
@@ -24,7 +26,7 @@ _EXPORTS = {
     "run_loop": "trainer.app.loop",
     "WeightBroadcast": "trainer.app.broadcast",
 }
-__all__ = ["Metrics", "MetricsServer", "RunOptions", "RunResult", "WeightBroadcast", "run_loop", "serve_metrics"]
+__all__ = ["Job", "Metrics", "MetricsServer", "RunOptions", "RunResult", "WeightBroadcast", "run_loop", "serve_metrics"]
 
 
 def __getattr__(name: str) -> Any:

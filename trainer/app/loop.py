@@ -5,7 +5,9 @@ onload KV. The async variant (``--async``, miles' train_async) overlaps generate
 train(k) -- one step off-policy -- and waits for that generation to end before the weight update
 (the rollout machine allows ``begin_update`` only from ``Ready``); it never offloads. Every
 decision about what to construct, start, monitor, offload or recover is taken by the machines
-(each call below is a machine move that its predicates may block). Writes, into the run
+(each call below is a machine move that its predicates may block). The run's parts and their
+disposal are a :class:`trainer.app.job.Job`'s, as for any embedding loop; what is this loop's own
+is below: the files, the progress line, fault injection, resuming. Writes, into the run
 directory: ``events.jsonl`` (the event log of every machine), ``metrics.jsonl`` (one line per
 step), ``run.json`` (the settings ``--resume`` starts the job again with) and ``reward.png`` when
 matplotlib is installed; with ``--save``, job checkpoints after every ``--save-interval`` steps.
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import sys
 import time
@@ -28,30 +29,28 @@ from typing import TYPE_CHECKING, Any, TextIO
 from engines.apikey import run_api_key
 from engines.engine import Timeouts
 from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
-from engines.models.family import is_char_checkpoint
-from engines.process import torch_engine_command
-from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.events import RESUMED, EventLog, JsonlSink, bind_context, cut_torn_tail
-from lifecycle.decide.ledger import EffectLedger
-from lifecycle.decide.runner import Runner
-from lifecycle.observe.monitor import MonitorSink
+from lifecycle.decide.events import RESUMED, bind_context, cut_torn_tail
 from lifecycle.observe.timeline import write_timeline
 from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
-from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
 from trainer.app.checks import check_async, check_hf_checkpoint, check_model
 from trainer.app.faults import Fault, FaultInjector, parse_fault
+from trainer.app.job import Job
+from trainer.app.job import engine_command as job_engine_command
+from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
 from trainer.app.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
-from trainer.backend import BackendSpec, build_backend, checked_save
+from trainer.backend import BackendSpec
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
+
+Recorder = Callable[[int, list[Sample], dict[str, Any], float], None]  # one step's row: step, samples, stats, start
 
 SHORT = {
     "Serving": "S",
@@ -250,11 +249,11 @@ class Progress:
 
 
 async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.stdout) -> RunResult:
-    """The loop (sync, or async with ``opts.async_mode``). Starts Ray (or connects to ``ray_address``)."""
-    from engines.actor import init_local_cluster
-    from trainer.app.broadcast import WeightBroadcast
-    from trainer.group import TrainerGroup
+    """The loop (sync, or async with ``opts.async_mode``). Starts Ray (or connects to ``ray_address``).
 
+    The run's parts are a :class:`~trainer.app.job.Job`'s; what is this app's own are its files (run.json,
+    metrics.jsonl, the timeline), the progress line, fault injection and resuming.
+    """
     check_options(config, opts)
 
     def say(line: str) -> None:
@@ -269,7 +268,6 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     start = resume.step if resume is not None else 0
     # a resumed (or --load) job keeps its identity, which each of its checkpoints records
     job_id = resume.job_id if resume is not None and resume.job_id else uuid.uuid4().hex
-    job = {**opts.job_settings(), "id": job_id}
     # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
     write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
@@ -284,18 +282,37 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     )
     events_path = run_dir / "events.jsonl"
     torn = cut_torn_tail(events_path) if resume is not None else b""  # the dead driver's unended last line
-    sink = JsonlSink(events_path)
-    log = EventLog([sink])
-    invariants = MonitorSink(log, config)  # the live invariant monitor: violations are logged (fatal: --ci-test)
-    log.add_sink(invariants)
-    ledger = EffectLedger()
+    job = Job(
+        config,
+        task,
+        run_dir=run_dir,
+        backend=backend,
+        initial_checkpoint=opts.hf_checkpoint,
+        engines=opts.engine_launcher
+        or launcher_factory(opts.launcher, engine_command(opts), api_key=run_api_key(run_dir)),
+        steps=opts.steps,
+        seed=opts.seed,
+        workers=opts.workers,
+        keep_checkpoints=opts.keep_checkpoints,
+        resume=resume,
+        settings={**opts.job_settings(), "id": job_id},
+        timeouts=opts.timeouts,
+        rollout_fn=opts.rollout_fn,
+        data_source=opts.data_source,
+        router=opts.router,
+        metrics_port=opts.metrics_port,
+        metrics_host=opts.metrics_host,
+        ray_address=opts.ray_address,
+        ray_nodes=opts.ray_nodes,
+        events=events_path,
+    )
     metrics_path = run_dir / "metrics.jsonl"
     metrics: list[dict[str, Any]] = []
     if resume is None:
         metrics_path.write_text("")
     else:  # the log continues in the same file: the checkpoint's step, and what the dead driver did after it
         metrics, discarded = continue_metrics(metrics_path, start)
-        log.emit(
+        job.log.emit(
             RESUMED,
             resume_at=start,
             weight_version=resume.weight_version,
@@ -305,34 +322,6 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         )
     rewards: list[float] = [float(row["reward"]) for row in metrics]
     t0 = time.monotonic()
-    init_local_cluster(num_cpus=2, address=opts.ray_address, nodes=opts.ray_nodes)
-    runner = Runner(config, log=log, ledger=ledger)  # the job's one lifecycle core, shared by both sides
-    trainer = TrainerGroup(
-        config,
-        run_dir,
-        runner=runner,
-        workers=opts.workers,
-        backend=backend,
-        keep_checkpoints=opts.keep_checkpoints,
-        initial_checkpoint=opts.hf_checkpoint,
-        resume=resume,
-        seed=opts.seed,
-        job=job,
-    )
-    manager = RolloutManager(
-        config,
-        task,
-        runner=runner,
-        launcher_factory=opts.engine_launcher
-        or launcher_factory(opts.launcher, engine_command(opts), api_key=run_api_key(run_dir)),
-        seed=opts.seed,
-        rollout_fn_path=opts.rollout_fn,
-        data_source_path=opts.data_source,
-        timeouts=opts.timeouts,
-        router=router_available() if opts.router is None else opts.router,
-        log_dir=str(run_dir),
-    )
-    WeightBroadcast(runner, manager.controller, trainer)  # the weight_sync machine's shell (broadcast mode)
     progress = Progress(opts.steps, out, quiet=opts.quiet, done=start)
 
     def record(step: int, samples: list[Sample], stats: dict[str, Any], ts: float) -> None:
@@ -345,73 +334,38 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
             "reward": round(reward, 6),
             "samples": len(samples),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in stats.items()},
-            "engines": manager.controller.states(),
+            "engines": job.manager.controller.states(),
             "seconds": seconds,
         }
         metrics.append(row)
         with metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         example = samples[0]["response"] if samples else ""
-        progress.step(step, reward, stats.get("loss", 0.0), _states(manager), seconds, example)
+        progress.step(step, reward, stats.get("loss", 0.0), _states(job.manager), seconds, example)
         if config.ci_test:  # --ci-test: a broken invariant ends the run at the step that showed it
-            invariants.raise_if_violated()
-
-    async def save_job(done: int) -> None:
-        """After the step's row is written: a driver dying between the two redoes the step, never skips it."""
-        if config.checkpoint_due(done, opts.steps):
-            await trainer.checkpoint(done)
+            job.monitor.raise_if_violated()
 
     mode = f"{config.mode}, async" if opts.async_mode else config.mode
     say(f"lifecycle run: {opts.steps} steps, mode {mode}, run dir {run_dir}")
     if resume is not None:
         say(f"  resumed at step {start} from {resume.path} (weights v{resume.weight_version})")
-    exporter = None
-    if opts.metrics_port is not None:  # closed in the finally below, whatever happens from here on
-        from trainer.app.metrics import serve_metrics
-
-        exporter = serve_metrics(log, opts.metrics_port, host=opts.metrics_host, config=config)
-        say(f"  prometheus: {exporter.url}")
     try:
-        # under --debug-rollout-only no trainer exists: the engines serve the initial weights of the seed
-        weights = await trainer.start() or await initial_weights(run_dir, backend, opts.hf_checkpoint)
-        await manager.init(weights)
-        _feed_policy_source(manager, weights)
-        say(f"  ready in {time.monotonic() - t0:.1f}s: rollout {manager.state}, engines [{_states(manager)}]")
-        progress.t0 = time.monotonic()
-        if opts.async_mode:
-            await _async_steps(opts, manager, trainer, record)
-        sync_steps = 0 if opts.async_mode else opts.steps
-        for step in range(start, sync_steps):
-            ts = time.monotonic()
-            with bind_context(step=step, rollout_id=step):
-                await _inject_due(opts.faults, step, manager, trainer)
-                evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
-                if config.eval_interval is not None and step == 0:  # miles: eval before the first rollout
-                    _add_eval(evals, await manager.eval(step))
-                samples = await manager.generate(step)
-                await manager.offload()
-                stats = await trainer.train(samples) or {}
-                await manager.onload_weights()
-                await trainer.update_weights(step + 1)
-                await _checkpoint_for_policy_source(manager, trainer, step + 1)
-                await manager.onload_kv()
-                if config.eval_interval is not None and (step + 1) % config.eval_interval == 0:
-                    _add_eval(evals, await manager.eval(step))  # on the weights just pushed
-            record(step, samples, {**stats, **evals}, ts)
-            with bind_context(step=step, rollout_id=step):
-                await save_job(step + 1)
+        async with job:  # built, started; disposed of on the way out, whatever happens
+            try:
+                if job.exporter is not None:
+                    say(f"  prometheus: {job.exporter.url}")
+                ready = f"rollout {job.manager.state}, engines [{_states(job.manager)}]"
+                say(f"  ready in {time.monotonic() - t0:.1f}s: {ready}")
+                progress.t0 = time.monotonic()
+                if opts.async_mode:
+                    await _async_steps(opts, job, record)
+                else:
+                    await _sync_steps(opts, job, start, record)
+            finally:
+                progress.close()
     finally:
-        progress.close()
-        try:
-            await manager.dispose()
-        finally:
-            await trainer.dispose()
-            if exporter is not None:
-                exporter.close()
-            log.remove_sink(invariants)
-            log.remove_sink(sink)
-            # also (best effort) when the run failed: the timeline is where a person looks first then
-            timeline = _timeline(sink.path, run_dir, opts, failing=sys.exc_info()[0] is not None)
+        # also (best effort) when the run failed: the timeline is where a person looks first then
+        timeline = _timeline(events_path, run_dir, opts, failing=sys.exc_info()[0] is not None)
     seconds = time.monotonic() - t0
     result = RunResult(run_dir, rewards, seconds, metrics)
     png = run_dir / "reward.png"
@@ -426,6 +380,27 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     if timeline is not None:
         say(f"  timeline: {timeline}")
     return result
+
+
+async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder) -> None:
+    """miles' train: per step generate -> offload -> train -> onload weights -> update -> onload KV; a job
+    checkpoint after the step's row is written (a driver dying between the two redoes the step, never skips it)."""
+    interval = job.config.eval_interval
+    for step in range(start, opts.steps):
+        ts = time.monotonic()
+        with bind_context(step=step, rollout_id=step):
+            await _inject_due(opts.faults, step, job.manager, job.trainer)
+            evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
+            if interval is not None and step == 0:  # miles: eval before the first rollout
+                _add_eval(evals, await job.eval(step))
+            samples = await job.generate(step)
+            stats = await job.train(samples)
+            await job.update_weights(step + 1)
+            if interval is not None and (step + 1) % interval == 0:
+                _add_eval(evals, await job.eval(step))  # on the weights just pushed
+        record(step, samples, {**stats, **evals}, ts)
+        with bind_context(step=step, rollout_id=step):
+            await job.checkpoint(step + 1)
 
 
 def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -> Path | None:
@@ -457,36 +432,8 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
 
 
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
-    """The engines' command line: a Hugging Face initial checkpoint is also what they start from (the family
-    is the directory's); the char model starts from the seed and gets version 0 by a weight update."""
-    weights = opts.hf_checkpoint
-    if weights is not None and is_char_checkpoint(weights):
-        weights = None
-    return functools.partial(torch_engine_command, seed=opts.seed, weights=weights)
-
-
-def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
-    """Plain train-only: hand the trainer's weights to the engine-less data producer."""
-    fn = manager.executor.rollout_fn
-    if isinstance(fn, PolicyRolloutFn):
-        fn.load(*weights)
-
-
-async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: TrainerGroup, version: int) -> None:
-    """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
-    if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
-        path = await trainer.save(version)
-        if path is not None:
-            _feed_policy_source(manager, (path, str(version)))
-
-
-async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Path | None = None) -> tuple[str, str]:
-    """The weights a trainer would start from (version ``0``) when no trainer runs (--debug-rollout-only):
-    ``--hf-checkpoint``, else a checkpoint the backend writes as ``run_dir/weights/step-0``."""
-    if hf_checkpoint is not None:
-        return str(Path(hf_checkpoint).resolve()), "0"
-    path = await asyncio.to_thread(checked_save, build_backend(backend, 0), backend, run_dir / "weights" / "step-0")
-    return str(Path(path).resolve()), "0"
+    """The engines' command line: the project's CPU torch engine on the run's seed and initial checkpoint."""
+    return job_engine_command(opts.seed, opts.hf_checkpoint)
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:
@@ -501,22 +448,19 @@ async def _await_generation(pending: asyncio.Task[list[Sample]] | None) -> None:
         await asyncio.wait([pending])
 
 
-async def _async_steps(
-    opts: RunOptions,
-    manager: RolloutManager,
-    trainer: TrainerGroup,
-    record: Callable[[int, list[Sample], dict[str, Any], float], None],
-) -> None:
+async def _async_steps(opts: RunOptions, job: Job, record: Recorder) -> None:
     """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
 
     Evals (``--eval-interval``) run as in the sync loop -- before the first rollout and after every
     K-th weight update -- at moments when no generation is in flight (the rollout manager is Ready).
+    The engines never idle, so nothing is offloaded or onloaded.
     """
-    interval = manager.config.eval_interval
+    manager = job.manager
+    interval = job.config.eval_interval
     evals: dict[str, Any] = {}
     if interval is not None:
         with bind_context(step=0, rollout_id=0):
-            _add_eval(evals, await manager.eval(0))  # miles: eval before the first rollout
+            _add_eval(evals, await job.eval(0))  # miles: eval before the first rollout
     pending: asyncio.Task[list[Sample]] | None = _start_generate(manager, 0)
     try:
         for step in range(opts.steps):
@@ -525,16 +469,15 @@ async def _async_steps(
                 assert pending is not None
                 samples = await pending  # generated during the previous step's training (weights k-1)
                 pending = None
-                await _inject_due(opts.faults, step, manager, trainer)
+                await _inject_due(opts.faults, step, manager, job.trainer)
                 if step + 1 < opts.steps:
                     pending = _start_generate(manager, step + 1)
                     await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
-                stats = await trainer.train(samples) or {}
+                stats = await job.train(samples, offload=False)
                 await _await_generation(pending)  # the core refuses a weight update while generate runs
-                await trainer.update_weights(step + 1)
-                await _checkpoint_for_policy_source(manager, trainer, step + 1)
+                await job.update_weights(step + 1, onload=False)
                 if interval is not None and (step + 1) % interval == 0:
-                    _add_eval(evals, await manager.eval(step))  # generate(k+1) has ended: the manager is Ready
+                    _add_eval(evals, await job.eval(step))  # generate(k+1) has ended: the manager is Ready
             record(step, samples, {**stats, **evals}, ts)
             evals = {}
     finally:

@@ -1,0 +1,81 @@
+"""``trainer.app.Job``: a run's assembly is disposed of in order on every way out of ``async with``.
+
+The user's loop body is where most failures happen (their reward, their data): when it raises, the
+engines must be gone, then the trainer, the exporter closed and the sinks detached -- and the body's own
+exception is what the caller sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import TRANSITION, read_jsonl
+from rollout.pattern import PatternTask
+from trainer.app import Job
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+
+class Boom(Exception):
+    """The user's loop body failing (not anything the project raises)."""
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a dead child its parent has not reaped yet)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] not in ("Z", "X")
+
+
+def test_the_parts_exist_only_once_the_job_has_started(tmp_path: Path) -> None:
+    job = Job(LifecycleConfig.from_mapping({"rollout_num_gpus": 1}), PatternTask(), run_dir=tmp_path, events=None)
+    for part in ("runner", "trainer", "manager"):
+        with pytest.raises(RuntimeError, match=f"job.{part} exists once the job has started"):
+            getattr(job, part)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sinks(tmp_path: Path) -> None:
+    config = LifecycleConfig.from_mapping({"rollout_num_gpus": 2})
+    job = Job(config, PatternTask(), run_dir=tmp_path, launcher="local", metrics_port=0, steps=1)
+    seen: dict[str, object] = {}
+
+    async def loop() -> None:
+        async with job:
+            samples = await job.generate(0)
+            await job.train(samples)
+            await job.update_weights(1)
+            pids = [await e.launcher.server_pid() for e in job.manager.controller.engines]
+            seen.update(pids=pids, url=job.exporter.url if job.exporter else None)
+            assert all(pid is not None and _alive(pid) for pid in pids), pids
+            raise Boom("the user's reward broke")
+
+    with pytest.raises(Boom, match="the user's reward broke"):
+        asyncio.run(loop())
+
+    pids = seen["pids"]
+    assert isinstance(pids, list) and len(pids) == 2
+    assert not [pid for pid in pids if _alive(pid)], "an engine server outlived the job"
+    assert set(job.manager.controller.states().values()) == {"Disposed"}
+    assert job.runner.state.rollout == "Disposed" and job.runner.state.trainer == "Disposed"
+    moves = [
+        (e["machine"], e["trigger"])
+        for e in read_jsonl(tmp_path / "events.jsonl")
+        if e.get("event") == TRANSITION and e.get("trigger") == "dispose"
+    ]
+    assert ("rollout", "dispose") in moves and ("trainer", "dispose") in moves, moves
+    assert moves.index(("rollout", "dispose")) < moves.index(("trainer", "dispose")), "the trainer went first"
+    url = seen["url"]
+    assert isinstance(url, str)
+    with pytest.raises(urllib.error.URLError):  # the exporter is closed: nothing listens there any more
+        urllib.request.urlopen(url)
+    assert not job.log.enabled, "a sink is still attached to the job's event log"

@@ -1,0 +1,303 @@
+"""One run's assembly: everything a job needs, built in one order and disposed of in the reverse, on every exit.
+
+A user keeps their own loop; :class:`Job` owns only what every loop would otherwise wire by hand and in the
+same order (Ray, the job's one lifecycle core, the trainer group, the rollout manager, the weight-broadcast
+shell, the live invariant monitor, the Prometheus exporter), and gives the loop the step verbs in miles'
+order::
+
+    async with Job(config, task, backend=backend, run_dir=run_dir, initial_checkpoint=ckpt) as job:
+        for step in range(steps):
+            samples = await job.generate(step)
+            await job.train(samples)
+            await job.update_weights(step + 1)
+
+``lifecycle run`` (:mod:`trainer.app.loop`) is built from it too, so the project's loop and a user's cannot
+assemble a run differently. Ray and the trainer group are imported only when the job starts: importing this
+module must not pay for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from engines.apikey import run_api_key
+from engines.engine import Timeouts
+from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
+from engines.models.family import is_char_checkpoint
+from engines.process import torch_engine_command
+from engines.router import router_available
+from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.events import EventLog, JsonlSink
+from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.predicates import broadcasts_weights
+from lifecycle.decide.runner import Runner
+from lifecycle.observe.monitor import MonitorSink
+from rollout.executor import EvalResult, RolloutManager
+from rollout.policy_source import PolicyRolloutFn
+from rollout.sample import Sample
+from rollout.task import Task
+from trainer.backend import BackendSpec, build_backend, checked_save
+from trainer.job_state import JobCheckpoint
+
+if TYPE_CHECKING:  # Ray: imported when the job starts
+    from trainer.app.metrics import MetricsServer
+    from trainer.group import TrainerGroup
+
+
+def engine_command(seed: int, checkpoint: str | Path | None) -> Callable[[], list[str]]:
+    """The CPU torch engine's command line: a Hugging Face initial checkpoint is also what the engines start
+    from (the family is the directory's); the char model starts from the seed and gets version 0 by an update."""
+    weights = None if checkpoint is None or is_char_checkpoint(Path(checkpoint)) else Path(checkpoint)
+    return functools.partial(torch_engine_command, seed=seed, weights=weights)
+
+
+async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Path | None = None) -> tuple[str, str]:
+    """The weights a trainer would start from (version ``0``) when no trainer runs (--debug-rollout-only):
+    ``--hf-checkpoint``, else a checkpoint the backend writes as ``run_dir/weights/step-0``."""
+    if hf_checkpoint is not None:
+        return str(Path(hf_checkpoint).resolve()), "0"
+    path = await asyncio.to_thread(checked_save, build_backend(backend, 0), backend, run_dir / "weights" / "step-0")
+    return str(Path(path).resolve()), "0"
+
+
+class Job:
+    """A run's parts, built by ``async with`` and disposed of when it ends, however it ends.
+
+    The user's parts: ``task`` (a :class:`rollout.task.Task`), ``backend`` (the trainer each worker runs;
+    default the project's GRPO trainer), ``initial_checkpoint`` (version 0's weights), ``engines`` (an engine
+    launcher factory; default the project's CPU torch engine on Ray, with the run's API key) -- engines started
+    elsewhere come from the config (``rollout_external_engine_addrs``). ``metrics_port`` serves Prometheus
+    metrics; ``events`` (relative to ``run_dir``; None: none) is where the event log is appended.
+    ``job.log`` exists from construction, so a caller can log before the job starts (a resume's event).
+    """
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        task: Task,
+        *,
+        run_dir: str | Path,
+        backend: BackendSpec | None = None,
+        initial_checkpoint: str | Path | None = None,
+        engines: LauncherFactory | None = None,
+        launcher: LauncherKind = "ray",
+        steps: int | None = None,
+        seed: int = 0,
+        workers: int = 1,
+        keep_checkpoints: int = 3,
+        resume: JobCheckpoint | None = None,
+        settings: Mapping[str, Any] | None = None,
+        timeouts: Timeouts | None = None,
+        rollout_fn: str | None = None,
+        data_source: str | None = None,
+        router: bool | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        ray_address: str | None = None,
+        ray_nodes: int = 1,
+        log: EventLog | None = None,
+        events: str | Path | None = "events.jsonl",
+    ) -> None:
+        self.config = config
+        self.task = task
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
+        self.engines = engines
+        self.launcher: LauncherKind = launcher
+        self.steps = steps if steps is not None else config.num_rollout  # the run's end: a checkpoint is due
+        self.seed = seed
+        self.workers = workers
+        self.keep_checkpoints = keep_checkpoints
+        self.resume = resume
+        self.settings = settings
+        self.timeouts = timeouts
+        self.rollout_fn = rollout_fn
+        self.data_source = data_source
+        self.router = router
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.ray_address = ray_address
+        self.ray_nodes = ray_nodes
+        self.log = log if log is not None else EventLog()
+        self.events: Path | None = None if events is None else self.run_dir / events
+        self._sink = None if self.events is None else JsonlSink(self.events)
+        if self._sink is not None:
+            self.log.add_sink(self._sink)
+        self.monitor = MonitorSink(self.log, config)  # the live invariant monitor: a violation is logged
+        self.log.add_sink(self.monitor)
+        self.ledger = EffectLedger()
+        self.exporter: MetricsServer | None = None  # the Prometheus exporter (metrics_port)
+        self.weights: tuple[str, str] | None = None  # the initial weights the engines were started with
+        self._runner: Runner | None = None
+        self._trainer: TrainerGroup | None = None
+        self._manager: RolloutManager | None = None
+        self._closed = False
+
+    # -- the parts, for advanced users (they exist once the job has started; still readable after it ends) --
+
+    @property
+    def runner(self) -> Runner:
+        """The job's one lifecycle core: both sides bind their handlers to it."""
+        return _built(self._runner, "runner")
+
+    @property
+    def trainer(self) -> TrainerGroup:
+        return _built(self._trainer, "trainer")
+
+    @property
+    def manager(self) -> RolloutManager:
+        return _built(self._manager, "manager")
+
+    # -- assembly and disposal --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Job:
+        try:
+            self._build()
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _build(self) -> None:
+        """The parts, in the order ``lifecycle run`` has always built them (its golden event log pins it)."""
+        from engines.actor import init_local_cluster
+        from trainer.app.broadcast import WeightBroadcast
+        from trainer.group import TrainerGroup
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        init_local_cluster(num_cpus=2, address=self.ray_address, nodes=self.ray_nodes)
+        self._runner = Runner(self.config, log=self.log, ledger=self.ledger)
+        self._trainer = TrainerGroup(
+            self.config,
+            self.run_dir,
+            runner=self._runner,
+            workers=self.workers,
+            backend=self.backend,
+            keep_checkpoints=self.keep_checkpoints,
+            initial_checkpoint=self.initial_checkpoint,
+            resume=self.resume,
+            seed=self.seed,
+            job=self.settings,
+        )
+        self.backend = self._trainer.backend  # the project's default, when none was given
+        engines = self.engines or launcher_factory(
+            self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=run_api_key(self.run_dir)
+        )
+        self._manager = RolloutManager(
+            self.config,
+            self.task,
+            runner=self._runner,
+            launcher_factory=engines,
+            seed=self.seed,
+            rollout_fn_path=self.rollout_fn,
+            data_source_path=self.data_source,
+            timeouts=self.timeouts,
+            router=router_available() if self.router is None else self.router,
+            log_dir=str(self.run_dir),
+        )
+        if broadcasts_weights(self.config):  # the weight_sync machine's shell binds its handlers to the runner
+            WeightBroadcast(self._runner, self._manager.controller, self._trainer)
+        if self.metrics_port is not None:
+            from trainer.app.metrics import serve_metrics
+
+            self.exporter = serve_metrics(self.log, self.metrics_port, host=self.metrics_host, config=self.config)
+
+    async def _start(self) -> None:
+        """The trainer's initial weights (under --debug-rollout-only no trainer exists: the backend's seed
+        weights), then the rollout side's init on them."""
+        trainer, manager = self.trainer, self.manager
+        assert self.backend is not None  # set by _build
+        weights = await trainer.start() or await initial_weights(self.run_dir, self.backend, self.initial_checkpoint)
+        self.weights = weights
+        await manager.init(weights)
+        _feed_policy_source(manager, weights)
+
+    async def close(self) -> None:
+        """Engines first (they load the trainer's checkpoints), then the trainer, the exporter, the sinks: each
+        step runs even when the one before it raised. Called again, it does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._manager is not None:
+                await self._manager.dispose()
+        finally:
+            try:
+                if self._trainer is not None:
+                    await self._trainer.dispose()
+            finally:
+                if self.exporter is not None:
+                    self.exporter.close()
+                self.log.remove_sink(self.monitor)
+                if self._sink is not None:
+                    self.log.remove_sink(self._sink)  # and closes it
+
+    # -- the step verbs, in miles' order: generate, train, update_weights (eval, checkpoint) ------------
+
+    async def generate(self, step: int) -> list[Sample]:
+        """One rollout's samples; dead engines are recovered and caught up first (rollout FT)."""
+        return await self.manager.generate(step)
+
+    async def train(self, samples: list[Sample], *, offload: bool = True) -> dict[str, Any]:
+        """Offload the rollout engines (a no-op unless the config offloads them), then one optimisation step;
+        its stats (empty without a trainer). ``offload=False``: the async loop, whose engines never idle."""
+        if offload:
+            await self.manager.offload()
+        return await self.trainer.train(samples) or {}
+
+    async def update_weights(self, version: int, *, onload: bool = True) -> None:
+        """Onload the engines' weights, push ``version`` to them (one snapshot, under the engine lock), hand
+        it to an engine-less policy source, onload their KV cache. ``onload=False``: nothing was offloaded."""
+        if onload:
+            await self.manager.onload_weights()
+        await self.trainer.update_weights(version)
+        await _checkpoint_for_policy_source(self.manager, self.trainer, version)
+        if onload:
+            await self.manager.onload_kv()
+
+    async def eval(self, step: int) -> EvalResult:
+        """miles' eval on the committed weights (restarted engines catch up first)."""
+        return await self.manager.eval(step)
+
+    async def checkpoint(self, done: int) -> Path | None:
+        """A job checkpoint once ``done`` steps are, when ``config.checkpoint_due`` says so (every
+        --save-interval, and at the run's end: ``steps``); call it after the step's weight update. Its path."""
+        if not self.config.checkpoint_due(done, self.steps if self.steps is not None else -1):
+            return None
+        return await self.trainer.checkpoint(done)
+
+
+_T = TypeVar("_T")
+
+
+def _built(part: _T | None, name: str) -> _T:
+    if part is None:
+        raise RuntimeError(f"job.{name} exists once the job has started (`async with Job(...) as job:`)")
+    return part
+
+
+def _feed_policy_source(manager: RolloutManager, weights: tuple[str, str]) -> None:
+    """Plain train-only: hand the trainer's weights to the engine-less data producer."""
+    fn = manager.executor.rollout_fn
+    if isinstance(fn, PolicyRolloutFn):
+        fn.load(*weights)
+
+
+async def _checkpoint_for_policy_source(manager: RolloutManager, trainer: TrainerGroup, version: int) -> None:
+    """With no engines to update, the trainer's ``save`` move is the weight hand-off to the producer."""
+    if isinstance(manager.executor.rollout_fn, PolicyRolloutFn):
+        path = await trainer.save(version)
+        if path is not None:
+            _feed_policy_source(manager, (path, str(version)))
