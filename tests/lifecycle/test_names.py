@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_names_module_is_written_from_the_specs() -> None:
     """Regenerate with ``python -m lifecycle.decide.names_render`` after changing a spec."""
-    assert (ROOT / "lifecycle" / "names.py").read_text() == render()
+    assert (ROOT / "lifecycle" / "decide" / "names.py").read_text() == render()
 
 
 def test_every_alias_lists_exactly_the_specs_names() -> None:

@@ -34,7 +34,6 @@ from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import EventLog, JsonlSink
 from lifecycle.decide.ledger import EffectLedger
-from lifecycle.decide.predicates import broadcasts_weights
 from lifecycle.decide.runner import Runner
 from lifecycle.observe.monitor import MonitorSink
 from rollout.executor import EvalResult, RolloutManager
@@ -207,8 +206,9 @@ class Job:
             router=router_available() if self.router is None else self.router,
             log_dir=str(self.run_dir),
         )
-        if broadcasts_weights(self.config):  # the weight_sync machine's shell binds its handlers to the runner
-            WeightBroadcast(self._runner, self._manager.controller, self._trainer)
+        # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
+        # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
+        WeightBroadcast(self._runner, self._manager.controller, self._trainer)
         if self.metrics_port is not None:
             from trainer.app.metrics import serve_metrics
 

@@ -25,7 +25,6 @@ from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleCo
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.jsonio import JSONFileError, read_json
 from trainer.backend import RANKS
-from trainer.job_state import JOB_PREFIX, LATEST
 
 RUN_MANIFEST = "run.json"
 RUN_FORMAT = "rl-lifecycle/run@1"
@@ -229,6 +228,8 @@ def holds_run(run_dir: Path) -> list[str]:
 
 def holds_checkpoints(save_dir: Path) -> bool:
     """Whether ``save_dir`` holds job checkpoints (its ``latest``, or any ``job-*`` directory)."""
+    from trainer.job_state import JOB_PREFIX, LATEST  # the checkpoint format's names (it imports torch)
+
     if (save_dir / LATEST).exists():
         return True
     try:
