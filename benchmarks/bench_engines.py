@@ -18,41 +18,34 @@ import asyncio
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 from aiohttp import web
 
 from engines.client import EngineClient
 from engines.errors import EngineError
 from engines.health import HealthMonitor
-from engines.launcher import LocalLauncher, launcher_factory
-from engines.models import TinyCausalLM
+from engines.launcher import LocalLauncher
 from engines.process import torch_engine_command
 from lifecycle import LifecycleConfig
-from lifecycle.decide.core import ROLLOUT, Command, Outcome
-from lifecycle.decide.runner import Runner
-from rollout.executor import RolloutManager
+from lifecycle.decide.core import ROLLOUT, Outcome
 from rollout.pattern import PatternTask
+from trainer.app import Job
 
 
-def _weights() -> tuple[str, str]:
-    path = TinyCausalLM("tiny", seed=3).save_pretrained(Path(tempfile.mkdtemp()) / "step-3")
-    return str(path), "v1"
-
-
-def _manager(interval: float, timeout: float, engines: int) -> tuple[RolloutManager, Runner]:
-    """A rollout manager on real CPU engines under rollout FT; the trainer's part answers at once."""
+def _job(interval: float, timeout: float, engines: int, run_dir: str) -> Job:
+    """A run under rollout FT on real CPU engine processes (local launcher, no router), assembled as every
+    run is (:class:`trainer.app.Job`): the trainer group is real but idle -- only the engine side is timed."""
     cfg = LifecycleConfig.from_mapping(
         {**config(interval, timeout).to_dict(), "rollout_num_gpus": engines, "engine_max_restarts": 100}
     )
-    runner = Runner(cfg)
+    return Job(cfg, PatternTask(), run_dir=run_dir, launcher="local", router=False)
 
-    async def done(cmd: Command) -> Outcome:
-        return Outcome("done")
 
-    runner.provide({f"trainer.{e}": done for m, e in runner.core.commands() if m == "trainer"})
-    manager = RolloutManager(cfg, PatternTask(), runner=runner, launcher_factory=launcher_factory("local"))
-    return manager, runner
+def _entered(job: Job, instance: str, state: str) -> asyncio.Event:
+    """Set when ``instance`` enters ``state`` (cleared by the caller between trials)."""
+    event = asyncio.Event()
+    job.runner.watch(lambda m: event.set() if m.instance == instance and m.dst == state else None)
+    return event
 
 
 def config(interval: float, timeout: float) -> LifecycleConfig:
@@ -85,22 +78,24 @@ async def sequential_poller(
         await asyncio.sleep(interval)
 
 
-async def p1_ours(phase: float, interval: float, timeout: float) -> float:
+async def p1_ours(phases: list[float], interval: float, timeout: float) -> list[float]:
     """Seconds from SIGKILL of one of two real engines until the core has it Unhealthy (the real runtime:
-    the launcher's death watcher reports ``died``, the core moves the engine)."""
-    manager, runner = _manager(interval, timeout, engines=2)
-    marked = asyncio.Event()
-    runner.watch(lambda m: marked.set() if m.instance == "engine-1" and m.dst == "Unhealthy" else None)
-    try:
-        await manager.init(_weights())
-        await manager.runner.operate("generate")  # the monitor is running, as during a rollout
-        await asyncio.sleep(interval * phase)  # kill at varying phases of the probe period
-        t0 = time.perf_counter()
-        await manager.controller.engines[1].launcher.kill()
-        await asyncio.wait_for(marked.wait(), 60)
-        return time.perf_counter() - t0
-    finally:
-        await manager.dispose()
+    the launcher's death watcher reports ``died``, the core moves the engine), once per phase of the probe
+    period; between trials the next rollout recovers the engine (rollout FT)."""
+    out: list[float] = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        async with _job(interval, timeout, engines=2, run_dir=run_dir) as job:
+            marked = _entered(job, "engine-1", "Unhealthy")
+            for phase in phases:
+                marked.clear()
+                await job.runner.operate("generate")  # the monitor is running, as during a rollout
+                await asyncio.sleep(interval * phase)  # kill at varying phases of the probe period
+                t0 = time.perf_counter()
+                await job.manager.controller.engines[1].launcher.kill()
+                await asyncio.wait_for(marked.wait(), 60)
+                out.append(time.perf_counter() - t0)
+                await job.runner.operate("generate_done")
+    return out
 
 
 async def p1_baseline(phase: float, interval: float, timeout: float) -> float:
@@ -126,12 +121,9 @@ async def p1_baseline(phase: float, interval: float, timeout: float) -> float:
 
 
 async def p1(trials: int, interval: float, timeout: float) -> tuple[list[float], list[float]]:
-    ours: list[float] = []
-    base: list[float] = []
-    for trial in range(trials):
-        phase = 0.1 + 0.8 * ((trial * 0.37) % 1)
-        ours.append(await p1_ours(phase, interval, timeout))
-        base.append(await p1_baseline(phase, interval, timeout))
+    phases = [0.1 + 0.8 * ((trial * 0.37) % 1) for trial in range(trials)]
+    ours = await p1_ours(phases, interval, timeout)
+    base = [await p1_baseline(phase, interval, timeout) for phase in phases]
     return ours, base
 
 
@@ -192,28 +184,36 @@ async def p2_real(n: int) -> tuple[float, float]:
 
 
 async def p6(trials: int) -> tuple[list[float], list[float]]:
-    """Cold start (launch, load, serve) vs recovery (SIGKILL -> Unhealthy -> recover, restart, catch up,
-    serve), both through the real runtime on one CPU engine."""
-    cold: list[float] = []
-    recovery: list[float] = []
-    for _ in range(trials):
-        manager, runner = _manager(2.0, 2.0, engines=1)
-        try:
+    """Cold start (launch, load, serve: Starting -> Serving) vs recovery (SIGKILL -> Unhealthy -> recover,
+    restart, catch up, serve), both through the real runtime on one CPU engine, timed from the core's moves."""
+    timed = [await _p6_trial() for _ in range(trials)]
+    return [cold for cold, _ in timed], [recovery for _, recovery in timed]
+
+
+async def _p6_trial() -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as run_dir:
+        job = _job(2.0, 2.0, engines=1, run_dir=run_dir)
+        started: list[float] = []
+        job.log.add_sink(lambda e: started.append(time.perf_counter()) if _starting(e) else None)
+        async with job:
+            serving = _entered(job, "engine-0", "Serving")
+            await job.runner.operate("generate")
+            await serving.wait()
+            cold = time.perf_counter() - started[0]
+            await job.runner.operate("generate_done")
+            serving.clear()
             t0 = time.perf_counter()
-            await manager.init(_weights())
-            await runner.operate("generate")
-            assert runner.state.engines[0].state == "Serving"
-            cold.append(time.perf_counter() - t0)
-            await runner.operate("generate_done")
-            t0 = time.perf_counter()
-            await manager.controller.kill_engine(0)
-            await runner.operate("generate")  # recovers, catches up, routes
-            assert runner.state.engines[0].state == "Serving"
-            recovery.append(time.perf_counter() - t0)
-            await runner.operate("generate_done")
-        finally:
-            await manager.dispose()
+            await job.manager.controller.kill_engine(0)
+            await job.runner.operate("generate")  # recovers, catches up, routes
+            await serving.wait()
+            recovery = time.perf_counter() - t0
+            await job.runner.operate("generate_done")
     return cold, recovery
+
+
+def _starting(event: dict[str, object]) -> bool:
+    """engine-0's launch: its first move into Starting (the log exists before the job starts)."""
+    return event.get("instance") == "engine-0" and event.get("dst") == "Starting"
 
 
 def main() -> None:

@@ -18,16 +18,12 @@ import asyncio
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from engines.client import EngineClient
-from engines.models import TinyCausalLM
 from engines.sim.launcher import SimFleet
 from lifecycle import LifecycleConfig
-from lifecycle.decide.core import Command, Outcome
-from lifecycle.decide.runner import Runner
-from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
+from trainer.app import Job
 
 SLOW = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation")
 OPS = ("offload", "onload_weights", "update_weights", "onload_kv")
@@ -39,54 +35,50 @@ async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-async def measure(size: int, latency: float, weights: str) -> dict[str, tuple[float, float, float]]:
-    """Per operation: (ours wall s, ours driver CPU s, sequential wall s)."""
+async def measure(size: int, latency: float) -> dict[str, tuple[float, float, float]]:
+    """Per operation: (ours wall s, ours driver CPU s, sequential wall s). The run is assembled as every run
+    is (:class:`trainer.app.Job`, the fleet as its engines); the weight update includes the real trainer's
+    checkpoint write, which the sequential baseline (engines only) does not pay."""
     fleet = SimFleet(size, dict.fromkeys(SLOW, latency))
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": size, "offload_rollout": True})
-    runner = Runner(config)
-
-    async def transfer(cmd: Command) -> None:
-        runner.pending = (weights, str(int(runner.committed[1]) + 1 if runner.committed else 1))
-
-    async def done(cmd: Command) -> Outcome:
-        return Outcome({"train_step": "trained", "save_checkpoint": "saved"}.get(cmd.effect, "done"))
-
-    runner.provide({f"trainer.{e}": done for m, e in runner.core.commands() if m == "trainer"})
-    runner.provide({"trainer.transfer_weights": transfer})
-    manager = RolloutManager(config, PatternTask(), runner=runner, launcher_factory=fleet.launcher)
     out: dict[str, tuple[float, float, float]] = {}
     try:
-        await runner.operate("trainer.start")
-        await manager.init((weights, "0"))
-        ours = {
-            "offload": manager.offload,
-            "onload_weights": manager.onload_weights,
-            "update_weights": lambda: runner.operate("update_weights"),
-            "onload_kv": manager.onload_kv,
-        }
-        measured = {op: await _timed(ours[op]) for op in OPS}
-        clients = [EngineClient(e.url or "", engine_id=e.id, timeout=60.0) for e in manager.controller.engines]
+        with tempfile.TemporaryDirectory() as run_dir:
+            async with Job(config, PatternTask(), run_dir=run_dir, engines=fleet.launcher, router=False) as job:
+                ours = {
+                    "offload": job.manager.offload,
+                    "onload_weights": job.manager.onload_weights,
+                    "update_weights": lambda: job.trainer.update_weights(1),
+                    "onload_kv": job.manager.onload_kv,
+                }
+                measured = {op: await _timed(ours[op]) for op in OPS}
+                weights = job.weights[0] if job.weights else ""
+                engines = job.manager.controller.engines
+                clients = [EngineClient(e.url or "", engine_id=e.id, timeout=60.0) for e in engines]
 
-        async def sequential(op: str) -> None:
-            for c in clients:  # the baseline: one engine after another, as a for-loop over the fleet does
-                if op == "offload":
-                    await c.release_memory_occupation(["weights", "kv_cache"])
-                elif op == "onload_weights":
-                    await c.resume_memory_occupation(["weights"])
-                elif op == "update_weights":
-                    await c.update_weights_from_disk(weights, weight_version="b")
-                else:
-                    await c.resume_memory_occupation(["kv_cache"])
+                async def sequential(op: str) -> None:
+                    for c in clients:  # the baseline: one engine after another, as a for-loop over the fleet
+                        if op == "offload":
+                            await c.release_memory_occupation(["weights", "kv_cache"])
+                        elif op == "onload_weights":
+                            await c.resume_memory_occupation(["weights"])
+                        elif op == "update_weights":
+                            await c.update_weights_from_disk(weights, weight_version="b")
+                        else:
+                            await c.resume_memory_occupation(["kv_cache"])
 
-        for op in OPS:
-            seq, _ = await _timed(lambda op=op: sequential(op))  # type: ignore[misc]
-            out[op] = (*measured[op], seq)
-        for c in clients:
-            await c.close()
+                for op in OPS:
+                    seq, _ = await _timed(lambda op=op: sequential(op))  # type: ignore[misc]
+                    out[op] = (*measured[op], seq)
+                for c in clients:
+                    await c.close()
     finally:
-        await manager.dispose()
         fleet.close()
     return out
+
+
+async def measure_all(sizes: list[int], latency: float) -> list[tuple[int, dict[str, tuple[float, float, float]]]]:
+    return [(size, await measure(size, latency)) for size in sizes]
 
 
 def main() -> None:
@@ -94,12 +86,11 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.3, help="L: seconds each slow endpoint takes (0.3)")
     parser.add_argument("--sizes", default="1,4,16,64", help="engine counts (default 1,4,16,64)")
     args = parser.parse_args()
-    weights = str(TinyCausalLM("tiny", seed=0).save_pretrained(Path(tempfile.mkdtemp()) / "step-0"))
     latency = args.latency
     print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s")
     print(f"{'N':>4}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} {'CPU/op':>9}")
-    for size in (int(s) for s in args.sizes.split(",")):
-        for op, (wall, cpu, seq) in asyncio.run(measure(size, latency, weights)).items():
+    for size, ops in asyncio.run(measure_all([int(s) for s in args.sizes.split(",")], latency)):
+        for op, (wall, cpu, seq) in ops.items():
             print(
                 f"{size:>4}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {seq:>10.3f}s {seq / wall:>8.1f}x "
                 f"{cpu * 1000:>7.1f}ms"
