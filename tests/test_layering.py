@@ -39,9 +39,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines": LIFECYCLE,
     "engines.cpu": LIFECYCLE | {"engines.models", "engines"},
     "engines.sim": LIFECYCLE | {"engines.models", "engines"},
+    "engines.vllm": LIFECYCLE | {"engines.models", "engines"},  # the vLLM client, and the plugin vLLM loads
     "rollout": LIFECYCLE | {"engines.models", "engines"},
     "trainer": LIFECYCLE | {"engines.models", "engines", "rollout"},
-    "trainer.app": LIFECYCLE | {"engines.models", "engines", "engines.cpu", "engines.sim", "rollout", "trainer"},
+    "trainer.app": LIFECYCLE
+    | {"engines.models", "engines", "engines.cpu", "engines.sim", "engines.vllm", "rollout", "trainer"},
 }
 # The core imports no runtime code at all (DEVELOPERS.md: no Ray, torch or HTTP in lifecycle/).
 CORE_FORBIDDEN = (

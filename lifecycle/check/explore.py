@@ -20,7 +20,7 @@ from lifecycle.check.invariants import INVARIANTS, check_reach, check_state, che
 from lifecycle.check.world import Checker, Node, Transition
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.predicates import evaluate, vector
+from lifecycle.decide.predicates import behaviour, evaluate
 from lifecycle.decide.spec import MachineSpec, Step
 
 ROLLOUT_SIDE = ("rollout", "engine", "monitor", "eval_fleet")
@@ -215,6 +215,14 @@ MODES = ("normal", "train-only", "rollout-only", "replay")
 COMPONENTS: tuple[tuple[str, ...], ...] = ((), ("train",), ("rollout",), ("train", "rollout"))
 
 
+_MODE_FLAGS: dict[str, dict[str, Any]] = {
+    "normal": {},
+    "train-only": {"debug_train_only": True},
+    "rollout-only": {"debug_rollout_only": True},
+    "replay": {"load_debug_rollout_data": "runs/replay/{rollout_id}.json"},
+}
+
+
 @dataclass
 class Lattice:
     valid: list[LifecycleConfig]
@@ -237,7 +245,8 @@ def lattice() -> Lattice:
     """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; external
     engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload; and broadcast
     weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload; and a
-    resumed job that writes checkpoints (--load, --save) under every FT configuration."""
+    resumed job that writes checkpoints (--load, --save) under every FT configuration; and the vLLM backend
+    (--rollout-backend vllm) under every FT configuration, mode and offload."""
     valid: list[LifecycleConfig] = []
     invalid: list[tuple[dict[str, Any], str]] = []
     flags_ = (False, True)
@@ -256,12 +265,7 @@ def lattice() -> Lattice:
             "rollout_num_gpus": 2,
             "engine_max_restarts": 1,  # a second restart gives up: the checker reaches Failed through the budget
         }
-        if mode == "train-only":
-            flags["debug_train_only"] = True
-        elif mode == "rollout-only":
-            flags["debug_rollout_only"] = True
-        elif mode == "replay":
-            flags["load_debug_rollout_data"] = "runs/replay/{rollout_id}.json"
+        flags.update(_MODE_FLAGS[mode])
         if broadcast:
             flags["update_weight_transfer_mode"] = "broadcast"
         if external:
@@ -293,9 +297,29 @@ def lattice() -> Lattice:
             resumed["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
             del resumed["rollout_num_gpus"]
         valid.append(LifecycleConfig.from_mapping(resumed, check_paths=False))
+    # the vLLM backend on this CPU platform (no memory release: offloading is refused) under every FT
+    # configuration, mode and offload, and with broadcast updates
+    for comps, mode, offload, broadcast in itertools.product(COMPONENTS, MODES, flags_, flags_):
+        if broadcast and mode != "normal":
+            continue
+        on_vllm: dict[str, Any] = {
+            "use_fault_tolerance": bool(comps),
+            "ft_components": list(comps) or None,
+            "rollout_backend": "vllm",
+            "offload": offload,
+            "rollout_num_gpus": 2,
+            "engine_max_restarts": 1,
+            **_MODE_FLAGS[mode],
+        }
+        if broadcast:
+            on_vllm["update_weight_transfer_mode"] = "broadcast"
+        try:
+            valid.append(LifecycleConfig.from_mapping(on_vllm, check_paths=False))
+        except ConfigError as exc:
+            invalid.append((on_vllm, str(exc)))
     groups: dict[tuple[bool, ...], list[LifecycleConfig]] = {}
     for c in valid:
-        groups.setdefault(vector(c), []).append(c)
+        groups.setdefault(behaviour(c), []).append(c)
     return Lattice(valid, invalid, groups)
 
 

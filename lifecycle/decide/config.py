@@ -20,8 +20,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, get_args, get_type_hints
 
+from lifecycle.decide.backends import BACKENDS, DEVICES, capabilities
 from lifecycle.decide.errors import ConfigError, UsageError, bounded_repr
-from lifecycle.decide.predicates import starts_servers
+from lifecycle.decide.predicates import (
+    broadcasts_weights,
+    offloads_rollout,
+    releases_rollout_memory,
+    rollout_backend_broadcasts,
+    starts_servers,
+)
 
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("health_generate", "health")
@@ -376,6 +383,21 @@ class LifecycleConfig:
         "never restarted. Replaces --rollout-num-gpus.",
         kind="addresses",
     )
+    rollout_backend: str = setting(
+        "sglang",
+        "The inference engine behind every rollout and eval slot: sglang (real SGLang, or the project's CPU "
+        "engine, which speaks its API) or vllm. External engines (--rollout-external-engine-addrs) are this "
+        "backend too.",
+        kind="choice",
+        choices=BACKENDS,
+    )
+    rollout_device: str = setting(
+        "cpu",
+        "Where the engines run (cpu or cuda): a backend's abilities depend on it (vLLM releases memory only "
+        "in sleep mode, which its CPU platform refuses).",
+        kind="choice",
+        choices=DEVICES,
+    )
     eval_num_gpus: int = setting(0, "GPUs for the dedicated eval fleet (0: no fleet).")
     eval_num_gpus_per_engine: int = setting(1, "GPUs per eval engine.")
     eval_interval: int | None = setting(
@@ -500,6 +522,7 @@ class LifecycleConfig:
                 )
         self._validate_numbers()
         self._validate_checkpoints()
+        self._validate_backend()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
             if path is not None:
@@ -507,6 +530,28 @@ class LifecycleConfig:
         if self.eval_num_gpus > 0 and self.debug_train_only:
             notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
         set_(self, "warnings", tuple(dict.fromkeys(notes)))
+
+    def _validate_backend(self) -> None:
+        """What the run needs of its engines, asked of the backend's declared abilities (one place: the
+        capability predicates), before anything starts."""
+        can = capabilities(self.rollout_backend, self.rollout_device)
+        where = f"--rollout-backend {self.rollout_backend} on --rollout-device {self.rollout_device}"
+        if offloads_rollout(self) and not releases_rollout_memory(self):
+            flag = "--colocate" if self.colocate else "--offload-rollout"
+            raise ConfigError(
+                flag,
+                True,
+                f"{where} cannot release engine memory: {can.reason('release memory')}",
+                f"drop {flag}, or use --rollout-backend sglang"
+                + (", or run vLLM on --rollout-device cuda" if self.rollout_backend == "vllm" else ""),
+            )
+        if broadcasts_weights(self) and not rollout_backend_broadcasts(self):
+            raise ConfigError(
+                "--update-weight-transfer-mode",
+                self.update_weight_transfer_mode,
+                f"{where} cannot join a weight-update group: {can.reason('broadcast')}",
+                "use --update-weight-transfer-mode disk",
+            )
 
     def _validate_checkpoints(self) -> None:
         if self.save_interval is not None and self.save is None:

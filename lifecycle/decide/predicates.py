@@ -8,8 +8,10 @@ shows the name and one definition governs them all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from lifecycle.decide.backends import Capabilities, capabilities
 
 if TYPE_CHECKING:  # the config validates itself with these predicates, so it imports this module
     from lifecycle.decide.config import LifecycleConfig
@@ -22,6 +24,7 @@ class Predicate:
     name: str
     fn: Callable[[LifecycleConfig], bool]
     doc: str
+    capability: bool = False  # an engine backend's ability: it decides which configs are valid, not what they do
 
     def __call__(self, config: LifecycleConfig) -> bool:
         return self.fn(config)
@@ -34,6 +37,15 @@ def predicate(fn: Callable[[LifecycleConfig], bool]) -> Callable[[LifecycleConfi
     """Register ``fn`` under its own name; its docstring's first line is the graph tooltip."""
     doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
     PREDICATES[fn.__name__] = Predicate(fn.__name__, fn, doc)
+    return fn
+
+
+def capability(fn: Callable[[LifecycleConfig], bool]) -> Callable[[LifecycleConfig], bool]:
+    """Register a backend ability (:mod:`lifecycle.decide.backends`): the config refuses a combination that
+    needs one the backend lacks, and no machine guard reads it, so configs that differ only in abilities
+    behave alike (:func:`behaviour` leaves them out)."""
+    predicate(fn)
+    PREDICATES[fn.__name__] = replace(PREDICATES[fn.__name__], capability=True)
     return fn
 
 
@@ -181,6 +193,22 @@ def resumes(c: LifecycleConfig) -> bool:
     return c.load is not None and trains(c)
 
 
+@capability
+def releases_rollout_memory(c: LifecycleConfig) -> bool:
+    """The rollout backend can release and resume its engines' weights and KV cache on --rollout-device."""
+    return bool(_abilities(c).releases)
+
+
+@capability
+def rollout_backend_broadcasts(c: LifecycleConfig) -> bool:
+    """The rollout backend can join the trainer's weight-update group (--update-weight-transfer-mode broadcast)."""
+    return _abilities(c).broadcast
+
+
+def _abilities(c: LifecycleConfig) -> Capabilities:
+    return capabilities(c.rollout_backend, c.rollout_device)
+
+
 def evaluate(config: LifecycleConfig) -> dict[str, bool]:
     """Every predicate's value under ``config``, in registry order."""
     return {name: p.fn(config) for name, p in PREDICATES.items()}
@@ -189,6 +217,12 @@ def evaluate(config: LifecycleConfig) -> dict[str, bool]:
 def vector(config: LifecycleConfig) -> tuple[bool, ...]:
     """The predicate vector: configs with equal vectors behave identically in every machine."""
     return tuple(p.fn(config) for p in PREDICATES.values())
+
+
+def behaviour(config: LifecycleConfig) -> tuple[bool, ...]:
+    """The vector of the predicates machines read (all but capabilities): configs with equal behaviour
+    vectors explore the same states, so the checker explores one of them."""
+    return tuple(p.fn(config) for p in PREDICATES.values() if not p.capability)
 
 
 def lookup(name: str) -> Predicate:

@@ -1092,6 +1092,8 @@ PLAUSIBLE = {
     "engine_restart_backoff_max": st.floats(-1, 60),
     "num_rollout": st.one_of(st.none(), st.integers(-1, 5)),
     "update_weight_transfer_mode": st.sampled_from(["disk", "broadcast", "nccl"]),
+    "rollout_backend": st.sampled_from(["sglang", "vllm", "vLLM", ""]),
+    "rollout_device": st.sampled_from(["cpu", "cuda", "gpu"]),
     "update_weight_buffer_size": st.integers(-1, 1 << 20),
     "update_weight_timeout": st.one_of(st.floats(-1, 120), st.just(0.0)),
     "eval_interval": st.one_of(st.none(), st.integers(-1, 5), st.just(2.5)),
@@ -1158,3 +1160,51 @@ def test_from_args_raises_usage_error_instead_of_exiting(argv: list[str], names:
     with pytest.raises(UsageError) as info:
         LifecycleConfig.from_args(argv, check_paths=False)
     assert names in str(info.value) and "Fix:" in str(info.value)
+
+
+# -- engine backends: what a backend cannot do on its device is refused before anything starts ------------
+@pytest.mark.parametrize("flag", ["offload_rollout", "colocate"])
+def test_vllm_on_cpu_cannot_offload(flag: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        LifecycleConfig(rollout_num_gpus=2, rollout_backend="vllm", **{flag: True})
+    message = str(err.value)
+    assert err.value.flag == f"--{flag.replace('_', '-')}"
+    assert "--rollout-backend vllm on --rollout-device cpu" in message and "sleep mode" in message
+    assert "--rollout-device cuda" in message  # the fix names the platform that can
+
+
+def test_what_a_backend_can_do_is_allowed() -> None:
+    on_gpu = LifecycleConfig(rollout_num_gpus=2, rollout_backend="vllm", rollout_device="cuda", colocate=True)
+    assert on_gpu.offload_rollout
+    assert LifecycleConfig(rollout_num_gpus=2, offload_rollout=True).rollout_backend == "sglang"
+    # rollout-only vLLM with --offload-rollout offloads nothing (no trainer), so nothing is refused
+    assert LifecycleConfig(rollout_num_gpus=2, rollout_backend="vllm", offload_rollout=True, debug_rollout_only=True)
+
+
+def test_a_backend_without_broadcast_refuses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broadcast refusal reads the declared table: a backend declared without it is refused by name."""
+    import dataclasses
+
+    from lifecycle.decide import backends
+
+    key = ("vllm", "cpu")
+    reduced = dataclasses.replace(
+        backends.CAPABILITIES[key], broadcast=False, why_not=(("broadcast", "no transfer engine registered"),)
+    )
+    monkeypatch.setitem(backends.CAPABILITIES, key, reduced)
+    with pytest.raises(ConfigError) as err:
+        LifecycleConfig(rollout_num_gpus=2, rollout_backend="vllm", update_weight_transfer_mode="broadcast")
+    assert err.value.flag == "--update-weight-transfer-mode"
+    assert "no transfer engine registered" in str(err.value)
+    assert LifecycleConfig(rollout_num_gpus=2, rollout_backend="sglang", update_weight_transfer_mode="broadcast")
+
+
+def test_every_backend_and_device_declares_its_abilities() -> None:
+    from lifecycle.decide.backends import BACKENDS, CAPABILITIES, DEVICES, MEMORY_TAGS
+
+    assert set(CAPABILITIES) == {(b, d) for b in BACKENDS for d in DEVICES}
+    for can in CAPABILITIES.values():
+        assert can.releases <= MEMORY_TAGS and can.pause_modes and can.probes
+        assert set(can.probes) <= {"health_generate", "health"}
+        if not can.releases:
+            assert can.reason("release memory") != f"the {can.backend} backend cannot release memory on {can.device}"

