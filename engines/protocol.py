@@ -107,6 +107,21 @@ class DestroyWeightsUpdateGroupReqInput(_Request):
     group_name: str = "weight_update_group"
 
 
+class BeginWeightUpdateReqInput(_Request):
+    """POST /begin_weight_update: opens the server's weight-update session (SGLang 0.5.23)."""
+
+    http_worker_ipc: str | None = None
+    rid: str | None = None
+    selector: Literal["target", "draft", "all"] = "all"
+
+
+class EndWeightUpdateReqInput(_Request):
+    """POST /end_weight_update: closes the session (finalises what was loaded in it)."""
+
+    http_worker_ipc: str | None = None
+    rid: str | None = None
+
+
 class UpdateWeightVersionReqInput(_Request):
     """POST /update_weight_version (``abort_all_requests`` defaults to true here, unlike above)."""
 

@@ -79,7 +79,22 @@ class Contracts:
         return dict(self.openapi["components"]["schemas"])
 
     def endpoint(self, path: str) -> dict[str, Any]:
-        return dict(self.endpoints["endpoints"][path])
+        """The lifecycle summary of ``path``; a path it does not list (the weight-update session, new in
+        0.5.23) is read from SGLang's own schema: its POST body's schema name and whether it is required."""
+        if path in self.endpoints["endpoints"]:
+            return dict(self.endpoints["endpoints"][path])
+        post = self.openapi["paths"][path]["post"]
+        body = post["requestBody"]
+        content_type, media = next(iter(body["content"].items()))
+        name = media["schema"]["$ref"].rsplit("/", 1)[-1]
+        return {
+            "methods": sorted(m.upper() for m in self.openapi["paths"][path]),
+            "request_body": {
+                "schema_name": name,
+                "required": body.get("required", False),
+                "content_type": content_type,
+            },
+        }
 
 
 @pytest.fixture(scope="session")

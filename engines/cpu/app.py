@@ -28,8 +28,10 @@ from engines.cpu.validation import EngineRequestError, shown
 from engines.models import WeightsFileError
 from engines.protocol import (
     AbortReq,
+    BeginWeightUpdateReqInput,
     ContinueGenerationReqInput,
     DestroyWeightsUpdateGroupReqInput,
+    EndWeightUpdateReqInput,
     GenerateReqInput,
     GetWeightsByNameReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -148,6 +150,16 @@ def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Applica
         body = await parse_body(request, GetWeightsByNameReqInput)
         return web.json_response(engine.get_weights_by_name(body.name, body.truncate_size))
 
+    async def begin_update(request: web.Request) -> web.Response:
+        await parse_body(request, BeginWeightUpdateReqInput)
+        status, answer = engine.begin_weight_update()
+        return web.json_response(answer, status=status)
+
+    async def end_update(request: web.Request) -> web.Response:
+        await parse_body(request, EndWeightUpdateReqInput)
+        status, answer = engine.end_weight_update()
+        return web.json_response(answer, status=status)
+
     async def update_weight_version(request: web.Request) -> web.Response:
         body = await parse_body(request, UpdateWeightVersionReqInput)
         return web.json_response(engine.update_weight_version(body))
@@ -188,6 +200,8 @@ def build_app(engine: TorchEngine, *, api_key: str | None = None) -> web.Applica
         (("POST", "PUT"), "/generate", generate),
         (("GET", "POST"), "/flush_cache", flush_cache),
         (("POST",), "/update_weights_from_disk", update_weights_from_disk),
+        (("POST",), "/begin_weight_update", begin_update),
+        (("POST",), "/end_weight_update", end_update),
         (("POST",), "/update_weight_version", update_weight_version),
         (("POST",), "/init_weights_update_group", init_group),
         (("POST",), "/update_weights_from_distributed", update_distributed),

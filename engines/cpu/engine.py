@@ -81,6 +81,7 @@ class TorchEngine:
         )
         self.scheduler = Scheduler(self.memory, seed=seed, step_delay_s=step_delay_s)
         self.groups: dict[str, WeightGroup] = {}  # weight-update groups joined (by group_name)
+        self.update_session = False  # between /begin_weight_update and /end_weight_update
         self.group_timeout = group_timeout
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -156,6 +157,21 @@ class TorchEngine:
             "message": f"Weight version updated to {body.new_version}.",
             "new_version": body.new_version,
         }
+
+    def begin_weight_update(self) -> tuple[int, dict[str, Any]]:
+        """Open the weight-update session (SGLang brackets an update with it so quantized weights can be
+        loaded in place; a full-precision model needs no preparation). One session at a time."""
+        if self.update_session:
+            return 400, {"success": False, "message": "a weight-update session is already open; end it first"}
+        self.update_session = True
+        return 200, {"success": True, "message": "Weight update session begun."}
+
+    def end_weight_update(self) -> tuple[int, dict[str, Any]]:
+        """Close the session opened by /begin_weight_update."""
+        if not self.update_session:
+            return 400, {"success": False, "message": "no weight-update session is open; begin one first"}
+        self.update_session = False
+        return 200, {"success": True, "message": "Weight update session ended."}
 
     async def update_weights_from_disk(self, body: UpdateWeightFromDiskReqInput) -> tuple[int, dict[str, Any]]:
         """Like SGLang's writer lock: no new request starts, running ones finish (or stay paused), then

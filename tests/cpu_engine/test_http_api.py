@@ -484,3 +484,25 @@ def test_a_bad_request_is_refused_alone_while_other_clients_complete(support, en
     for (status, text), b in zip(refused, bad, strict=True):
         assert status == 400, (b, text)
         assert next(iter(b)) in MessageErrorBody.model_validate_json(text).error.message, text
+
+
+@pytest.mark.weight_update
+def test_the_weight_update_session_brackets_one_update_at_a_time(support, engine, contracts):
+    """SGLang 0.5.23's /begin_weight_update ... /end_weight_update: one session at a time, ended only once."""
+    assert contracts.endpoint("/begin_weight_update")["request_body"]["schema_name"] == "BeginWeightUpdateReqInput"
+
+    async def main() -> list[tuple[int, Any]]:
+        calls = [("/begin_weight_update", {}), ("/begin_weight_update", {"selector": "all"})]
+        calls += [("/end_weight_update", {}), ("/end_weight_update", {}), ("/begin_weight_update", {"selector": "x"})]
+        out = []
+        for path, body in calls:
+            status, text = await support.raw(engine.url, "POST", path, body=body)
+            out.append((status, json.loads(text)))
+        return out
+
+    begun, again, ended, unmatched, bad = run(main())
+    assert begun == (200, {"success": True, "message": "Weight update session begun."})
+    assert again[0] == 400 and again[1]["success"] is False and "already open" in again[1]["message"]
+    assert ended == (200, {"success": True, "message": "Weight update session ended."})
+    assert unmatched[0] == 400 and "no weight-update session is open" in unmatched[1]["message"]
+    assert bad[0] == 400 and ValidationErrorBody.model_validate_json(json.dumps(bad[1]))

@@ -27,6 +27,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "/generate": protocol.GenerateReqInput,
     "/update_weights_from_disk": protocol.UpdateWeightFromDiskReqInput,
     "/update_weight_version": protocol.UpdateWeightVersionReqInput,
+    "/begin_weight_update": protocol.BeginWeightUpdateReqInput,
+    "/end_weight_update": protocol.EndWeightUpdateReqInput,
     "/release_memory_occupation": protocol.ReleaseMemoryOccupationReqInput,
     "/resume_memory_occupation": protocol.ResumeMemoryOccupationReqInput,
     "/pause_generation": protocol.PauseGenerationReqInput,
