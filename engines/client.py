@@ -6,7 +6,8 @@ parsed into it. Every call is bounded (``timeout`` per client, overridable per c
 failure is one typed :class:`~engines.errors.EngineError` naming the engine and the endpoint:
 :class:`EngineHTTPError` (non-2xx; status and body), :class:`EngineTimeout`,
 :class:`EngineUnreachable` (refused, reset, dropped) and :class:`EngineProtocolError` (a 2xx body
-that does not match the contract). Free of Ray: an actor wraps it, not the other way round.
+that does not match the contract); the transport is :class:`engines.http.HTTPTransport`, shared
+with the vLLM client. Free of Ray: an actor wraps it, not the other way round.
 
 An ``aiohttp`` session belongs to one event loop: use one client per loop, and close it
 (``async with EngineClient(...)``, or ``await client.close()``).
@@ -14,20 +15,21 @@ An ``aiohttp`` session belongs to one event loop: use one client per loop, and c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
-import aiohttp
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from engines.errors import EngineError, EngineHTTPError, EngineProtocolError, EngineTimeout, EngineUnreachable
+from engines.errors import EngineHTTPError, EngineProtocolError
+from engines.http import HTTPTransport
+from engines.http import body_of as _body
 from engines.protocol import (
     AbortReq,
+    BeginWeightUpdateReqInput,
     ContinueGenerationReqInput,
     ContinueGenerationResponse,
     DestroyWeightsUpdateGroupReqInput,
+    EndWeightUpdateReqInput,
     GenerateReqInput,
     GenerateResponse,
     GetWeightsByNameReqInput,
@@ -48,7 +50,6 @@ from engines.protocol import (
     UpdateWeightVersionResponse,
 )
 
-M = TypeVar("M", bound=BaseModel)
 SamplingArg = SamplingParams | Mapping[str, Any]
 
 
@@ -61,105 +62,8 @@ def _sampling_dict(params: SamplingArg | None) -> dict[str, Any] | None:
     return dict(params)
 
 
-def _body(request: BaseModel) -> dict[str, Any]:
-    return request.model_dump(mode="json", exclude_unset=True)
-
-
-class EngineClient:
+class EngineClient(HTTPTransport):
     """Async client of one engine at ``base_url`` (``http://host:port``)."""
-
-    def __init__(self, base_url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"engine {engine_id}: base_url must start with http:// or https://, got {base_url!r}")
-        if not timeout > 0:
-            raise ValueError(f"engine {engine_id}: timeout must be > 0 seconds, got {timeout!r}")
-        self.base_url = base_url.rstrip("/")
-        self.engine_id = engine_id
-        self.api_key = api_key
-        self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-
-    # -- session ----------------------------------------------------------------------------------
-    async def __aenter__(self) -> EngineClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the HTTP session (idempotent); a later call opens a new one."""
-        if self._session is not None:
-            session, self._session = self._session, None
-            await session.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._session is None or self._session.closed
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-            self._session = aiohttp.ClientSession(headers=headers)
-        return self._session
-
-    # -- transport ----------------------------------------------------------------------------------
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        send_body: bool = False,
-        params: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> str:
-        """One request; the 2xx response text, or a typed error."""
-        limit = self.timeout if timeout is None else timeout
-        if not limit > 0:
-            raise ValueError(f"engine {self.engine_id} {path}: timeout must be > 0 seconds, got {limit!r}")
-        session = self._get_session()
-        kwargs: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=limit)}
-        if send_body:
-            kwargs["data"] = json.dumps(body).encode()
-            kwargs["headers"] = {"Content-Type": "application/json"}
-        if params:
-            kwargs["params"] = dict(params)
-        try:
-            async with session.request(method, self.base_url + path, **kwargs) as resp:
-                text = await resp.text(errors="replace")
-                status = resp.status
-        except TimeoutError:
-            raise EngineTimeout(self.engine_id, path, limit) from None
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            raise EngineUnreachable(self.engine_id, path, f"{type(exc).__name__}: {exc}") from None
-        except aiohttp.ClientError as exc:
-            raise EngineError(self.engine_id, path, f"{type(exc).__name__}: {exc}") from None
-        if not 200 <= status < 300:
-            raise EngineHTTPError(self.engine_id, path, status, text)
-        return text
-
-    def _json(self, path: str, text: str) -> Any:
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise EngineProtocolError(self.engine_id, path, f"expected a JSON body, got {text[:200]!r}") from None
-
-    def _parse(self, path: str, model: type[M], data: Any) -> M:
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise EngineProtocolError(
-                self.engine_id,
-                path,
-                f"answer does not match {model.__name__}: {exc.errors()[0]['msg']} "
-                f"at {'.'.join(str(p) for p in exc.errors()[0]['loc'])}",
-            ) from None
-
-    async def _post_model(self, path: str, request: BaseModel, model: type[M], timeout: float | None) -> M:
-        text = await self._call("POST", path, body=_body(request), send_body=True, timeout=timeout)
-        return self._parse(path, model, self._json(path, text))
 
     # -- health and info ------------------------------------------------------------------------------
     async def health(self, *, timeout: float | None = None) -> None:
@@ -376,6 +280,20 @@ class EngineClient:
         extra = {} if abort_all_requests is None else {"abort_all_requests": abort_all_requests}
         request = UpdateWeightVersionReqInput(new_version=new_version, **extra)
         return await self._post_model("/update_weight_version", request, UpdateWeightVersionResponse, timeout)
+
+    async def begin_weight_update(self, *, timeout: float | None = None) -> Any:
+        """POST /begin_weight_update: open the weight-update session (the body SGLang answers is untyped)."""
+        text = await self._call(
+            "POST", "/begin_weight_update", body=_body(BeginWeightUpdateReqInput()), send_body=True, timeout=timeout
+        )
+        return self._json("/begin_weight_update", text) if text else None
+
+    async def end_weight_update(self, *, timeout: float | None = None) -> Any:
+        """POST /end_weight_update: close the session."""
+        text = await self._call(
+            "POST", "/end_weight_update", body=_body(EndWeightUpdateReqInput()), send_body=True, timeout=timeout
+        )
+        return self._json("/end_weight_update", text) if text else None
 
     async def release_memory_occupation(
         self, tags: Sequence[str] | None = None, *, timeout: float | None = None

@@ -14,16 +14,16 @@ import contextlib
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from engines.client import EngineClient
+from engines.api import APIFactory, Bucket, ServerAPI, sglang_api
 from engines.errors import EngineError, EngineHTTPError
 from engines.launcher import Launcher
-from engines.protocol import PauseMode
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import MEMORY, WEIGHTS
 
-Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
+__all__ = ["Bucket", "Engine", "EngineFailed", "Timeouts"]
 
 
 class EngineFailed(LifecycleError):
@@ -44,7 +44,8 @@ class Timeouts:
 
 
 class Engine:
-    """An engine slot: a launcher, the client of the server it started, and what that server holds."""
+    """An engine slot: a launcher, the API of the server it started (SGLang's or vLLM's: the launcher's
+    ``api``, else SGLang's), and what that server holds."""
 
     def __init__(
         self,
@@ -54,14 +55,16 @@ class Engine:
         api_key: str | None = None,
         timeouts: Timeouts | None = None,
         probe_endpoint: str = "health_generate",
+        api: APIFactory | None = None,
     ) -> None:
         self.id = engine_id
         self.probe_endpoint = probe_endpoint
         self.launcher = launcher
         # the key the launcher started the server with (or an external engine's owner gave), unless one is given
         self.api_key = api_key if api_key is not None else getattr(launcher, "api_key", None)
+        self.api_factory: APIFactory = api or getattr(launcher, "api", None) or sglang_api
         self.timeouts = timeouts or Timeouts()
-        self.client: EngineClient | None = None
+        self.server: ServerAPI | None = None
         self.url: str | None = None
         self.weight_version: str | None = None  # what the server reported after its last load
         self.reason = ""  # why the last command failed (it travels with the outcome)
@@ -75,89 +78,83 @@ class Engine:
         """Start the process and wait (bounded) until ``/health_generate`` answers: ``ready`` or ``start_failed``."""
         try:
             self.url = await asyncio.wait_for(self.launcher.launch(), self.timeouts.startup)
-            if self.client is not None:
-                await self.client.close()
-            self.client = EngineClient(self.url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
+            if self.server is not None:
+                await self.server.close()
+            self.server = self.api_factory(
+                self.url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request
+            )
             await self._wait_healthy()
         except (TimeoutError, EngineError, OSError) as exc:
             return self._failed("start_failed", f"did not start: {exc}")
         self.weight_version = None
         return Outcome("ready")
 
+    @property
+    def client(self) -> Any:
+        """The server's HTTP client (the rollout's routing generates through it); None without a server."""
+        return None if self.server is None else self.server.client
+
     async def _wait_healthy(self) -> None:
-        """Poll /health_generate until it answers (the startup probe, bounded), then flush the cache."""
-        assert self.client is not None
+        """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update."""
+        assert self.server is not None
         deadline = time.monotonic() + self.timeouts.startup
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                await self.client.health_generate(timeout=min(5.0, self.timeouts.request))
-                await self.client.flush_cache()
+                await self.server.ready(min(5.0, self.timeouts.request))
                 return
             except EngineError as exc:
                 last = exc
                 await asyncio.sleep(0.1)
-        raise TimeoutError(f"/health_generate did not answer within {self.timeouts.startup:g}s ({last})")
+        raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
 
     async def kill(self) -> Outcome:
         """SIGKILL the server and wait (bounded) until its death is confirmed: ``dead`` or ``alive``."""
         await self.launcher.kill()
         if not await self.launcher.wait_dead(self.timeouts.death):
             return self._failed("alive", f"process still alive {self.timeouts.death:g}s after SIGKILL")
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
+        if self.server is not None:
+            await self.server.close()
+            self.server = None
         return Outcome("dead")
 
     # -- weights ----------------------------------------------------------------------------------------
     async def load(self, path: str, version: str) -> Outcome:
-        """``/update_weights_from_disk``, then ``/model_info`` must report ``version``: ``loaded`` or why not."""
-        client = self.client
-        if client is None:
+        """The checkpoint directory in one update session; the server must then report ``version``:
+        ``loaded`` or why not."""
+        if self.server is None:
             return self._failed("request_failed", "no server process")
-        return await self._verified(client.update_weights_from_disk(path, weight_version=version), version, "disk")
+        return await self._verified(self.server.load(path, version, None), version, "disk", path)
 
     # -- the weight-update group (broadcast mode) ---------------------------------------------------------
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        """``/init_weights_update_group`` at ``rank`` (raises EngineError: the group did not form)."""
-        if self.client is None:
-            raise EngineError(self.id, "/init_weights_update_group", "no server process")
-        await self.client.init_weights_update_group(address, port, rank, world_size, backend="gloo", timeout=timeout)
+        """Join the trainer's group at ``rank`` (raises EngineError: the group did not form)."""
+        if self.server is None:
+            raise EngineError(self.id, "join_group", "no server process")
+        await self.server.join_group(address, port, rank, world_size, timeout)
 
     async def leave_group(self, timeout: float) -> None:
-        """``/destroy_weights_update_group``, best effort: a dead or group-less engine is already out."""
-        if self.client is not None:
+        """Leave the group, best effort: a dead or group-less engine is already out."""
+        if self.server is not None:
             with contextlib.suppress(EngineError):
-                await self.client.destroy_weights_update_group(timeout=timeout)
+                await self.server.leave_group(timeout)
 
     async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> Outcome:
-        """Every bucket by ``/update_weights_from_distributed`` (the last one names ``version``), each within
-        ``timeout``, while the trainer broadcasts them; then ``/model_info`` must report ``version``."""
-        client = self.client
-        if client is None:
+        """Every bucket, each within ``timeout``, while the trainer broadcasts them, in one update session;
+        then the server must report ``version``."""
+        if self.server is None:
             return self._failed("request_failed", "no server process")
+        return await self._verified(self.server.receive(buckets, version, timeout), version, "broadcast")
 
-        async def every_bucket() -> None:
-            for k, bucket in enumerate(buckets):
-                await client.update_weights_from_distributed(
-                    [n for n, _, _ in bucket],
-                    [d for _, d, _ in bucket],
-                    [list(shape) for _, _, shape in bucket],
-                    weight_version=version if k == len(buckets) - 1 else None,
-                    timeout=timeout,
-                )
-
-        return await self._verified(every_bucket(), version, "broadcast")
-
-    async def _verified(self, transfer: Awaitable[object], version: str, how: str) -> Outcome:
-        """A weight transfer, then ``/model_info`` must report ``version``: ``loaded``, or ``refused`` (it answered
-        no, or holds another version: it must not serve), or ``request_failed`` (no answer)."""
-        assert self.client is not None
+    async def _verified(self, transfer: Awaitable[str | None], version: str, how: str, path: str = "") -> Outcome:
+        """A weight transfer that returns the version the server then reports, which must be ``version``:
+        ``loaded``, or ``refused`` (it answered no, or holds another version: it must not serve), or
+        ``request_failed`` (no answer). ``path``: named in the reason (vLLM hides paths in its errors)."""
+        where = f" from {path}" if path else ""
         try:
-            await transfer
-            got = (await self.client.model_info()).weight_version
+            got = await transfer
         except EngineHTTPError as exc:
-            verb = "refused the weights" if how == "disk" else "broadcast update failed"
+            verb = f"refused the weights{where}" if how == "disk" else "broadcast update failed"
             return self._failed("refused", f"{verb}: {exc}")
         except EngineError as exc:
             return self._failed("request_failed", f"{'weight' if how == 'disk' else 'broadcast'} update failed: {exc}")
@@ -170,17 +167,18 @@ class Engine:
 
     # -- traffic and memory -----------------------------------------------------------------------------
     async def continue_generation(self) -> Outcome:
-        return await self._request("continue_generation")
+        return await self._request("resume")
 
-    async def pause_generation(self, mode: PauseMode = "retract") -> Outcome:
-        return await self._request("pause_generation", mode=mode)
+    async def pause_generation(self) -> Outcome:
+        """Stop generating, keeping what runs (SGLang's ``retract``, vLLM's ``keep``)."""
+        return await self._request("pause")
 
     async def release(self, tag: str) -> Outcome:
-        outcome = await self._request("release_memory_occupation", tags=[tag])
+        outcome = await self._request("release", tag)
         return outcome._replace(facts=(self._fact(MEMORY, op="release", tag=tag, outcome=outcome.name),))
 
     async def resume(self, tag: str) -> Outcome:
-        outcome = await self._request("resume_memory_occupation", tags=[tag])
+        outcome = await self._request("resume_memory", tag)
         return outcome._replace(facts=(self._fact(MEMORY, op="resume", tag=tag, outcome=outcome.name),))
 
     def _fact(self, event: str, **fields: object) -> Fact:
@@ -188,22 +186,21 @@ class Engine:
         return Fact.of(event, instance=self.id, **fields)
 
     async def probe(self, timeout: float) -> Outcome:
-        """One liveness probe, bounded: ``/health_generate`` (a real 1-token generation) by default;
-        ``/health`` (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
-        if self.client is None:
+        """One liveness probe, bounded: ``health_generate`` (a real 1-token generation) by default; ``health``
+        (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
+        if self.server is None:
             return self._failed("probe_failed", "no server process")
-        call = self.client.health if self.probe_endpoint == "health" else self.client.health_generate
         try:  # the client's own request timeout bounds it (a second wait_for would race it)
-            await call(timeout=timeout)
+            await self.server.probe(self.probe_endpoint, timeout)
         except (TimeoutError, EngineError) as exc:
             return self._failed("probe_failed", f"probe failed: {type(exc).__name__}: {exc}")
         return Outcome("probe_ok")
 
-    async def _request(self, method: str, **kwargs: object) -> Outcome:
-        if self.client is None:
+    async def _request(self, method: str, *args: str) -> Outcome:
+        if self.server is None:
             return self._failed("request_failed", "no server process")
         try:
-            await getattr(self.client, method)(**kwargs)
+            await getattr(self.server, method)(*args)
         except EngineError as exc:
             return self._failed("request_failed", f"{method} failed: {exc}")
         return Outcome("done")
@@ -212,7 +209,7 @@ class Engine:
         """Best effort, whatever the state: kill the process, close the client, release the launcher."""
         with contextlib.suppress(Exception):  # already gone: nothing to do
             await self.launcher.kill()
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
+        if self.server is not None:
+            await self.server.close()
+            self.server = None
         self.launcher.shutdown()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from engines.apikey import given_api_key, key_env
@@ -158,6 +158,7 @@ class LocalLauncher(ProcessControl):
         url: str | None = None,
         health_path: str = "/health",
         api_key: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.command = command
@@ -165,10 +166,12 @@ class LocalLauncher(ProcessControl):
         self.url = url
         self.health_path = health_path
         self.api_key = api_key  # the server requires it; the engine slot sends it
+        self.env = dict(env or {})  # added to the server's environment (e.g. vLLM's VLLM_SERVER_DEV_MODE)
         self.process: ServerProcess | None = None
 
     async def launch(self) -> str:
-        env = {**os.environ, **key_env(self.api_key)} if self.api_key else None
+        extra = {**self.env, **key_env(self.api_key)}
+        env = {**os.environ, **extra} if extra else None
         self.process = ServerProcess(
             self.command(),
             engine_id=self.engine_id,

@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+from engines.api import APIFactory, sglang_api
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
@@ -172,13 +173,15 @@ class InferenceController:
         endpoint = self.config.rollout_health_check_endpoint.lstrip("/")
         url = self.external_url(engine_id)
         launcher: Launcher
+        api: APIFactory | None = None  # a launched server's is its launcher's (else SGLang's)
         if url is not None:
             launcher = ExternalLauncher(engine_id, url)
+            api = external_api(self.config.rollout_backend)  # an external engine is --rollout-backend's
         elif self.launcher_factory is None:
             raise ControllerError("engines must start, but the rollout manager has no launcher factory")
         else:
             launcher = self.launcher_factory(engine_id)
-        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint)
+        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, api=api)
 
     def external_url(self, engine_id: str) -> str | None:
         """The address of a rollout engine started outside the job, or None for one the job launches."""
@@ -375,3 +378,12 @@ class InferenceController:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watchers.clear()
+
+
+def external_api(backend: str) -> APIFactory:
+    """The API an engine started outside the job speaks: its --rollout-backend's."""
+    if backend == "vllm":
+        from engines.vllm.api import vllm_api  # its client only where vLLM engines are used
+
+        return vllm_api
+    return sglang_api

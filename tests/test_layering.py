@@ -40,8 +40,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines.cpu": LIFECYCLE | {"engines.models", "engines"},
     "engines.sim": LIFECYCLE | {"engines.models", "engines"},
     "engines.vllm": LIFECYCLE | {"engines.models", "engines"},  # the vLLM client, and the plugin vLLM loads
-    "rollout": LIFECYCLE | {"engines.models", "engines"},
-    "trainer": LIFECYCLE | {"engines.models", "engines", "rollout"},
+    "rollout": LIFECYCLE | {"engines.models", "engines", "engines.vllm"},
+    "trainer": LIFECYCLE | {"engines.models", "engines", "engines.vllm", "rollout"},
     "trainer.app": LIFECYCLE
     | {"engines.models", "engines", "engines.cpu", "engines.sim", "engines.vllm", "rollout", "trainer"},
 }

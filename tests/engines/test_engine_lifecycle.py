@@ -61,7 +61,7 @@ def test_an_engine_slot_carries_out_every_command_and_reports_its_outcome(tmp_pa
             reference = await client.generate("ab", sampling_params=greedy)
             in_flight = asyncio.create_task(client.generate("ab", sampling_params=greedy))
             await asyncio.sleep(0.1)
-            assert (await engine.pause_generation("retract")).name == "done"
+            assert (await engine.pause_generation()).name == "done"
             paused = (await client.server_info()).internal_states[0]
             assert paused["paused"] and not in_flight.done()
             assert (await engine.continue_generation()).name == "done"

@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+from engines.api import SGLangAPI
 from engines.engine import Engine
 from engines.launcher import LocalLauncher
 from engines.process import ServerProcess
@@ -40,8 +41,14 @@ class RecordingClient:
         self.calls: list[str] = []
         self.closed = False
 
+    async def begin_weight_update(self, **kw: Any) -> None:
+        self.calls.append("begin_weight_update")
+
     async def update_weights_from_disk(self, path: str, **kw: Any) -> None:
         self.calls.append("update_weights_from_disk")
+
+    async def end_weight_update(self, **kw: Any) -> None:
+        self.calls.append("end_weight_update")
 
     async def model_info(self) -> SimpleNamespace:
         self.calls.append("model_info")
@@ -55,8 +62,12 @@ class RecordingClient:
 
 
 def _engine(launcher: Any, client: RecordingClient | None) -> Engine:
+    """A slot whose server speaks SGLang's API through ``client``."""
     engine = Engine("engine-0", launcher)
-    engine.client = client  # type: ignore[assignment]
+    if client is not None:
+        api = SGLangAPI("http://127.0.0.1:9", engine_id="engine-0")
+        api.client = client  # type: ignore[assignment]
+        engine.server = api
     return engine
 
 
@@ -86,7 +97,12 @@ def test_a_load_counts_only_once_the_server_reports_the_version() -> None:
     engine = _engine(UnkillableLauncher(), stale)
     outcome = asyncio.run(engine.load("/weights/step-2", "2"))
     assert outcome.name == "refused" and "'1', expected '2'" in outcome.reason  # it must not serve
-    assert engine.weight_version is None and stale.calls == ["update_weights_from_disk", "model_info"]
+    assert engine.weight_version is None and stale.calls == [
+        "begin_weight_update",
+        "update_weights_from_disk",
+        "end_weight_update",
+        "model_info",
+    ]
     took = _engine(UnkillableLauncher(), RecordingClient(holds="2"))
     assert asyncio.run(took.load("/weights/step-2", "2")).name == "loaded" and took.weight_version == "2"
 

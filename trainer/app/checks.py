@@ -75,6 +75,17 @@ def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
 MODELS = ("char", "tiny-llama")
 
 
+def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str | Path | None) -> None:
+    """vLLM serves Hugging Face checkpoints: the project's char model is refused before anything starts."""
+    if config.rollout_backend == "vllm" and model == "char" and hf_checkpoint is None and not config.debug_train_only:
+        raise ConfigError(
+            "--model",
+            model,
+            "--rollout-backend vllm serves Hugging Face checkpoints, not the project's char model",
+            "use --model tiny-llama (the default with --rollout-backend vllm), or --hf-checkpoint DIR",
+        )
+
+
 def check_model(model: str, hf_checkpoint: str | Path | None) -> None:
     """``--model``: the built-in char model, or ``tiny-llama`` (built into RUN_DIR/model); ``--hf-checkpoint``
     already says which model, so the two together are refused rather than one silently winning."""

@@ -24,7 +24,14 @@ from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_
 from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank, parse_number
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.faults import FAULTS
-from trainer.app.checks import MODELS, check_async, check_hf_checkpoint, check_model, check_steps
+from trainer.app.checks import (
+    MODELS,
+    check_async,
+    check_backend_model,
+    check_hf_checkpoint,
+    check_model,
+    check_steps,
+)
 from trainer.app.faults import check_faults, fault_arg
 from trainer.app.run_manifest import BOUNDS
 
@@ -138,9 +145,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--engine-startup-timeout",
         type=SECONDS,
-        default=60.0,
+        default=None,
         metavar="S",
-        help="bound on an engine's start until /health_generate answers; then start_failed (default 60)",
+        help="bound on an engine's start until it generates; then start_failed (default 60; 300 with "
+        "--rollout-backend vllm, whose servers take 40-130 s on 2 cores)",
     )
     p.add_argument(
         "--rollout-function",
@@ -183,11 +191,17 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--model",
         choices=MODELS,
-        default="char",
+        default=None,
         help="the policy: char (default, the built-in char-level model, fastest) or tiny-llama (a tiny random-init "
         "Hugging Face LlamaForCausalLM and a BPE tokenizer trained locally, built into RUN_DIR/model and served "
-        "and trained through transformers; needs pip install 'rl-lifecycle[hf]'; slower, see the README). "
-        "--hf-checkpoint gives the model instead",
+        "and trained through transformers; needs pip install 'rl-lifecycle[hf]'; slower, see the README; the "
+        "default with --rollout-backend vllm). --hf-checkpoint gives the model instead",
+    )
+    p.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        help="--rollout-backend vllm: the python of the vLLM engine environment (default: $LIFECYCLE_VLLM_PYTHON, "
+        "else .venv-vllm/bin/python, which `make engine-env` builds)",
     )
     p.add_argument(
         "--no-router",
@@ -434,8 +448,18 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--steps", ns.steps)
     _positive("--trainer-workers", ns.trainer_workers)
     _positive("--keep-checkpoints", ns.keep_checkpoints)
+    vllm = config.rollout_backend == "vllm"
+    if ns.model is None:  # vLLM serves Hugging Face checkpoints only
+        ns.model = "tiny-llama" if vllm and ns.hf_checkpoint is None else "char"
+    if ns.engine_startup_timeout is None:
+        ns.engine_startup_timeout = 300.0 if vllm else 60.0
     check_model(ns.model, ns.hf_checkpoint)
+    check_backend_model(config, ns.model, ns.hf_checkpoint)
     _check_environment(ns.model, ns.rollout_function, ns.data_source)
+    if vllm and not config.debug_train_only:  # its engine environment: before anything starts
+        from engines.vllm.launcher import find_python
+
+        ns.vllm_python = find_python(ns.vllm_python)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
@@ -465,7 +489,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    router = not ns.no_router and importlib.util.find_spec("sglang_router") is not None  # engines.router's test
+    # engines.router's test; not before vLLM servers (Job: sglang-router sends them nothing they answer)
+    router = not ns.no_router and not vllm and importlib.util.find_spec("sglang_router") is not None
     check_faults(
         faults,
         config,
@@ -502,6 +527,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
+        vllm_python=ns.vllm_python,
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)

