@@ -51,6 +51,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vLLM engine environment's python (``make engine-env``); a test that needs real vLLM servers skips
+    without it (and fails under ``LIFECYCLE_REQUIRE_ALL=1``: the reason says "install")."""
+    from engines.vllm.launcher import find_python
+    from lifecycle.decide.errors import ConfigError
+
+    try:
+        return find_python()
+    except ConfigError:
+        pytest.skip("the vLLM engine environment is not installed: make engine-env (builds .venv-vllm)")
+
+
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """One real local Ray cluster per test session (2 CPUs, no dashboard); only if a test asks."""
     ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'rl-lifecycle[ray]'")
