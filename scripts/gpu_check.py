@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU host check: the project's own loop against real ``sglang.launch_server`` processes. Not part of CI.
+"""GPU host check: the project's own loop against real SGLang or vLLM servers on a GPU. Not part of CI.
 
 What it runs: ``trainer.app.loop.run`` -- the loop ``lifecycle run`` runs -- with every rollout engine a real
 SGLang server (``engines.sglang.SGLangBackend``) started on a Hugging Face checkpoint directory (the tiny
@@ -13,10 +13,18 @@ trainer on CPU writing one checkpoint directory per step that the servers load w
 * the reward of the last steps is not below the first steps' (a tiny model on few steps: a smoke check,
   not a learning benchmark).
 
-Needs: a CUDA GPU, ``pip install 'rl-lifecycle[sglang,router,hf]'`` (sglang pins its own torch: use a
-separate environment from the CPU one). Example::
+``--rollout-backend vllm``: every engine a real ``vllm.entrypoints.openai.api_server`` on the GPU
+(``--rollout-device cuda``: its sleep mode may offload, so ``--offload`` is accepted there), launched by
+``engines.vllm.launcher`` from the python of an environment with vLLM and this package installed
+(``--vllm-python``; the package's ``vllm.general_plugins`` entry registers our transfer engine), routed
+in-process (sglang-router does not front vLLM), updated in vLLM's own weight-update session.
+
+Needs: a CUDA GPU and, for SGLang, ``pip install 'rl-lifecycle[sglang,router,hf]'`` (sglang pins its own torch:
+use a separate environment from the CPU one); for vLLM, ``pip install vllm`` and ``pip install -e .`` in an
+environment of their own, and ``rl-lifecycle[hf]`` in this one. Examples::
 
     python scripts/gpu_check.py --engines 2 --steps 8
+    python scripts/gpu_check.py --rollout-backend vllm --vllm-python /opt/vllm-env/bin/python --offload
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         help="extra sglang.launch_server argument (repeatable); default: --attention-backend torch_native "
         "--disable-cuda-graph (the tiny model's head size suits no fused kernel)",
     )
+    p.add_argument(
+        "--rollout-backend", choices=("sglang", "vllm"), default="sglang", help="the servers (default sglang)"
+    )
+    p.add_argument("--vllm-python", default=None, metavar="PATH", help="vLLM: its environment's python")
+    p.add_argument("--offload", action="store_true", help="release engine memory around every training step")
     ns = p.parse_args(argv)
 
     from engines.engine import Timeouts
@@ -61,13 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     from engines.sglang import SGLangBackend, SGLangServerArgs, require_sglang
     from lifecycle.decide.config import LifecycleConfig
     from lifecycle.decide.events import read_jsonl
-    from trainer.app.loop import RunOptions, run
+    from trainer.app.loop import VLLM_TINY_LLAMA, RunOptions, run
 
-    require_sglang()
+    vllm = ns.rollout_backend == "vllm"
+    if not vllm:
+        require_sglang()
     run_dir = Path(ns.run_dir or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else build_tiny_llama(run_dir / "model")
-    config = LifecycleConfig.from_mapping({"rollout_num_gpus": ns.engines})
+    sizes = VLLM_TINY_LLAMA if vllm else {}
+    checkpoint = Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else build_tiny_llama(run_dir / "model", **sizes)
+    config = LifecycleConfig.from_mapping(
+        {
+            "rollout_num_gpus": ns.engines,
+            "rollout_backend": ns.rollout_backend,
+            "rollout_device": "cuda",
+            "offload_rollout": ns.offload,
+        }
+    )
     default_extra = ["--attention-backend", "torch_native", "--disable-cuda-graph"]
     extra = ns.sglang_arg if ns.sglang_arg is not None else default_extra
     fraction = ns.mem_fraction_static or round(0.8 / ns.engines, 3)
@@ -88,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         steps=ns.steps,
         run_dir=run_dir,
         hf_checkpoint=checkpoint,
-        engine_launcher=launcher,
-        router=True,
+        engine_launcher=None if vllm else launcher,  # vLLM: the Job launches --rollout-backend's servers
+        router=not vllm,
         timeouts=Timeouts(startup=ns.startup_timeout, request=120.0, death=30.0),
+        vllm_python=ns.vllm_python,
     )
     t0 = time.monotonic()
     result = run(config, opts)
@@ -108,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "last_step": last[-1] if last else None,
     }
     problems = []
-    if {"route_traffic", "stop_routing"} - effects:
+    if not vllm and {"route_traffic", "stop_routing"} - effects:
         problems.append("route_traffic/stop_routing missing from the engines' transitions")
     if result.last5 < result.first5:
         problems.append("the reward fell")

@@ -77,6 +77,8 @@ def vllm_command(
     cmd += ["--disable-log-stats", "--uvicorn-log-level", "warning"]
     if device == "cpu":
         cmd += ["--gpu-memory-utilization", str(KV_CACHE_FRACTION)]
+    else:  # sleep mode: what /sleep and /wake_up release and restore (the offload commands); refused on CPU
+        cmd += ["--enable-sleep-mode"]
     return [*cmd, *extra]
 
 
