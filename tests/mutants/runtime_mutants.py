@@ -332,10 +332,10 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "engine_leave_never_sent",
         "an engine slot's leave_group never calls /destroy_weights_update_group on its server",
         ENGINE,
-        "        if self.client is not None:\n            with contextlib.suppress(EngineError):\n"
-        "                await self.client.destroy_weights_update_group(",
-        "        if self.client is None:\n            with contextlib.suppress(EngineError):\n"
-        "                await self.client.destroy_weights_update_group(",
+        "        if self.server is not None:\n            with contextlib.suppress(EngineError):\n"
+        "                await self.server.leave_group(",
+        "        if self.server is None:\n            with contextlib.suppress(EngineError):\n"
+        "                await self.server.leave_group(",
         (f"{T_SLOT}::test_leaving_the_weight_update_group_reaches_the_server",),
     ),
     RuntimeMutant(

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from engines.api import SGLangAPI
 from engines.client import EngineClient
 from engines.launcher import LocalLauncher
 from lifecycle.decide.config import LifecycleConfig
@@ -58,7 +59,7 @@ async def _probe_paths(config: LifecycleConfig) -> list[str]:
     )
     controller = manager.controller
     engine = controller.new_engine("engine-0")
-    engine.client = EngineClient(url, engine_id="engine-0", timeout=2.0)
+    engine.server = SGLangAPI(url, engine_id="engine-0", timeout=2.0)
     controller._monitor_add(engine)
     await controller.monitor.probe_round()
     await engine.client.close()
