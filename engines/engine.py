@@ -2,7 +2,8 @@
 
 The slot decides nothing. The lifecycle core (``lifecycle.decide.core``) moves the ``engine`` machine and
 hands out commands -- launch, kill, load these weights, pause generation, release memory -- and the
-slot carries each one out against the real server (through its launcher and ``EngineClient``) and
+slot carries each one out against the real server (through its launcher and its backend's API,
+:mod:`engines.api`: SGLang's or vLLM's) and
 says what happened: ``ready`` or ``start_failed``, ``dead`` or ``alive``, ``loaded``, ``refused`` or
 ``request_failed``, ``done``. Every wait is bounded (:class:`Timeouts`); running out is an outcome.
 """
@@ -75,7 +76,7 @@ class Engine:
 
     # -- start and stop ------------------------------------------------------------------------------
     async def launch(self) -> Outcome:
-        """Start the process and wait (bounded) until ``/health_generate`` answers: ``ready`` or ``start_failed``."""
+        """Start the process and wait (bounded) until it generates: ``ready`` or ``start_failed``."""
         try:
             self.url = await asyncio.wait_for(self.launcher.launch(), self.timeouts.startup)
             if self.server is not None:

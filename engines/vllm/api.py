@@ -11,10 +11,10 @@ died mid-update) is cancelled with the plugin's ``{"abort": true}`` before a new
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from engines.api import Bucket
-from engines.errors import EngineHTTPError
+from engines.errors import EngineHTTPError, EngineUnreachable
 from engines.vllm.client import VLLMClient
 from lifecycle.decide.backends import BackendName, capabilities
 
@@ -39,10 +39,11 @@ class VLLMAPI:
         await call(timeout=timeout)
 
     async def load(self, path: str, version: str, timeout: float | None) -> str | None:
-        await self._start(timeout)
-        await self.client.update_weights({"path": path}, timeout=timeout)  # a failure ends the session
-        await self.client.finish_weight_update(version, timeout=timeout)
-        return await self.client.weight_info()
+        async with _core_alive(self.client.engine_id):
+            await self._start(timeout)
+            await self.client.update_weights({"path": path}, timeout=timeout)  # a failure ends the session
+            await self.client.finish_weight_update(version, timeout=timeout)
+            return await self.client.weight_info()
 
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         info = {"address": address, "port": port, "rank": rank, "world_size": world_size, "timeout": timeout}
@@ -52,16 +53,17 @@ class VLLMAPI:
         await self.client.shutdown_weight_transfer_engine(timeout=timeout)
 
     async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
-        await self._start(timeout)
-        for bucket in buckets:
-            update = {
-                "names": [n for n, _, _ in bucket],
-                "dtype_names": [d for _, d, _ in bucket],
-                "shapes": [list(shape) for _, _, shape in bucket],
-            }
-            await self.client.update_weights(update, timeout=timeout + BUCKET_GRACE)
-        await self.client.finish_weight_update(version, timeout=timeout)
-        return await self.client.weight_info()
+        async with _core_alive(self.client.engine_id):
+            await self._start(timeout)
+            for bucket in buckets:
+                update = {
+                    "names": [n for n, _, _ in bucket],
+                    "dtype_names": [d for _, d, _ in bucket],
+                    "shapes": [list(shape) for _, _, shape in bucket],
+                }
+                await self.client.update_weights(update, timeout=timeout + BUCKET_GRACE)
+            await self.client.finish_weight_update(version, timeout=timeout)
+            return await self.client.weight_info()
 
     async def _start(self, timeout: float | None) -> None:
         """Open a session; one left open (by a driver that died mid-update) is cancelled first."""
@@ -84,13 +86,28 @@ class VLLMAPI:
         """vLLM's sleep (level 1) releases weights and KV cache at once; the second tag finds it asleep. Only
         where the config allows offloading with vLLM (--rollout-device cuda): its CPU platform releases nothing."""
         if not await self.client.is_sleeping():
-            await self.client.sleep(1, "wait")
+            await self.client.sleep(1, "keep")  # "keep": what drain froze stays frozen
 
     async def resume_memory(self, tag: str) -> None:
         await self.client.wake_up([tag])
 
     async def close(self) -> None:
         await self.client.close()
+
+
+# vLLM's API server answers 500 naming its engine core when that process died (the server exits soon after):
+# the server did not refuse the weights, it is gone -- the slot must report request_failed, not refused
+_DEAD_CORE = ("EngineDeadError", "EngineCore encountered an issue")
+
+
+@contextlib.asynccontextmanager
+async def _core_alive(engine_id: str) -> AsyncIterator[None]:
+    try:
+        yield
+    except EngineHTTPError as exc:
+        if exc.status >= 500 and any(word in exc.body for word in _DEAD_CORE):
+            raise EngineUnreachable(engine_id, exc.endpoint, f"vLLM's engine core died: {exc.body[:200]}") from None
+        raise
 
 
 def vllm_api(url: str, *, engine_id: str, api_key: str | None, timeout: float) -> VLLMAPI:

@@ -82,6 +82,16 @@ def vllm_command(
     return [*cmd, *extra]
 
 
+def context_length(model: str | os.PathLike[str], default: int = 128) -> int:
+    """The checkpoint's context (``max_position_embeddings`` in its config.json): what vLLM may serve of it
+    (--max-model-len sizes the KV cache it reserves; prompt + new tokens beyond it are refused with HTTP 400)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+        return int(config.get("max_position_embeddings", default))
+    except (OSError, ValueError, TypeError):
+        return default  # vLLM itself names what is wrong with the checkpoint when it starts
+
+
 def vllm_launcher_factory(
     kind: Literal["ray", "local"],
     model: str | os.PathLike[str],
@@ -95,12 +105,14 @@ def vllm_launcher_factory(
     """``engine_id -> Launcher`` of one vLLM server per slot (a port each, kept across restarts), whose slot
     speaks vLLM's API (the launcher's ``api``)."""
 
+    context = context_length(model)
+
     def make(engine_id: str) -> Launcher:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
 
         def command() -> list[str]:
-            return vllm_command(model, port, python=python, device=device, seed=seed)
+            return vllm_command(model, port, python=python, device=device, seed=seed, max_model_len=context)
 
         env = {**DEV_MODE, **({"VLLM_API_KEY": api_key} if api_key else {})}
         launcher: Any

@@ -246,7 +246,8 @@ def lattice() -> Lattice:
     engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload; and broadcast
     weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload; and a
     resumed job that writes checkpoints (--load, --save) under every FT configuration; and the vLLM backend
-    (--rollout-backend vllm) under every FT configuration, mode and offload."""
+    (--rollout-backend vllm) under every FT configuration and mode, and with broadcast updates (with offload
+    too: refused on this CPU platform where a trainer would offload, so those land in ``invalid``)."""
     valid: list[LifecycleConfig] = []
     invalid: list[tuple[dict[str, Any], str]] = []
     flags_ = (False, True)

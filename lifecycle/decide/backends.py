@@ -2,7 +2,7 @@
 
 A lifecycle rule that needs an engine ability (offloading needs memory release; broadcast updates need a
 weight-update group) asks the capability predicates in :mod:`lifecycle.decide.predicates`, which read this
-table; the engine slots carry the commands out through the backend's own client (``engines.backends``).
+table; the engine slots carry the commands out through the backend's own API (``engines.api``).
 Capabilities depend on where the engine runs: vLLM's sleep mode (its memory release) is refused on the CPU
 platform, so the same backend offloads on a GPU host and cannot here.
 """

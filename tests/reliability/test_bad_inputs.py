@@ -266,6 +266,36 @@ CASES: list[Case] = [
         ("--model", "tiny-llama", "--hf-checkpoint gives the model already"),
     ),
     Case("run-model-unknown", ("run", "--model", "gpt5"), ("--model", "gpt5"), proc=True),
+    # --rollout-backend vllm: what a backend cannot do, or cannot start from, is refused before anything starts
+    Case(
+        "run-vllm-offload-on-cpu",
+        ("run", "--rollout-backend", "vllm", "--offload-rollout", "--run-dir", "{tmp}/run"),
+        ("--offload-rollout", "--rollout-backend vllm", "sleep mode", "--rollout-device cuda"),
+        proc=True,
+    ),
+    Case(
+        "run-vllm-char-model",
+        ("run", "--rollout-backend", "vllm", "--model", "char", "--run-dir", "{tmp}/run"),
+        ("--model", "char", "--rollout-backend vllm", "tiny-llama"),
+    ),
+    Case(
+        "run-vllm-no-engine-environment",
+        ("run", "--rollout-backend", "vllm", "--vllm-python", "{tmp}/no-env/bin/python", "--run-dir", "{tmp}/run"),
+        ("--vllm-python", "{tmp}/no-env/bin/python", "make engine-env"),
+    ),
+    Case(
+        "run-vllm-external-without-checkpoint",
+        (
+            "run",
+            "--rollout-backend",
+            "vllm",
+            "--rollout-external-engine-addrs",
+            "127.0.0.1:30000",
+            "--rollout-num-gpus",
+            "1",
+        ),
+        ("--hf-checkpoint", "external vLLM servers"),
+    ),
     Case(
         "run-data-source-missing-module",
         ("run", "--data-source", "no_such_prompts:make", "--run-dir", "{tmp}/run"),

@@ -76,7 +76,15 @@ MODELS = ("char", "tiny-llama")
 
 
 def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str | Path | None) -> None:
-    """vLLM serves Hugging Face checkpoints: the project's char model is refused before anything starts."""
+    """vLLM serves Hugging Face checkpoints: the project's char model is refused before anything starts; and
+    external vLLM servers serve their own, which the trainer must start from (--hf-checkpoint)."""
+    if config.rollout_backend == "vllm" and config.rollout_external_engine_addrs and hf_checkpoint is None:
+        raise ConfigError(
+            "--hf-checkpoint",
+            None,
+            "the external vLLM servers serve the checkpoint they were started on; the trainer must start from it",
+            "pass --hf-checkpoint DIR (the directory the servers serve)",
+        )
     if config.rollout_backend == "vllm" and model == "char" and hf_checkpoint is None and not config.debug_train_only:
         raise ConfigError(
             "--model",

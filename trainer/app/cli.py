@@ -340,8 +340,21 @@ def _check_metrics(port: int | None, host: str) -> None:
         raise ConfigError("--metrics-port", port, reason, "pick a free port, or 0") from None
 
 
+def _vllm_python(config: LifecycleConfig, given: str | None) -> str | None:
+    """The vLLM engine environment's python, found before anything starts, where the run launches vLLM servers
+    (engines started elsewhere, or none under --debug-train-only, need none)."""
+    if config.rollout_backend != "vllm" or config.debug_train_only or config.rollout_external_engine_addrs:
+        return given
+    from engines.vllm.launcher import find_python
+
+    return find_python(given)
+
+
 # what may be given with --resume: everything else is the run's own (RUN_DIR/run.json)
-_WITH_RESUME = frozenset({"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "debug"})
+# (and the vLLM environment's python: a path of this machine, not of the job)
+_WITH_RESUME = frozenset(
+    {"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "debug", "vllm_python"}
+)
 
 
 def _resume(ns: argparse.Namespace) -> int:
@@ -405,6 +418,7 @@ def _resume(ns: argparse.Namespace) -> int:
         quiet=ns.quiet,
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
+        vllm_python=_vllm_python(config, ns.vllm_python),
     )
     # the run's relative paths (--save runs/x/ckpt) mean what they meant where it started (not entered yet)
     save = manifest.cwd / config.load
@@ -449,17 +463,15 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--trainer-workers", ns.trainer_workers)
     _positive("--keep-checkpoints", ns.keep_checkpoints)
     vllm = config.rollout_backend == "vllm"
-    if ns.model is None:  # vLLM serves Hugging Face checkpoints only
-        ns.model = "tiny-llama" if vllm and ns.hf_checkpoint is None else "char"
+    if ns.model is None:  # vLLM serves Hugging Face checkpoints only (external ones: their own, --hf-checkpoint)
+        built = vllm and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
+        ns.model = "tiny-llama" if built else "char"
     if ns.engine_startup_timeout is None:
         ns.engine_startup_timeout = 300.0 if vllm else 60.0
     check_model(ns.model, ns.hf_checkpoint)
     check_backend_model(config, ns.model, ns.hf_checkpoint)
     _check_environment(ns.model, ns.rollout_function, ns.data_source)
-    if vllm and not config.debug_train_only:  # its engine environment: before anything starts
-        from engines.vllm.launcher import find_python
-
-        ns.vllm_python = find_python(ns.vllm_python)
+    ns.vllm_python = _vllm_python(config, ns.vllm_python)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engines.apikey import run_api_key
 from engines.engine import Timeouts
-from engines.launcher import LauncherFactory, LauncherKind, launcher_factory
+from engines.launcher import Launcher, LauncherFactory, LauncherKind, launcher_factory
 from engines.models.family import is_char_checkpoint
 from engines.process import torch_engine_command
 from engines.router import router_available
@@ -63,6 +63,11 @@ async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Pa
         return str(Path(hf_checkpoint).resolve()), "0"
     path = await asyncio.to_thread(checked_save, build_backend(backend, 0), backend, run_dir / "weights" / "step-0")
     return str(Path(path).resolve()), "0"
+
+
+def default_timeouts(config: LifecycleConfig) -> Timeouts:
+    """Engine bounds where none were given: vLLM servers take 40-130 s to start on 2 cores."""
+    return Timeouts(startup=300.0) if config.rollout_backend == "vllm" else Timeouts()
 
 
 class Job:
@@ -118,7 +123,7 @@ class Job:
         self.keep_checkpoints = keep_checkpoints
         self.resume = resume
         self.settings = settings
-        self.timeouts = timeouts
+        self.timeouts = timeouts or default_timeouts(config)
         self.rollout_fn = rollout_fn
         self.data_source = data_source
         self.router = router
@@ -221,23 +226,32 @@ class Job:
         vLLM server from its own environment on the initial checkpoint (a Hugging Face directory)."""
         key = run_api_key(self.run_dir)
         if self.config.rollout_backend == "vllm":
-            from engines.vllm.launcher import find_python, vllm_launcher_factory
+            checkpoint = self.initial_checkpoint
+            startup = self.timeouts.startup
 
-            if self.initial_checkpoint is None:
-                raise ConfigError(
-                    "--rollout-backend",
-                    "vllm",
-                    "a vLLM server needs a Hugging Face checkpoint directory to start from",
-                    "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
+            def vllm_engines(engine_id: str) -> Launcher:
+                """Built at the first launch: engines started elsewhere (or none) need no vLLM environment."""
+                from engines.vllm.launcher import find_python, vllm_launcher_factory
+
+                if checkpoint is None:
+                    raise ConfigError(
+                        "--rollout-backend",
+                        "vllm",
+                        "a vLLM server needs a Hugging Face checkpoint directory to start from",
+                        "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
+                    )
+                factory = vllm_launcher_factory(
+                    self.launcher,
+                    checkpoint,
+                    python=find_python(self.vllm_python),
+                    api_key=key,
+                    device="cuda" if self.config.rollout_device == "cuda" else "cpu",
+                    seed=self.seed,
+                    startup_timeout=startup,
                 )
-            return vllm_launcher_factory(
-                self.launcher,
-                self.initial_checkpoint,
-                python=find_python(self.vllm_python),
-                api_key=key,
-                device="cuda" if self.config.rollout_device == "cuda" else "cpu",
-                seed=self.seed,
-            )
+                return factory(engine_id)
+
+            return vllm_engines
         return launcher_factory(self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=key)
 
     def _router(self) -> bool:
@@ -249,7 +263,7 @@ class Job:
                     "--rollout-backend",
                     "vllm",
                     "sglang-router cannot route the rollout's token-id prompts to vLLM servers",
-                    "drop the router (lifecycle run --no-router; Job(router=None or False))",
+                    "leave router unset (None) or False: vLLM engines are routed in-process",
                 )
             return False
         return router_available() if self.router is None else self.router

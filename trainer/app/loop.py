@@ -38,7 +38,7 @@ from rollout.sample import Sample
 from rollout.task import Task, checked_task
 from trainer.app.checks import check_async, check_backend_model, check_hf_checkpoint, check_model
 from trainer.app.faults import Fault, FaultInjector, parse_fault
-from trainer.app.job import Job
+from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
 from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
 from trainer.app.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
@@ -270,6 +270,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     # a resumed (or --load) job keeps its identity, which each of its checkpoints records
     job_id = resume.job_id if resume is not None and resume.job_id else uuid.uuid4().hex
     # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
+    if opts.timeouts is None:  # the backend's bounds, written down so a resume starts its engines as patiently
+        opts = dataclasses.replace(opts, timeouts=default_timeouts(config))
     write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from engines.models import build_tiny_llama
@@ -300,7 +302,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         keep_checkpoints=opts.keep_checkpoints,
         resume=resume,
         settings={**opts.job_settings(), "id": job_id},
-        timeouts=opts.timeouts or default_timeouts(config),
+        timeouts=opts.timeouts,
         rollout_fn=opts.rollout_fn,
         data_source=opts.data_source,
         router=opts.router,
@@ -444,11 +446,6 @@ def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
 
 # the tiny Llama vLLM can serve (its CPU attention refuses head_dim 16, today's default)
 VLLM_TINY_LLAMA = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256}
-
-
-def default_timeouts(config: LifecycleConfig) -> Timeouts:
-    """Engine bounds where none were given: vLLM servers take 40-130 s to start on 2 cores."""
-    return Timeouts(startup=300.0) if config.rollout_backend == "vllm" else Timeouts()
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:

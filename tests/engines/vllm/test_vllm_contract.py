@@ -501,3 +501,24 @@ def test_an_update_finished_during_a_batch_leaves_its_version_unknown(contract):
             return await client.generate_batch(**RECIPES["generate_batch"])
 
     assert [a.meta_info.weight_version for a in asyncio.run(go())] == [None, None]
+
+
+# -- what a failed answer means to the slot: the server refused, or its engine core died -------------------------
+def test_a_dead_engine_core_is_unreachable_not_a_refusal() -> None:
+    """vLLM answers 500 naming its engine core while that process has died: the slot must report
+    request_failed (the server is gone), not refused (a server that answered no)."""
+    import asyncio
+
+    from engines.errors import EngineHTTPError, EngineUnreachable
+    from engines.vllm.api import _core_alive
+
+    async def fail(body: str) -> None:
+        async with _core_alive("engine-0"):
+            raise EngineHTTPError("engine-0", "/update_weights", 500, body)
+
+    dead = '{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause."}}'
+    with pytest.raises(EngineUnreachable, match="engine core died"):
+        asyncio.run(fail(dead))
+    refused = '{"error": {"message": "Call to collective_rpc method failed: Worker failed with error \'no path\'"}}'
+    with pytest.raises(EngineHTTPError):
+        asyncio.run(fail(refused))
