@@ -16,7 +16,7 @@ from lifecycle.check.explore import check_train_only_ft_equals_no_ft, explore, l
 from lifecycle.check.invariants import INVARIANTS
 from lifecycle.check.mutants import MUTANTS
 from lifecycle.decide.machines import MACHINES
-from lifecycle.decide.predicates import evaluate, vector
+from lifecycle.decide.predicates import behaviour, evaluate
 
 from .harness import (
     EXPECTED,
@@ -40,7 +40,7 @@ def test_every_mutant_has_a_hint_and_an_expected_invariant():
         assert EXPECTED[name] <= set(INVARIANTS), name
         assert witness_configs(name), f"{name}: its witness hint matches no lattice config"
         groups = ordered_groups(name)  # a permutation of the lattice's groups, hinted ones first
-        assert sorted(vector(g[0]) for g in groups) == sorted(lattice().groups)
+        assert sorted(behaviour(g[0]) for g in groups) == sorted(lattice().groups)
         assert all(evaluate(groups[0][0])[k] == v for k, v in WITNESS[name].items())
 
 
