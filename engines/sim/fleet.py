@@ -60,6 +60,7 @@ class SimEngine:
     released: set[str] = field(default_factory=set)
     paused: bool = False
     hung: bool = False
+    update_session: bool = False  # between /begin_weight_update and /end_weight_update (SGLang 0.5.23)
     generate_requests: int = 0
     calls: dict[str, int] = field(default_factory=dict)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
@@ -156,6 +157,22 @@ class SimEngine:
         self.released -= set(body.tags or TAGS)
         return web.json_response({})
 
+    async def begin_update(self, request: web.Request) -> web.Response:
+        await self.wait(request.path)
+        if self.update_session:
+            return web.json_response(
+                {"success": False, "message": "a weight-update session is already open"}, status=400
+            )
+        self.update_session = True
+        return web.json_response({"success": True, "message": "Weight update session begun."})
+
+    async def end_update(self, request: web.Request) -> web.Response:
+        await self.wait(request.path)
+        if not self.update_session:
+            return web.json_response({"success": False, "message": "no weight-update session is open"}, status=400)
+        self.update_session = False
+        return web.json_response({"success": True, "message": "Weight update session ended."})
+
     async def pause(self, request: web.Request) -> web.Response:
         await self.wait(request.path)
         self.paused = True
@@ -177,7 +194,9 @@ class SimEngine:
         app.router.add_get("/model_info", self.model_info)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_post("/generate", self.generate)
+        app.router.add_post("/begin_weight_update", self.begin_update)
         app.router.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        app.router.add_post("/end_weight_update", self.end_update)
         app.router.add_post("/release_memory_occupation", self.release)
         app.router.add_post("/resume_memory_occupation", self.resume)
         app.router.add_post("/pause_generation", self.pause)

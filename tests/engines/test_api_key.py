@@ -105,9 +105,9 @@ def test_a_runs_engines_refuse_a_request_without_its_key(tmp_path: Path, monkeyp
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_catches_engines_without_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.app.loop
+    import trainer.app.job
 
-    monkeypatch.setattr(trainer.app.loop, "run_api_key", lambda run_dir: None)  # the old wiring: no key at all
+    monkeypatch.setattr(trainer.app.job, "run_api_key", lambda run_dir: None)  # the old wiring: no key at all
     with pytest.raises(AssertionError, match="unauthenticated /pause_generation got 200"):
         _witnessed_run(tmp_path, monkeypatch)
 
