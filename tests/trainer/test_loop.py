@@ -359,3 +359,20 @@ def test_broadcast_updates_learn_exactly_like_disk_and_every_engine_holds_the_tr
     assert len({e["of"] for e in buckets}) == 1 and buckets[0]["of"] >= 2  # several buckets per update
     disk_events = read_jsonl(tmp_path / "disk" / "events.jsonl")
     assert not [e for e in disk_events if e.get("instance") == "weight-sync" and e.get("event") == TRANSITION]
+
+
+@pytest.mark.slow  # its own lifecycle run process (its own Ray, started in the relative run's folder): ~20 s
+def test_a_relative_run_dir_keeps_its_files_together(tmp_path: Path) -> None:
+    """``make run`` runs in a relative ``runs/<time>``: the event log lands beside metrics.jsonl and run.json
+    (a Job that joined the run directory to a path already under it wrote runs/X/runs/X/events.jsonl, and the
+    run ended with "events.jsonl: cannot be read")."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "lifecycle.cli", "run", "--steps", "2", "--run-dir", "runs/relative", "--quiet"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where = tmp_path / "runs" / "relative"
+    assert {"events.jsonl", "metrics.jsonl", "run.json"} <= {p.name for p in where.iterdir()}
+    assert not (where / "runs").exists()
+    assert len(read_jsonl(where / "metrics.jsonl")) == 2

@@ -133,6 +133,7 @@ class Job:
         self.ray_nodes = ray_nodes
         self.vllm_python = vllm_python  # --rollout-backend vllm: the engine environment's python (else found)
         self.log = log if log is not None else EventLog()
+        # a relative name is the run directory's file; an absolute path is taken as it is
         self.events: Path | None = None if events is None else self.run_dir / events
         self._sink = None if self.events is None else JsonlSink(self.events)
         if self._sink is not None:

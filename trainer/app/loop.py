@@ -310,7 +310,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         metrics_host=opts.metrics_host,
         ray_address=opts.ray_address,
         ray_nodes=opts.ray_nodes,
-        events=events_path,
+        events=events_path.name,  # relative to run_dir (which may itself be relative: make run's runs/<time>)
     )
     metrics_path = run_dir / "metrics.jsonl"
     metrics: list[dict[str, Any]] = []
