@@ -41,6 +41,9 @@ class ServerAPI(Protocol):
     async def load(self, path: str, version: str, timeout: float | None) -> str | None:
         """Load a checkpoint directory in one update session publishing ``version``; the version it reports."""
 
+    async def served_version(self, timeout: float) -> str | None:
+        """The weight version the server says it serves now (what a load or a broadcast published)."""
+
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         """Join the trainer's weight-update group at ``rank`` (blocks until every member joined)."""
 
@@ -85,6 +88,9 @@ class SGLangAPI:
         async with self._session(timeout):
             await self.client.update_weights_from_disk(path, weight_version=version, timeout=timeout)
         return (await self.client.model_info()).weight_version
+
+    async def served_version(self, timeout: float) -> str | None:
+        return (await self.client.model_info(timeout=timeout)).weight_version
 
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         await self.client.init_weights_update_group(

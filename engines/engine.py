@@ -127,6 +127,13 @@ class Engine:
             return self._failed("request_failed", "no server process")
         return await self._verified(self.server.load(path, version, None), version, "disk", path)
 
+    async def served_version(self) -> str | None:
+        """What the server says it serves now, read from the server (SGLang's ``/model_info``, vLLM's
+        ``/weight_info``); raises :class:`~engines.errors.EngineError` when it cannot be asked."""
+        if self.server is None:
+            raise EngineError(self.id, "served_version", "no server process")
+        return await self.server.served_version(self.timeouts.request)
+
     # -- the weight-update group (broadcast mode) ---------------------------------------------------------
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         """Join the trainer's group at ``rank`` (raises EngineError: the group did not form)."""

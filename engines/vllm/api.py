@@ -29,6 +29,7 @@ class VLLMAPI:
     def __init__(self, url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.client = VLLMClient(url, engine_id=engine_id, api_key=api_key, timeout=timeout)
         self.pause_mode = capabilities("vllm", "cpu").pause_modes[0]  # "keep": frozen, resumed by /resume
+        self.released: set[str] = set()  # the memory tags this server's sleep released (a new process: none)
 
     async def ready(self, timeout: float) -> None:
         await self.client.health(timeout=timeout)
@@ -44,6 +45,9 @@ class VLLMAPI:
             await self.client.update_weights({"path": path}, timeout=timeout)  # a failure ends the session
             await self.client.finish_weight_update(version, timeout=timeout)
             return await self.client.weight_info()
+
+    async def served_version(self, timeout: float) -> str | None:
+        return await self.client.weight_info(timeout=timeout)
 
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         info = {"address": address, "port": port, "rank": rank, "world_size": world_size, "timeout": timeout}
@@ -83,13 +87,17 @@ class VLLMAPI:
         await self.client.resume()
 
     async def release(self, tag: str) -> None:
-        """vLLM's sleep (level 1) releases weights and KV cache at once; the second tag finds it asleep. Only
-        where the config allows offloading with vLLM (--rollout-device cuda): its CPU platform releases nothing."""
-        if not await self.client.is_sleeping():
+        """vLLM's sleep (level 1) releases weights and KV cache at once; the second tag finds them released. Only
+        where the config allows offloading with vLLM (--rollout-device cuda): its CPU platform releases nothing.
+        Kept here, not asked: vLLM 0.32's ``/is_sleeping`` also says true while the server is merely *paused* --
+        and an offload always follows a drain's pause, so asking would skip the sleep and release nothing."""
+        if not self.released:
             await self.client.sleep(1, "keep")  # "keep": what drain froze stays frozen
+            self.released = {"weights", "kv_cache"}
 
     async def resume_memory(self, tag: str) -> None:
         await self.client.wake_up([tag])
+        self.released.discard(tag)
 
     async def close(self) -> None:
         await self.client.close()

@@ -39,7 +39,7 @@ ROUTED = "engine.routed"  # an engine published to its router (a withdrawal is t
 CHECKPOINTED = "job.checkpointed"  # a job checkpoint is complete on disk (step, weight_version, path)
 RESUMED = "job.resumed"  # a new driver continues the job of this log from a checkpoint (--resume / --load)
 ROLLOUT_SOURCE = "rollout.source"  # where a rollout's samples come from: "replay" or "rollout_fn"
-VOLATILE_KEYS = frozenset({"ts", "timestamp"})
+VOLATILE_KEYS = frozenset({"ts", "timestamp", "done_at"})  # done_at: when a fact's I/O was done (the runner's stamp)
 
 Sink = Callable[[dict[str, Any]], None]
 

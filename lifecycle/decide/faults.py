@@ -16,7 +16,7 @@ FAULT_FIRED = "fault.fired"  # an armed fault struck at its lifecycle point
 FAULT_EVENTS = frozenset({FAULT_INJECTED, FAULT_FIRED})
 
 Target = Literal["engine", "trainer", "router", "driver"]
-Needs = Literal["", "broadcast", "offload", "ray-nodes", "save", "router"]
+Needs = Literal["", "broadcast", "disk", "offload", "ray-nodes", "save", "router"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,13 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("hang-engine", "engine", "engine server SIGSTOP: health and generate stall, nothing dies"),
     FaultKind("kill-http", "engine", "HTTP server process SIGKILL, the Ray actor stays alive"),
     FaultKind("crash-during-update", "engine", "server SIGKILL on entering a weight update, before the HTTP call"),
+    FaultKind(
+        "fail-update",
+        "engine",
+        "the engine's next weight update reads a torn checkpoint (its largest file cut in half): the live server "
+        "answers the load with an error",
+        "disk",
+    ),
     FaultKind("crash-during-offload", "engine", "server SIGKILL on entering Offloaded (--offload-rollout)", "offload"),
     FaultKind(
         "crash-during-broadcast",

@@ -39,7 +39,7 @@ from lifecycle.decide.core import (
 )
 from lifecycle.decide.core.plan import ERROR
 from lifecycle.decide.errors import IllegalTransition, LifecycleError
-from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, STARTED, EventLog, bind_context
+from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, STARTED, EventLog, bind_context, utc_now
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.names import OperationName
 from lifecycle.decide.runtime import LifecycleMachine
@@ -200,6 +200,9 @@ class Runner:
             self.errors.append(exc)
             return Outcome(ERROR, reason=f"{cmd.instance}: {cmd.effect} raised {type(exc).__name__}: {exc}")
         outcome = outcome or Outcome("done")
+        if outcome.facts:
+            done = utc_now()
+            outcome = outcome._replace(facts=tuple(f.done_at(done) for f in outcome.facts))
         if outcome.reason:
             self.reasons[cmd.instance] = outcome.reason
         return outcome

@@ -43,6 +43,7 @@ from lifecycle.decide.events import (
 from lifecycle.observe.trace import line
 
 Event = Mapping[str, Any]
+MOVES_KEPT = 16  # per engine: far more than the moves of one batch of commands
 
 # the invariants the event stream can witness (each a name of lifecycle.check.invariants); `lifecycle trace check
 # --list` prints them with their documentation
@@ -81,6 +82,9 @@ class _Job:
     """What the log has shown so far: each instance's state and the facts its shells reported."""
 
     states: dict[str, str] = field(default_factory=dict)
+    # each engine's last moves (ts, state before): where a fact stamped with the time its I/O was done finds the
+    # state the engine was in *then* (a command's facts are logged when its whole batch is back)
+    moved: dict[str, deque[tuple[str, str]]] = field(default_factory=dict)
     rollout_moves: int = 0
     lock: bool = False
     committed: str | None = None
@@ -93,6 +97,18 @@ class _Job:
 
     def state(self, instance: str) -> str:
         return self.states.get(instance, "Init")
+
+    def state_at(self, instance: str, at: object) -> str:
+        """The state ``instance`` was in at ``at`` (a log timestamp; fixed-width ISO strings sort in time order),
+        as far back as its remembered moves go; its current state when ``at`` is missing."""
+        state = self.state(instance)
+        if not isinstance(at, str):
+            return state
+        for ts, before in reversed(self.moved.get(instance, ())):
+            if ts <= at:
+                break
+            state = before
+        return state
 
 
 class EventMonitor:
@@ -205,6 +221,8 @@ class EventMonitor:
                 job.released.pop(instance, None)
             if dst == "Serving" and src != "Serving":
                 out += self._enters_serving(instance)
+            if isinstance(e.get("ts"), str):
+                job.moved.setdefault(instance, deque(maxlen=MOVES_KEPT)).append((e["ts"], str(src)))
         job.states[instance] = dst
         return out
 
@@ -262,7 +280,7 @@ class EventMonitor:
 
     def _routed(self, e: Event) -> Iterable[_Found]:
         instance = str(e.get("instance"))
-        state = self.job.state(instance)
+        state = self.job.state_at(instance, e.get("done_at"))  # when it was added, not when the batch was back
         if state != "Serving":
             return [("traffic_only_to_serving", f"{instance} was added to {e.get('router')} while {state}", ())]
         return ()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,12 @@ Event = dict[str, Any]
 
 def real() -> list[Event]:
     return read_jsonl(LOG)
+
+
+def shifted(ts: str, seconds: float) -> str:
+    """A log timestamp ``seconds`` later, in the log's own fixed-width form."""
+    moved = datetime.fromisoformat(ts.replace("Z", "+00:00")) + timedelta(seconds=seconds)
+    return moved.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def names(events: list[Event]) -> list[str]:
@@ -91,6 +98,33 @@ def test_an_engine_published_to_the_router_while_quiesced_is_caught() -> None:
     drain = where(events, event="lifecycle.transition", instance="engine-0", trigger="drain")[0]
     routed = {"event": "engine.routed", "instance": "engine-0", "router": "router-rollout"}
     assert names([*events[: drain + 1], routed, *events[drain + 1 :]]) == ["traffic_only_to_serving"]
+
+
+def test_a_routed_fact_is_judged_at_the_time_its_publish_was_done_not_when_its_batch_came_back() -> None:
+    """vLLM's hang-engine cell: the engine was published while Serving, then marked Unhealthy (the probes) while
+    another command of the same batch hung; the fact is logged after the mark. Its ``done_at`` (the runner's
+    stamp) places it before the mark: no violation. A publish done *after* the mark is one."""
+    events = real()
+    enter = where(events, event="lifecycle.transition", instance="engine-1", dst="Serving")[0]
+    leave = next(
+        i
+        for i in range(enter + 1, len(events))
+        if events[i].get("instance") == "engine-1" and events[i].get("event") == "lifecycle.transition"
+    )
+    assert events[leave]["dst"] != "Serving"
+    between = shifted(events[enter]["ts"], 1e-6)  # right after it entered Serving
+    assert events[enter]["ts"] < between < events[leave]["ts"]
+    routed = {"event": "engine.routed", "instance": "engine-1", "router": "local-rollout"}
+    late_log = [*events[: leave + 1], {**routed, "done_at": between}, *events[leave + 1 :]]
+    assert names(late_log) == []
+    late_publish = [
+        *events[: leave + 1],
+        {**routed, "done_at": shifted(events[leave]["ts"], 1e-6)},
+        *events[leave + 1 :],
+    ]
+    assert names(late_publish) == ["traffic_only_to_serving"]
+    unstamped = [*events[: leave + 1], routed, *events[leave + 1 :]]  # the runner's stamp is what tells them apart
+    assert names(unstamped) == ["traffic_only_to_serving"]
 
 
 def test_an_update_that_does_not_release_the_engine_lock_is_caught() -> None:

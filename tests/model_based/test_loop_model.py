@@ -57,16 +57,17 @@ from lifecycle.decide.runner import Runner
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from engines.engine import Timeouts
+from engines.engine import Engine, Timeouts
 from engines.launcher import launcher_factory
 from engines.models import CharTokenizer
+from engines.vllm.api import VLLMAPI
 from rollout.controller import InferenceController
 from rollout.executor import EngineRolloutFn, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import save_rollout
 from rollout.sample import Sample, sample
-from trainer.app.loop import initial_weights
+from trainer.app.loop import VLLM_TINY_LLAMA, initial_weights
 from trainer.group import TrainerGroup
 from trainer.grpo import grpo_backend
 from trainer.workers import WorkerCrashed
@@ -106,19 +107,24 @@ class Case:
     mode: str
     ft: str
     launcher: str = "local"  # "ray": every engine server in a Ray actor, and a kill is the actor's death
+    backend: str = "sglang"  # "vllm": real vLLM servers (one: each costs a core and 25-40 s to start)
 
     @property
     def name(self) -> str:
-        return f"{self.mode}/{self.ft}" + ("" if self.launcher == "local" else f"/{self.launcher}")
+        return f"{self.mode}/{self.ft}" + "".join(
+            f"/{part}" for part, default in ((self.launcher, "local"), (self.backend, "sglang")) if part != default
+        )
 
     @property
     def engines(self) -> int:
         if self.mode in ("train-only", "replay"):
             return 0
+        if self.backend == "vllm":
+            return 1
         return 2 if "rollout" in FT[self.ft].get("ft_components", ()) else 1
 
     def config(self, tmp: Path, *, check_paths: bool = True) -> LifecycleConfig:
-        flags: dict[str, Any] = {**COMMON, **FT[self.ft], **MODES[self.mode]}
+        flags: dict[str, Any] = {**COMMON, **FT[self.ft], **MODES[self.mode], "rollout_backend": self.backend}
         if self.engines:
             flags["rollout_num_gpus"] = self.engines
         if self.mode == "normal" and self.ft in ("train", "both"):
@@ -128,7 +134,11 @@ class Case:
         return LifecycleConfig.from_mapping(flags, check_paths=check_paths)
 
 
-CASES = (*(Case(mode, ft) for mode in MODES for ft in FT), Case("normal", "both", launcher="ray"))
+CASES = (
+    *(Case(mode, ft) for mode in MODES for ft in FT),
+    Case("normal", "both", launcher="ray"),
+    Case("normal", "rollout", backend="vllm"),
+)
 
 
 class Divergence(AssertionError):
@@ -174,13 +184,22 @@ class World:
         self.loop = asyncio.new_event_loop()
         self.sink = MemorySink()
         self.runner = Runner(self.config, log=EventLog([self.sink]))
-        self.trainer = TrainerGroup(self.config, tmp, runner=self.runner, workers=1)
+        launchers, backend, startup = launcher_factory("ray" if case.launcher == "ray" else "local"), None, 90.0
+        if case.backend == "vllm":  # a Hugging Face Llama both sides can read, built here; the trainer writes its kind
+            from engines.models import build_tiny_llama
+            from engines.vllm.launcher import find_python, vllm_launcher_factory
+
+            model = build_tiny_llama(tmp / "model", seed=0, **VLLM_TINY_LLAMA)
+            launchers = vllm_launcher_factory("local", model, python=find_python())
+            backend, startup = grpo_backend(checkpoint=str(model)), 300.0
+        self.backend = backend or grpo_backend()
+        self.trainer = TrainerGroup(self.config, tmp, runner=self.runner, workers=1, backend=backend)
         self.manager = RolloutManager(
             self.config,
             TASK,
             runner=self.runner,
-            launcher_factory=launcher_factory("ray" if case.launcher == "ray" else "local"),
-            timeouts=Timeouts(startup=90.0, request=30.0, death=10.0),
+            launcher_factory=launchers,
+            timeouts=Timeouts(startup=startup, request=30.0, death=10.0),
         )
         self.checker = Checker(self.config, engines=self.runner.core.engines)
         self.samples: list[Sample] = _samples(0)
@@ -209,7 +228,7 @@ class World:
 
     def build(self) -> None:
         async def start() -> None:
-            weights = await self.trainer.start() or await initial_weights(Path(self.tmp.name), grpo_backend())
+            weights = await self.trainer.start() or await initial_weights(Path(self.tmp.name), self.backend)
             await self.manager.init(weights)
             self.feed_policy(weights)
 
@@ -232,10 +251,9 @@ class World:
         async def spied(rollout_id: int, controller: InferenceController) -> list[Sample]:
             committed = controller.committed[1] if controller.committed else None
             for e in controller.routable():
-                assert e.client is not None
-                info = await e.client.model_info()
-                if info.weight_version != committed:
-                    self.mid_problems.append(f"{e.id} routable with version {info.weight_version}, not {committed}")
+                version = await e.served_version()
+                if version != committed:
+                    self.mid_problems.append(f"{e.id} routable with version {version}, not {committed}")
             return await inner(rollout_id, controller)
 
         executor.rollout_fn = spied
@@ -317,18 +335,12 @@ class World:
                 problems.append(f"{instance} is {e.state} in the core, but it has no running process")
                 views.append(e)
                 continue
-            mem = (await slot.client.server_info()).engine_memory()
-            assert mem is not None  # the CPU engine reports its residency
-            released = frozenset(
-                tag
-                for tag, resident in (("weights", mem.weights_resident), ("kv_cache", mem.kv_cache_resident))
-                if not resident
-            )
+            released = await _released(slot)
             if released != e.released:
                 problems.append(
                     f"{instance} released {sorted(released)} (says the engine), the core {sorted(e.released)}"
                 )
-            version = (await slot.client.model_info()).weight_version
+            version = await slot.served_version()
             if e.current and version != committed:
                 problems.append(f"{instance} holds version {version!r}, the core says the committed {committed!r}")
             views.append(e._replace(released=released, current=e.current and version == committed))
@@ -347,6 +359,19 @@ class World:
             f"{name}: {p}" for name, p in check_state(self.checker, Node(observed, CheckerWorld(tuple(procs))))
         ]
         return problems
+
+
+async def _released(slot: Engine) -> frozenset[str]:
+    """The memory tags the server says it has released: the CPU engine's residency (``/server_info``). vLLM on CPU
+    cannot sleep (the config refuses offloading it), and its ``/is_sleeping`` says true while merely paused: nothing
+    to read, and nothing released -- which the core must agree with."""
+    if isinstance(slot.server, VLLMAPI):
+        return frozenset()
+    assert slot.client is not None
+    mem = (await slot.client.server_info()).engine_memory()
+    assert mem is not None  # the CPU engine reports its residency
+    residency = (("weights", mem.weights_resident), ("kv_cache", mem.kv_cache_resident))
+    return frozenset(tag for tag, resident in residency if not resident)
 
 
 def _names_the_fix(message: str) -> list[str]:
@@ -566,7 +591,9 @@ def _settings() -> settings:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_real_runtime_matches_the_core(case: Case) -> None:
+def test_real_runtime_matches_the_core(case: Case, request: pytest.FixtureRequest) -> None:
+    if case.backend == "vllm":
+        request.getfixturevalue("vllm_python")  # skips without the engine environment (make engine-env)
     run_state_machine_as_test(loop_machine(case), settings=_settings())
     assert not FAILURES[case.name], "\n\n".join(FAILURES[case.name])
     stats = STATS[case.name]
@@ -636,5 +663,6 @@ def test_divergence_when_a_restarted_engine_gets_the_previous_weights(monkeypatc
 def test_the_cases_cover_every_mode_and_ft_configuration() -> None:
     assert {(c.mode, c.ft) for c in CASES} == {(m, f) for m in MODES for f in FT}
     assert {c.launcher for c in CASES} == {"local", "ray"}
+    assert {c.backend for c in CASES} == {"sglang", "vllm"}
     modes = {c.config(Path("/nonexistent"), check_paths=False).mode for c in CASES}
     assert modes >= {"train-only", "rollout-only", "replay"}, modes

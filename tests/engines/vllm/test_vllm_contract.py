@@ -503,6 +503,29 @@ def test_an_update_finished_during_a_batch_leaves_its_version_unknown(contract):
     assert [a.meta_info.weight_version for a in asyncio.run(go())] == [None, None]
 
 
+def test_an_offload_after_a_drain_really_sleeps_though_is_sleeping_says_true_while_paused(contract):
+    """vLLM 0.32 answers ``/is_sleeping`` true while the server is only paused (seen on the real server: pause,
+    is_sleeping true, resume, false). An offload always follows a drain's pause: a release that asked
+    ``/is_sleeping`` first never slept. Both tags: one ``/sleep``; each wake-up names its tag."""
+    from engines.vllm.api import VLLMAPI
+
+    async def go() -> list[str]:
+        async with replaying(contract) as (replay, client):
+            api = VLLMAPI(client.base_url, engine_id="vllm-0")
+            try:
+                replay.force["/is_sleeping"] = ["is_sleeping.true"] * 4  # what the paused server answers
+                await api.pause()
+                await api.release("weights")
+                await api.release("kv_cache")
+                await api.resume_memory("weights")
+                await api.resume_memory("kv_cache")
+            finally:
+                await api.close()
+            return [c.path for c in replay.captured]
+
+    assert [p for p in asyncio.run(go()) if p != "/is_sleeping"] == ["/pause", "/sleep", "/wake_up", "/wake_up"]
+
+
 # -- what a failed answer means to the slot: the server refused, or its engine core died -------------------------
 def test_a_dead_engine_core_is_unreachable_not_a_refusal() -> None:
     """vLLM answers 500 naming its engine core while that process has died: the slot must report
