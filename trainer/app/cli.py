@@ -148,7 +148,7 @@ def register(sub: Any) -> None:
         default=None,
         metavar="S",
         help="bound on an engine's start until it generates; then start_failed (default 60; 300 with "
-        "--rollout-backend vllm, whose servers take 40-130 s on 2 cores)",
+        "--rollout-backend vllm, whose servers take 25-60 s to start on 2 cores)",
     )
     p.add_argument(
         "--rollout-function",
