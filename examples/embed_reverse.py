@@ -191,7 +191,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         prog="python -m examples.embed_reverse",
         description="Train a tiny Llama to reverse strings with your own task, trainer and loop, the engines' "
-        "lifecycle run by rl-lifecycle (2 CPU engines behind the sglang-router where installed, rollout FT on). "
+        "lifecycle run by rl-lifecycle (2 CPU engines behind the SMG gateway where installed, rollout FT on). "
         "Run from the repository root.",
     )
     parser.add_argument("--steps", type=int, default=30, help="training steps (default: %(default)s)")

@@ -58,7 +58,7 @@ class InferenceController:
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
-        # where each group's requests go: a real sglang-router per group, or the same membership in-process
+        # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
             if router:
@@ -67,6 +67,7 @@ class InferenceController:
                     on_death=self._router_died(group),
                     log_dir=log_dir,
                     log=runner.log,
+                    backend=self.config.rollout_backend,
                     request_timeout=self.timeouts.request,
                 )
             else:
@@ -144,7 +145,7 @@ class InferenceController:
                 await routing.start()
             except EngineError as exc:
                 raise ControllerError(
-                    f"{routing.name}: sglang-router did not start: {exc}. Fix: pip install "
+                    f"{routing.name}: the gateway (SMG) did not start: {exc}. Fix: pip install "
                     "'rl-lifecycle[router]', or run without the router (--no-router)"
                 ) from None
 
@@ -305,7 +306,7 @@ class InferenceController:
         outcome = await routing.publish(self.slot(cmd))
         if outcome.name != "done":
             return outcome
-        return outcome._replace(facts=(Fact.of(ROUTED, instance=cmd.instance, router=routing.name),))
+        return outcome._replace(facts=(Fact.of(ROUTED, instance=cmd.instance, router=routing.name), *outcome.facts))
 
     async def _probe(self, cmd: Command) -> Outcome:
         timeout = float(self.config.rollout_health_check_timeout or 30.0)

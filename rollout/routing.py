@@ -1,4 +1,4 @@
-"""Where generate requests go: the engines a group has published, through the real sglang-router or in-process.
+"""Where generate requests go: the engines a group has published, through the real SMG gateway or in-process.
 
 Publication is an effect of the engine machine: ``route_traffic`` (on every move into ``Serving``) adds
 an engine, ``stop_routing`` (before it leaves) removes it; :class:`~rollout.controller.InferenceController`
@@ -6,11 +6,12 @@ binds both to the group's routing. So the set of engines a request can reach is 
 and "a recovered engine never served again" (miles #692) or "an engine served before it held the
 trainer's weights" (miles #1724) would show as a difference between the two, which the wire tests read.
 
-* :class:`RouterRouting`: an ``sglang-router`` process (``engines.router``); requests are sent one per
-  prompt, as the router takes them; a failed request names its upstream, which is reported as that
-  engine's failed request (the lifecycle marks it; the next try goes to the others).
+* :class:`RouterRouting`: an SMG gateway process (``engines.router``); requests are sent one per prompt, as the
+  gateway takes them, in the backend's own API (SGLang's ``/generate``, vLLM's ``/v1/completions``); a failed
+  request names its upstream, which is reported as that engine's failed request (the lifecycle marks it; the
+  next try goes to the others).
 * :class:`LocalRouting`: the same membership in-process, requests sharded round-robin over the members
-  as one batch per engine (``--no-router``, or where sglang-router is not installed).
+  as one batch per engine (``--no-router``, or where smg is not installed).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from engines.client import EngineClient
 from engines.engine import Engine
 from engines.errors import EngineError
 from engines.protocol import GenerateResponse
-from engines.router import Router, upstream_of
-from lifecycle.decide.core import Outcome
-from lifecycle.decide.events import EventLog
+from engines.router import Router, gateway_client, upstream_of
+from engines.vllm.client import VLLMClient
+from lifecycle.decide.core import Fact, Outcome
+from lifecycle.decide.events import GATEWAY, EventLog
 
 OnUnhealthy = Callable[[str, str], Awaitable[None]]
 OnRouterDeath = Callable[[str], Awaitable[None]]
@@ -122,7 +125,7 @@ class LocalRouting:
 
 
 class RouterRouting:
-    """Membership in a real ``sglang-router`` process; every request of the group goes through it.
+    """Membership in a real SMG gateway process; every request of the group goes through it.
 
     The router's death is reported (``on_death``) unless this object killed it; a dead router is started
     again by the next ``publish`` (the core's ``republish`` under rollout FT: with FT off the run has
@@ -136,9 +139,12 @@ class RouterRouting:
         on_death: OnRouterDeath,
         log_dir: str | Path | None = None,
         log: EventLog | None = None,
+        backend: str = "sglang",
         **opts: float,
     ) -> None:
         self.name = name
+        self.backend = backend  # the engines' API, which the gateway forwards (SGLang's /generate, vLLM's completions)
+        self.gateway: EngineClient | VLLMClient | None = None  # what generate requests go through
         self.log = log
         log_path = Path(log_dir) / f"{name}.log" if log_dir is not None else None
         self.router = Router(name, log_path=log_path, **opts)
@@ -169,6 +175,12 @@ class RouterRouting:
             await self.router.start()
         else:
             await self.router.restart()
+        if self.gateway is not None:
+            await self.gateway.close()
+        assert self.router.url is not None
+        self.gateway = gateway_client(
+            self.backend, self.router.url, name=self.name, timeout=self.router.request_timeout
+        )
         if self.log is not None:
             self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
         gen = self._gen
@@ -188,12 +200,22 @@ class RouterRouting:
             async with self._lock:
                 if not self.router.alive:
                     await self._start()
-            await self.router.add(engine.url, api_key=engine.api_key)
+            runtime = engine.server.backend if engine.server is not None else "sglang"
+            await self.router.add(
+                engine.url, runtime=runtime, weight_version=engine.weight_version, api_key=engine.api_key
+            )
+            seen = await self._seen(engine)
         except EngineError as exc:
             return Outcome("request_failed", reason=f"router registration failed: {exc}")
         self._urls[engine.id] = engine.url.rstrip("/")
         self._engines[engine.id] = engine
-        return Outcome("done")
+        return Outcome("done", facts=(seen,))
+
+    async def _seen(self, engine: Engine) -> Fact:
+        """What SMG reports for the engine's worker now, as a fact (``trace check`` compares it with the machine)."""
+        worker = (await self.router.workers()).get((engine.url or "").rstrip("/"))
+        status, version = (worker.status, worker.weight_version) if worker is not None else (None, None)
+        return Fact.of(GATEWAY, instance=engine.id, router=self.name, status=status, weight_version=version)
 
     async def withdraw(self, engine: Engine) -> Outcome:
         self._engines.pop(engine.id, None)
@@ -202,9 +224,10 @@ class RouterRouting:
             return Outcome("done")
         try:
             await self.router.remove(url)
+            seen = await self._seen(engine)
         except EngineError as exc:
             return Outcome("request_failed", reason=f"router unregistration failed: {exc}")
-        return Outcome("done")
+        return Outcome("done", facts=(seen,))
 
     async def generate(
         self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
@@ -216,13 +239,15 @@ class RouterRouting:
 
         async def one(r: GenRequest) -> tuple[str, str] | None:
             """None when answered, else (the engine the router names or "", the error)."""
-            client = self.router.client
+            client = self.gateway if self.router.alive else None
             if client is None:
                 return "", "the router is not running"
             try:
                 answer = await client.generate(r.text, sampling_params=r.params, return_logprob=logprobs)
             except EngineError as exc:
                 return by_url.get(upstream_of(exc) or "", ""), str(exc)
+            if answer.meta_info.weight_version is None:  # vLLM's answers name none: the routable engines' one
+                answer = answer.model_copy(update={"meta_info": answer.meta_info.model_copy(update=served)})
             done[r.index] = Answer(answer, "router")
             return None
 
@@ -231,6 +256,8 @@ class RouterRouting:
             if not todo or not await self._members_ready():
                 break
             by_url = {url: engine_id for engine_id, url in self._urls.items()}
+            versions = {e.weight_version for e in self._engines.values()}  # Serving engines hold one (committed)
+            served = {"weight_version": versions.pop() if len(versions) == 1 else None}
             failures = [f for f in await asyncio.gather(*(one(r) for r in todo)) if f is not None]
             named = {engine_id: error for engine_id, error in failures if engine_id}
             for engine_id in sorted(named, key=_slot_order):
@@ -272,6 +299,9 @@ class RouterRouting:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
         await self.router.close()
+        if self.gateway is not None:
+            await self.gateway.close()
+            self.gateway = None
         self._urls.clear()
 
 

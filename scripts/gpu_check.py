@@ -3,7 +3,7 @@
 
 What it runs: ``trainer.app.loop.run`` -- the loop ``lifecycle run`` runs -- with every rollout engine a real
 SGLang server (``engines.sglang.SGLangBackend``) started on a Hugging Face checkpoint directory (the tiny
-Llama the project builds, or ``--hf-checkpoint DIR``), the real ``sglang-router`` in the path, the
+Llama the project builds, or ``--hf-checkpoint DIR``), the real SMG gateway in the path, the
 trainer on CPU writing one checkpoint directory per step that the servers load with
 ``/update_weights_from_disk``. What it checks, and prints as one JSON report (also ``RUN_DIR/gpu_check.json``):
 
@@ -17,7 +17,7 @@ trainer on CPU writing one checkpoint directory per step that the servers load w
 (``--rollout-device cuda``: its sleep mode may offload, so ``--offload`` is accepted there), launched by
 ``engines.vllm.launcher`` from the python of an environment with vLLM and this package installed
 (``--vllm-python``; the package's ``vllm.general_plugins`` entry registers our transfer engine), routed
-in-process (sglang-router does not front vLLM), updated in vLLM's own weight-update session.
+through the SMG gateway (its /v1/completions), updated in vLLM's own weight-update session.
 
 Needs: a CUDA GPU and, for SGLang, ``pip install 'rl-lifecycle[sglang,router,hf]'`` (sglang pins its own torch:
 use a separate environment from the CPU one); for vLLM, ``pip install vllm`` and ``pip install -e .`` in an
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=run_dir,
         hf_checkpoint=checkpoint,
         engine_launcher=None if vllm else launcher,  # vLLM: the Job launches --rollout-backend's servers
-        router=not vllm,
+        router=True,
         timeouts=Timeouts(startup=ns.startup_timeout, request=120.0, death=30.0),
         vllm_python=ns.vllm_python,
     )

@@ -55,6 +55,7 @@ CORE_FORBIDDEN = (
     "urllib",
     "sglang",
     "sglang_router",
+    "smg",
     "prometheus_client",
 )
 

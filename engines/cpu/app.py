@@ -246,7 +246,7 @@ def run(sock: socket.socket, args: argparse.Namespace) -> int:
 
 
 class _QuietPreface(logging.Filter):
-    """sglang-router probes every worker it registers for gRPC (an HTTP/2 preface, ``PRI * HTTP/2.0``); the
+    """A gateway (SMG, sglang-router) may probe a worker it registers for gRPC (an HTTP/2 preface, ``PRI * HTTP/2.0``); the
     400 aiohttp answers is the HTTP-only answer the router expects, so its traceback is noise, not an error."""
 
     def filter(self, record: logging.LogRecord) -> bool:

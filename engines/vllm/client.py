@@ -129,9 +129,20 @@ class VLLMClient(HTTPTransport):
 
     keep_alive = False  # see HTTPTransport.keep_alive: vLLM drops the connection after a 500
 
-    def __init__(self, base_url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        engine_id: str,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        versioned: bool = True,
+    ) -> None:
+        """``versioned=False``: a gateway in front of several servers, which has no ``/weight_info`` -- answers
+        carry no weight version (the routing knows which version its routable engines serve)."""
         super().__init__(base_url, engine_id=engine_id, api_key=api_key, timeout=timeout)
         self._model: str | None = None
+        self.versioned = versioned
 
     async def _get_model(self, path: str, model: type[M], timeout: float | None) -> M:
         return self._parse(path, model, self._json(path, await self._call("GET", path, timeout=timeout)))
@@ -252,7 +263,7 @@ class VLLMClient(HTTPTransport):
         groups: dict[str, list[int]] = {}
         for i, params in enumerate(per_prompt):
             groups.setdefault(repr(sorted(params.items())), []).append(i)
-        before = await self.weight_info(timeout=timeout)
+        before = await self.weight_info(timeout=timeout) if self.versioned else None
 
         async def send(members: list[int]) -> tuple[list[int], CompletionResponse]:
             batch: Any = [prompts[i] for i in members]
@@ -262,7 +273,7 @@ class VLLMClient(HTTPTransport):
             return members, answer
 
         answers = await asyncio.gather(*(send(m) for m in groups.values()))
-        after = await self.weight_info(timeout=timeout)
+        after = await self.weight_info(timeout=timeout) if self.versioned else None
         version = before if before == after else None
         out: list[GenerateResponse | None] = [None] * len(prompts)
         for members, answer in answers:

@@ -345,6 +345,16 @@ INVARIANTS["weight_version_never_goes_backwards"] = Invariant(
     "checkpoint died with the driver and are listed as discarded); judged over event logs (lifecycle trace check).",
 )
 
+INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
+    "gateway_agrees_with_lifecycle",
+    "trace",
+    None,
+    "The gateway (SMG) routes to an engine exactly while the lifecycle holds it Serving, labelled with the committed "
+    "weight version: what SMG reports for a worker right after its registration or removal is read back as a fact, "
+    "and a worker SMG calls routable that is not Serving, a Serving one it does not, or a label that differs from "
+    "the committed version is a violation; judged over event logs (lifecycle trace check).",
+)
+
 STATE = [i for i in INVARIANTS.values() if i.kind == "state"]
 STEP = [i for i in INVARIANTS.values() if i.kind == "step"]
 REACH = [i for i in INVARIANTS.values() if i.kind == "reach"]

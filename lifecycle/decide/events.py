@@ -35,6 +35,7 @@ COMMITTED = "weights.committed"  # the version every engine of the job must serv
 PROBE = "engine.probe"  # one liveness probe sent to a server: outcome, seconds
 WEIGHTS = "engine.weights"  # a weight transfer verified (or not) against the server's /model_info
 MEMORY = "engine.memory"  # a release/resume of one memory tag, as sent to the server
+GATEWAY = "gateway.worker"  # what the gateway (SMG) reports for one engine's worker: status, weight_version label
 ROUTED = "engine.routed"  # an engine published to its router (a withdrawal is the stop_routing effect itself)
 CHECKPOINTED = "job.checkpointed"  # a job checkpoint is complete on disk (step, weight_version, path)
 RESUMED = "job.resumed"  # a new driver continues the job of this log from a checkpoint (--resume / --load)

@@ -54,7 +54,7 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
         "trainer worker 0 (the broadcast's rank 0) SIGKILL between two buckets",
         "broadcast",
     ),
-    FaultKind("kill-router", "router", "the rollout sglang-router process SIGKILL (it restarts empty)", "router"),
+    FaultKind("kill-router", "router", "the rollout gateway (SMG) process SIGKILL (it restarts empty)", "router"),
     FaultKind(
         "kill-driver",
         "driver",

@@ -28,6 +28,7 @@ from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import (
     CHECKPOINTED,
     COMMITTED,
+    GATEWAY,
     MEMORY,
     PROBE,
     RESUMED,
@@ -57,6 +58,7 @@ JUDGED = (
     "monitors_run_only_during_generate_or_eval",
     "onload_restores_what_offload_released",
     "weight_version_never_goes_backwards",
+    "gateway_agrees_with_lifecycle",
 )
 assert all(name in INVARIANTS for name in JUDGED), "a judged invariant is missing from lifecycle.check.invariants"
 
@@ -285,6 +287,23 @@ class EventMonitor:
             return [("traffic_only_to_serving", f"{instance} was added to {e.get('router')} while {state}", ())]
         return ()
 
+    def _gateway(self, e: Event) -> Iterable[_Found]:
+        """SMG's view of one worker, read right after the lifecycle registered or removed it: routable
+        (``ready``) exactly while Serving -- at the time it was read -- and then labelled with the committed
+        version."""
+        instance, status = str(e.get("instance")), e.get("status")
+        state = self.job.state_at(instance, e.get("done_at"))
+        where = f"the gateway {e.get('router')}"
+        if (status == "ready") != (state == "Serving"):
+            shown = "routes to" if status == "ready" else f"does not route to ({status or 'not registered'})"
+            return [("gateway_agrees_with_lifecycle", f"{where} {shown} {instance}, which is {state}", ())]
+        committed = self.job.committed
+        if status == "ready" and committed is not None and e.get("weight_version") != committed:
+            label = e.get("weight_version")
+            problem = f"{where} labels {instance} weight version {label}, the committed is {committed}"
+            return [("gateway_agrees_with_lifecycle", problem, ())]
+        return ()
+
     def _probe(self, e: Event) -> Iterable[_Found]:
         job, instance = self.job, str(e.get("instance"))
         if e.get("by") != "monitor":
@@ -326,6 +345,7 @@ _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
     WEIGHTS: EventMonitor._weights,
     MEMORY: EventMonitor._memory,
     ROUTED: EventMonitor._routed,
+    GATEWAY: EventMonitor._gateway,
     PROBE: EventMonitor._probe,
     ROLLOUT_SOURCE: EventMonitor._source,
 }

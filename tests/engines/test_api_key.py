@@ -113,7 +113,7 @@ def test_catches_engines_without_a_key(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 async def _through_router(url: str, api_key: str | None) -> str:
-    """One /generate through a real sglang-router to ``url``, registered with ``api_key``: the answer's text,
+    """One /generate through a real SMG gateway to ``url``, registered with ``api_key``: the answer's text,
     or the error."""
     from engines.errors import EngineError
     from engines.router import Router
@@ -136,7 +136,7 @@ def test_the_router_sends_each_worker_its_key(keyed_engine: Any) -> None:
     from engines.router import router_available
 
     if not router_available():
-        pytest.skip("sglang-router is not installed: pip install 'rl-lifecycle[router]'")
+        pytest.skip("smg (the gateway) is not installed: pip install 'rl-lifecycle[router]'")
     assert asyncio.run(_through_router(keyed_engine.url, KEYED_ENGINE_KEY)).startswith("text: ")
     # the old registration (no key): the keyed worker refuses what the router forwards
     assert asyncio.run(_through_router(keyed_engine.url, None)).startswith("error: ")

@@ -252,7 +252,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     ),
     RuntimeMutant(
         "router_withdraw_forgets_router",
-        "withdrawing drops the engine from the shell's books but never unregisters it at the sglang-router",
+        "withdrawing drops the engine from the shell's books but never unregisters it at the gateway (SMG)",
         ROUTING,
         "            await self.router.remove(url)\n",
         "            pass\n",

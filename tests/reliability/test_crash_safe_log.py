@@ -157,9 +157,9 @@ def test_sigkill_mid_step_leaves_a_readable_event_log(tmp_path: Path, run_token:
     assert any("raylet" in c for c in spawned.values()), spawned
     survivors = kill_marked(run_token, grace=20)  # Ray and engines in other sessions: give them a chance
     assert not marked_pids(run_token)
-    if importlib.util.find_spec("sglang_router") is not None:  # its own session, yet it dies with the driver
-        assert routers, "no sglang-router child of the driver"
-        assert not [pid for pid in routers if "router" in cmdline(pid)], "the sglang-router outlived the driver"
+    if importlib.util.find_spec("smg") is not None:  # its own session, yet it dies with the driver
+        assert routers, "no gateway (SMG) child of the driver"
+        assert not [pid for pid in routers if "router" in cmdline(pid)], "the gateway (SMG) outlived the driver"
     print(f"{len(spawned)} processes in the run; alive 20 s after the kill (now killed): {len(survivors)}")
 
     count, torn = check_log(log)

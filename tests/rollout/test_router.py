@@ -1,8 +1,9 @@
-"""The real sglang-router in the rollout path, read on the wire.
+"""The real SMG gateway in the rollout path, read on the wire.
 
-Router membership is the publication boundary: after every step of the job whose commands have come
-back, the router's ``GET /workers`` lists exactly the Serving engines (a Quiesced, Pending, Updating or
-Unhealthy one listed, or a Serving one missing, fails); and every engine's own count of ``/generate``
+Gateway membership is the publication boundary: after every step of the job whose commands have come
+back, SMG's ``GET /workers`` shows exactly the Serving engines ``ready`` (routable) -- a Quiesced, Pending,
+Updating or Unhealthy one ready, or a Serving one not, fails -- each labelled with the committed version; and
+every engine's own count of ``/generate``
 requests does not move while it is not Serving -- right after a recovery and during a weight update
 included. Two tests re-introduce the field's bugs (registered before holding the weights, miles #1724;
 never registered again after a recovery, miles #692) and show the check fails.
@@ -11,6 +12,7 @@ never registered again after a recovery, miles #692) and show the check fails.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ from lifecycle.decide.events import EventLog, MemorySink
 from lifecycle.decide.runner import RunFailed, Runner
 
 pytest.importorskip("torch")
-pytest.importorskip("sglang_router")
+pytest.importorskip("smg")
 
 from engines.errors import EngineUnreachable
 from engines.launcher import launcher_factory
@@ -137,16 +139,22 @@ class Rig:
         if router.process is None or not router.alive:
             return  # dead (being restarted by the lifecycle): it routes nothing
         try:
-            listed = set(await router.workers())
+            workers = await router.workers()
         except EngineUnreachable:
             if not router.alive:
                 return
             raise
+        listed = {url for url, w in workers.items() if w.routable}  # SMG's "ready": what it routes to
         engines = self.manager.controller.engines
         serving = {e.url.rstrip("/") for i, e in enumerate(engines) if e.url and self.state(i) == "Serving"}
         if listed != serving:
             states = {e.id: self.state(i) for i, e in enumerate(engines)}
-            raise Violation(f"{when}: router lists {sorted(listed)}, Serving are {sorted(serving)} ({states})")
+            seen = {url: w.status for url, w in workers.items()}
+            raise Violation(f"{when}: SMG routes to {sorted(listed)}, Serving are {sorted(serving)} ({states}; {seen})")
+        committed = self.runner.committed[1] if self.runner.committed else None
+        labels = {url: workers[url].weight_version for url in listed}
+        if any(v != committed for v in labels.values()):
+            raise Violation(f"{when}: SMG's weight_version labels {labels}, the committed version is {committed}")
 
     def state(self, i: int = 0) -> str:
         return self.runner.state.engines[i].state
@@ -197,6 +205,35 @@ def test_router_lists_exactly_the_serving_engines_through_generate_updates_and_r
     moves = [(e["instance"], e["trigger"]) for e in rig.events if e.get("event") == "lifecycle.transition"]
     assert ("engine-0", "recover") in moves
     assert requests_while_not_serving(rig.counts) == []
+
+
+def test_smgs_view_read_back_agrees_and_a_planted_disagreement_is_caught(rig: Rig) -> None:
+    """Every registration and removal logs what SMG then reports for that worker (``gateway.worker``); judged by
+    the live monitor's ``gateway_agrees_with_lifecycle`` the whole log passes -- and it fails when SMG's view is
+    planted to disagree: a Serving engine not routable, a withdrawn one still routable, another version label."""
+    from lifecycle.observe.monitor import EventMonitor
+
+    rig.run(rig.manager.generate(3))
+    events = [dict(e) for e in rig.events]
+    seen = [i for i, e in enumerate(events) if e.get("event") == "gateway.worker"]
+    ready = [i for i in seen if events[i]["status"] == "ready"]
+    gone = [i for i in seen if events[i]["status"] is None]
+    assert ready and gone, [events[i] for i in seen]
+    assert all(events[i]["weight_version"] is not None for i in ready)
+
+    def judged(planted: list[dict[str, Any]]) -> list[str]:
+        return [v.problem for v in EventMonitor().feed_all(planted) if v.invariant == "gateway_agrees_with_lifecycle"]
+
+    assert judged(events) == []
+    for index, change, says in (
+        (ready[-1], {"status": "not_ready"}, "does not route to (not_ready)"),
+        (gone[-1], {"status": "ready"}, "routes to"),
+        (ready[-1], {"weight_version": "99"}, "labels engine"),
+    ):
+        planted = copy.deepcopy(events)
+        planted[index].update(change)
+        found = judged(planted)
+        assert len(found) == 1 and says in found[0], (change, found)
 
 
 def test_no_request_reaches_an_engine_during_a_weight_update(rig: Rig) -> None:
@@ -274,7 +311,7 @@ def test_the_check_fails_when_a_recovered_engine_is_not_registered_again(
         rig.run(rig.manager.init(rig.weights(0)))
         rig.run(rig.manager.generate(1))
         rig.run(rig.manager.controller.kill_engine(0))
-        with pytest.raises(Violation, match="router lists \\[\\]"):
+        with pytest.raises(Violation, match="SMG routes to \\[\\]"):
             rig.run(rig.manager.generate(2))
     finally:
         rig.close()

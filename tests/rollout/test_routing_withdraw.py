@@ -1,6 +1,6 @@
 """Withdrawing an engine from routing, witnessed in seconds: once ``stop_routing`` has run (an engine drained
 after a generate, marked unhealthy, stopped), no request reaches it -- in-process routing drops it from the
-members it shards over, and the sglang-router shell unregisters it at the router, not only in its own books.
+members it shards over, and the gateway shell unregisters it at the router, not only in its own books.
 The same rule against real engines and a real router is ``test_router.py``."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class CountingClient:
 
 def _engine(i: int) -> Any:
     url = f"http://127.0.0.1:{30000 + i}/"
-    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), url=url, api_key=None)
+    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), url=url, api_key=None, server=None, weight_version="0")
 
 
 async def _never_unhealthy(engine_id: str, reason: str) -> None:

@@ -309,7 +309,7 @@ def test_tiny_llama_learns_within_the_default_run(tmp_path: Path) -> None:
     events = read_jsonl(run_dir / "events.jsonl")
     engines = [e for e in events if e.get("machine") == "engine"]
     assert engines and not [e for e in engines if e.get("dst") in ("Failed", "Unhealthy")]
-    pytest.importorskip("sglang_router")  # with the router extra: it is in the path, membership by the effects
+    pytest.importorskip("smg")  # with the router extra: it is in the path, membership by the effects
     assert [e["router"] for e in events if e.get("event") == "router.started"] == ["router-rollout"]
     routed = {(e["trigger"], e["dst"]) for e in engines if "route_traffic" in (e.get("effects") or ())}
     unrouted = {(e["trigger"], e["src"]) for e in engines if "stop_routing" in (e.get("effects") or ())}

@@ -206,8 +206,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-router",
         action="store_true",
-        help="route requests in-process instead of through sglang-router (the default where "
-        "'rl-lifecycle[router]' is installed; engines are registered only while Serving)",
+        help="route requests in-process instead of through the SMG gateway (the default where "
+        "'rl-lifecycle[router]' is installed; engines are registered only while Serving, and routable only once SMG "
+        "says ready)",
     )
     p.add_argument(
         "--metrics-port",
@@ -395,11 +396,11 @@ def _resume(ns: argparse.Namespace) -> int:
             "--resume", str(manifest.path), f"lacks the option steps, or it is malformed ({exc})", "pass --steps N"
         ) from None
     _positive("--steps", steps)
-    if options.get("router") and importlib.util.find_spec("sglang_router") is None:
+    if options.get("router") and importlib.util.find_spec("smg") is None:
         raise ConfigError(
             "--resume",
             str(run_dir),
-            "the run routed through sglang-router, which is not installed here",
+            "the run routed through the SMG gateway, which is not installed here",
             "pip install 'rl-lifecycle[router]'",
         )
     if ns.ray_address:
@@ -501,8 +502,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    # engines.router's test; not before vLLM servers (Job: sglang-router sends them nothing they answer)
-    router = not ns.no_router and not vllm and importlib.util.find_spec("sglang_router") is not None
+    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
     check_faults(
         faults,
         config,

@@ -256,17 +256,7 @@ class Job:
         return launcher_factory(self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=key)
 
     def _router(self) -> bool:
-        """sglang-router in front of the engines where it is installed -- not before vLLM servers: it sends
-        only SGLang's /generate, and its OpenAI route refuses token-id prompts (README, engine backends)."""
-        if self.config.rollout_backend == "vllm":
-            if self.router:
-                raise ConfigError(
-                    "--rollout-backend",
-                    "vllm",
-                    "sglang-router cannot route the rollout's token-id prompts to vLLM servers",
-                    "leave router unset (None) or False: vLLM engines are routed in-process",
-                )
-            return False
+        """The SMG gateway in front of the engines (either backend) where it is installed."""
         return router_available() if self.router is None else self.router
 
     async def _start(self) -> None:

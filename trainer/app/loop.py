@@ -87,7 +87,7 @@ class RunOptions:
     keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
     hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
     model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
-    router: bool | None = None  # the real sglang-router in the rollout path; None: where it is installed
+    router: bool | None = None  # the real SMG gateway in the rollout path; None: where it is installed
     engine_launcher: LauncherFactory | None = None  # engine_id -> Launcher (scripts/gpu_check.py: SGLang servers)
     metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics at http://metrics_host:PORT/metrics
     metrics_host: str = "127.0.0.1"

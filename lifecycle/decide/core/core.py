@@ -1028,7 +1028,7 @@ class _Tx:
                     "router",
                     f"router-{group}",
                     "",
-                    f"router-{group} died: the sglang-router process exited and rollout FT is off",
+                    f"router-{group} died: the gateway (SMG) process exited and rollout FT is off",
                     "--use-fault-tolerance --ft-components rollout restarts the router and registers the Serving "
                     "engines again; or run without the router (--no-router)",
                 )
