@@ -246,8 +246,9 @@ def run(sock: socket.socket, args: argparse.Namespace) -> int:
 
 
 class _QuietPreface(logging.Filter):
-    """A gateway (SMG, sglang-router) may probe a worker it registers for gRPC (an HTTP/2 preface, ``PRI * HTTP/2.0``); the
-    400 aiohttp answers is the HTTP-only answer the router expects, so its traceback is noise, not an error."""
+    """A gateway (SMG, sglang-router) may probe a worker it registers for gRPC (an HTTP/2 preface, ``PRI *
+    HTTP/2.0``); the 400 aiohttp answers is the HTTP-only answer the router expects, so its traceback is noise,
+    not an error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None

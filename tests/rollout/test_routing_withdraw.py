@@ -23,7 +23,8 @@ class CountingClient:
 
 def _engine(i: int) -> Any:
     url = f"http://127.0.0.1:{30000 + i}/"
-    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), url=url, api_key=None, server=None, weight_version="0")
+    fields = {"url": url, "api_key": None, "server": None, "weight_version": "0"}
+    return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), **fields)
 
 
 async def _never_unhealthy(engine_id: str, reason: str) -> None:
