@@ -63,8 +63,20 @@ def free_port() -> int:
 PORT_TRIES = 3  # a router that exits before it answers is started again on another port, this often
 
 
+# SMG's own health checks, where a user keeps them on as a second detector (``health_checks=True``): /health every
+# second, 2 failures to not_ready. Its verdict is news for the lifecycle, which decides (rollout.routing).
+HEALTH_CHECKS = ["--health-check-interval-secs", "1", "--health-check-timeout-secs", "1"]
+HEALTH_CHECKS += ["--health-failure-threshold", "2", "--health-success-threshold", "1", "--health-check-endpoint"]
+HEALTH_CHECKS += ["/health"]
+
+
 def router_command(
-    port: int, *, host: str = "127.0.0.1", request_timeout_s: float = 30.0, metrics_port: int | None = None
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    request_timeout_s: float = 30.0,
+    metrics_port: int | None = None,
+    health_checks: bool = False,
 ) -> list[str]:
     """``python -m smg launch`` with the lifecycle's settings (see the module docstring)."""
     return [
@@ -78,7 +90,7 @@ def router_command(
         str(port),
         "--policy",
         "round_robin",
-        "--disable-health-check",
+        *(HEALTH_CHECKS if health_checks else ["--disable-health-check"]),
         "--disable-circuit-breaker",
         "--disable-retries",
         "--disable-worker-overload-protection",
@@ -198,8 +210,10 @@ class Router:
         request_timeout: float = 30.0,
         membership_timeout: float = 10.0,
         log_path: str | Path | None = None,
+        health_checks: bool = False,
     ) -> None:
         self.name = name
+        self.health_checks = health_checks  # SMG's own checks on (a second detector): see HEALTH_CHECKS
         self.startup_timeout = startup_timeout
         self.request_timeout = request_timeout
         self.membership_timeout = membership_timeout
@@ -226,7 +240,7 @@ class Router:
         for attempt in range(PORT_TRIES):
             port = free_port()  # free when asked; another process may bind it before the router does
             url = f"http://127.0.0.1:{port}"
-            command = router_command(port, request_timeout_s=self.request_timeout)
+            command = router_command(port, request_timeout_s=self.request_timeout, health_checks=self.health_checks)
             self.process = ServerProcess(
                 command,
                 engine_id=self.name,

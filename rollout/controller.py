@@ -45,6 +45,7 @@ class InferenceController:
         seed: int = 0,
         router: bool = False,
         log_dir: str | None = None,
+        gateway_health_checks: bool = False,
     ) -> None:
         self.runner = runner
         self.config = runner.config
@@ -68,6 +69,8 @@ class InferenceController:
                     log_dir=log_dir,
                     log=runner.log,
                     backend=self.config.rollout_backend,
+                    on_news=self.engine_unhealthy,
+                    health_checks=gateway_health_checks,
                     request_timeout=self.timeouts.request,
                 )
             else:

@@ -140,6 +140,9 @@ class RouterRouting:
         log_dir: str | Path | None = None,
         log: EventLog | None = None,
         backend: str = "sglang",
+        on_news: OnUnhealthy | None = None,
+        health_checks: bool = False,
+        news_period: float = 0.5,
         **opts: float,
     ) -> None:
         self.name = name
@@ -147,7 +150,12 @@ class RouterRouting:
         self.gateway: EngineClient | VLLMClient | None = None  # what generate requests go through
         self.log = log
         log_path = Path(log_dir) / f"{name}.log" if log_dir is not None else None
-        self.router = Router(name, log_path=log_path, **opts)
+        self.router = Router(name, log_path=log_path, health_checks=health_checks, **opts)
+        # SMG's own verdict on a published worker (its health checks, when kept on): news for the lifecycle
+        self.on_news = on_news
+        self.news_period = news_period
+        self._news: asyncio.Task[None] | None = None
+        self._told: set[str] = set()  # engines whose SMG verdict was reported since their last publication
         self.on_death = on_death
         self._urls: dict[str, str] = {}  # published engine id -> its URL (for error attribution)
         self._engines: dict[str, Engine] = {}
@@ -192,6 +200,29 @@ class RouterRouting:
                 await self.on_death(f"{self.name}: {reason}")
 
         self._watch = asyncio.create_task(watch(), name=f"watch-{self.name}")
+        if self.on_news is not None and self.router.health_checks and self._news is None:
+            self._news = asyncio.create_task(self._watch_verdicts(), name=f"verdicts-{self.name}")
+
+    async def _watch_verdicts(self) -> None:
+        """Poll SMG's view of the published workers; one SMG no longer routes to (``not_ready``, ``failed``, gone)
+        is reported once per publication -- the lifecycle marks the engine, which withdraws it (SMG decides
+        nothing about a worker the lifecycle holds Serving: it only tells)."""
+        assert self.on_news is not None
+        while True:
+            await asyncio.sleep(self.news_period)
+            if not self.router.alive or not self._engines:
+                continue
+            try:
+                view = await self.router.workers()
+            except EngineError:
+                continue  # a dead gateway is its watcher's news
+            for engine_id, url in list(self._urls.items()):
+                worker = view.get(url)
+                if engine_id in self._told or (worker is not None and worker.routable):
+                    continue
+                self._told.add(engine_id)
+                status = worker.status if worker is not None else "gone"
+                await self.on_news(engine_id, f"the gateway {self.name} (SMG) reports its worker {status}")
 
     async def publish(self, engine: Engine) -> Outcome:
         if engine.url is None:
@@ -209,6 +240,7 @@ class RouterRouting:
             return Outcome("request_failed", reason=f"router registration failed: {exc}")
         self._urls[engine.id] = engine.url.rstrip("/")
         self._engines[engine.id] = engine
+        self._told.discard(engine.id)
         return Outcome("done", facts=(seen,))
 
     async def _seen(self, engine: Engine) -> Fact:
@@ -294,10 +326,12 @@ class RouterRouting:
 
     async def close(self) -> None:
         self._gen += 1
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
+        for task in (self._watch, self._news):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._news = None
         await self.router.close()
         if self.gateway is not None:
             await self.gateway.close()

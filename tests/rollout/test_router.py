@@ -77,7 +77,7 @@ class CheckingRunner(Runner):
 
 
 class Rig:
-    def __init__(self, flags: dict[str, Any], tmp: Path) -> None:
+    def __init__(self, flags: dict[str, Any], tmp: Path, *, gateway_health_checks: bool = False) -> None:
         self.config = LifecycleConfig.from_mapping(flags)
         self.loop = asyncio.new_event_loop()
         self.events = MemorySink()
@@ -89,6 +89,7 @@ class Rig:
             launcher_factory=launcher_factory("local"),
             router=True,
             log_dir=str(tmp),
+            gateway_health_checks=gateway_health_checks,
         )
         self.tmp = tmp
         self.versions = 0
@@ -234,6 +235,47 @@ def test_smgs_view_read_back_agrees_and_a_planted_disagreement_is_caught(rig: Ri
         planted[index].update(change)
         found = judged(planted)
         assert len(found) == 1 and says in found[0], (change, found)
+
+
+def test_smgs_own_verdict_on_a_stalled_serving_engine_is_news_the_lifecycle_acts_on(tmp_path: Path) -> None:
+    """With SMG's own health checks kept on (a second detector), a Serving engine stalled mid-generate (SIGSTOP)
+    is marked not_ready by SMG first (1 s checks, against the lifecycle monitor's 5 s); SMG only tells: the
+    lifecycle marks the engine Unhealthy with SMG's verdict as the reason, removes it from SMG, recovers it (rollout
+    FT) and registers it again once it holds the committed weights -- and SMG routes to it again."""
+    rig = Rig(ROLLOUT_FT, tmp_path, gateway_health_checks=True)
+    rig.runner.rig = None  # SMG may disagree for the moment it takes to tell: the news, not the settled check
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+        rig.run(rig.manager.generate(1))
+        stalled = rig.manager.controller.engines[1]
+
+        async def stall_mid_generate() -> list[Any]:
+            task = asyncio.ensure_future(rig.manager.generate(2))
+            while "engine-1" not in rig.routing.members():  # registered and ready at SMG: then it stalls
+                await asyncio.sleep(0.01)
+            await stalled.launcher.pause_server()
+            return await task
+
+        samples = rig.run(stall_mid_generate())
+        assert len(samples) == TASK.prompts_per_step * TASK.group_size  # the stalled engine's prompts went on
+        marks = [e for e in rig.events if e.get("trigger") == "mark_unhealthy" and e.get("instance") == "engine-1"]
+        assert marks and "router-rollout (SMG) reports its worker not_ready" in str(marks[0].get("reason")), marks
+        moves = [
+            e["trigger"] for e in rig.events if e.get("event") == "lifecycle.transition" and e["instance"] == "engine-1"
+        ]
+        assert moves[-1] == "mark_unhealthy", moves  # SMG told; the lifecycle decided
+        rig.run(rig.manager.generate(3))  # recovered: caught up, registered again, routed again
+        moves = [
+            e["trigger"] for e in rig.events if e.get("event") == "lifecycle.transition" and e["instance"] == "engine-1"
+        ]
+        assert "recover" in moves[moves.index("mark_unhealthy") :], moves
+        ready = {url for url, w in rig.run(rig.routing.router.workers()).items() if w.routable}
+        assert rig.state(1) == "Quiesced" and stalled.url is not None
+        seen = [e for e in rig.events if e.get("event") == "gateway.worker" and e.get("instance") == "engine-1"]
+        assert seen[-1]["status"] is None and any(e["status"] == "ready" for e in seen[-3:]), seen[-3:]
+        assert ready == set()  # between generates nothing is Serving, so SMG routes to nothing
+    finally:
+        rig.close()
 
 
 def test_no_request_reaches_an_engine_during_a_weight_update(rig: Rig) -> None:
