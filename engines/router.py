@@ -77,6 +77,7 @@ def router_command(
     request_timeout_s: float = 30.0,
     metrics_port: int | None = None,
     health_checks: bool = False,
+    rl: bool = False,
 ) -> list[str]:
     """``python -m smg launch`` with the lifecycle's settings (see the module docstring)."""
     return [
@@ -106,6 +107,7 @@ def router_command(
         host,
         "--prometheus-port",
         str(free_port() if metrics_port is None else metrics_port),
+        *(["--enable-rl"] if rl else []),  # SMG's RL control plane: only benchmarks/bench_fleet.py measures it
     ]
 
 
@@ -211,8 +213,10 @@ class Router:
         membership_timeout: float = 10.0,
         log_path: str | Path | None = None,
         health_checks: bool = False,
+        rl: bool = False,
     ) -> None:
         self.name = name
+        self.rl = rl
         self.health_checks = health_checks  # SMG's own checks on (a second detector): see HEALTH_CHECKS
         self.startup_timeout = startup_timeout
         self.request_timeout = request_timeout
@@ -240,7 +244,9 @@ class Router:
         for attempt in range(PORT_TRIES):
             port = free_port()  # free when asked; another process may bind it before the router does
             url = f"http://127.0.0.1:{port}"
-            command = router_command(port, request_timeout_s=self.request_timeout, health_checks=self.health_checks)
+            command = router_command(
+                port, request_timeout_s=self.request_timeout, health_checks=self.health_checks, rl=self.rl
+            )
             self.process = ServerProcess(
                 command,
                 engine_id=self.name,

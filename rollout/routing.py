@@ -143,14 +143,14 @@ class RouterRouting:
         on_news: OnUnhealthy | None = None,
         health_checks: bool = False,
         news_period: float = 0.5,
-        **opts: float,
+        request_timeout: float = 30.0,
     ) -> None:
         self.name = name
         self.backend = backend  # the engines' API, which the gateway forwards (SGLang's /generate, vLLM's completions)
         self.gateway: EngineClient | VLLMClient | None = None  # what generate requests go through
         self.log = log
         log_path = Path(log_dir) / f"{name}.log" if log_dir is not None else None
-        self.router = Router(name, log_path=log_path, health_checks=health_checks, **opts)
+        self.router = Router(name, log_path=log_path, health_checks=health_checks, request_timeout=request_timeout)
         # SMG's own verdict on a published worker (its health checks, when kept on): news for the lifecycle
         self.on_news = on_news
         self.news_period = news_period
