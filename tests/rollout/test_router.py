@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.core import Event, Move, Refusal
+from lifecycle.decide.core import EVAL, ROLLOUT, Event, Move, Refusal
 from lifecycle.decide.events import EventLog, MemorySink
 from lifecycle.decide.runner import RunFailed, Runner
 
@@ -136,9 +136,17 @@ class Rig:
             self.counts.append((move.instance, move.src, move.dst, self.generate_count(i)))
 
     async def check_membership(self, when: str) -> None:
-        router = self.routing.router
+        for group in (ROLLOUT, EVAL):
+            await self._check_group(group, when)
+
+    async def _check_group(self, group: str, when: str) -> None:
+        """One group's gateway (rollout, eval): SMG routes to exactly its Serving engines, each labelled with the
+        committed version."""
+        routing = self.manager.controller.routing(group)
+        assert isinstance(routing, RouterRouting)
+        router = routing.router
         if router.process is None or not router.alive:
-            return  # dead (being restarted by the lifecycle): it routes nothing
+            return  # not started yet, or dead (being restarted by the lifecycle): it routes nothing
         try:
             workers = await router.workers()
         except EngineUnreachable:
@@ -146,12 +154,15 @@ class Rig:
                 return
             raise
         listed = {url for url, w in workers.items() if w.routable}  # SMG's "ready": what it routes to
-        engines = self.manager.controller.engines
-        serving = {e.url.rstrip("/") for i, e in enumerate(engines) if e.url and self.state(i) == "Serving"}
+        engines = self.manager.controller.engines if group == ROLLOUT else self.manager.controller.evals
+        states = [e.state for e in self.runner.state.group(group)]
+        serving = {e.url.rstrip("/") for e, state in zip(engines, states, strict=False) if e.url and state == "Serving"}
         if listed != serving:
-            states = {e.id: self.state(i) for i, e in enumerate(engines)}
             seen = {url: w.status for url, w in workers.items()}
-            raise Violation(f"{when}: SMG routes to {sorted(listed)}, Serving are {sorted(serving)} ({states}; {seen})")
+            raise Violation(
+                f"{when}: SMG ({routing.name}) routes to {sorted(listed)}, Serving are {sorted(serving)} "
+                f"({dict(zip([e.id for e in engines], states, strict=False))}; {seen})"
+            )
         committed = self.runner.committed[1] if self.runner.committed else None
         labels = {url: workers[url].weight_version for url in listed}
         if any(v != committed for v in labels.values()):
@@ -278,6 +289,26 @@ def test_smgs_own_verdict_on_a_stalled_serving_engine_is_news_the_lifecycle_acts
         rig.close()
 
 
+def test_the_eval_fleets_gateway_routes_to_exactly_its_serving_engines(tmp_path: Path) -> None:
+    """The eval fleet has its own SMG (``router-eval``): checked after every settled step like the rollout's --
+    through evals, a weight update, and an eval engine's death and restart."""
+    rig = Rig({**ROLLOUT_FT, "rollout_num_gpus": 1, "offload_rollout": False, "eval_num_gpus": 2}, tmp_path)
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+        checks = rig.runner.checks
+        first = rig.run(rig.manager.eval(0))
+        assert first.on == "eval_fleet" and first.skipped is None, first
+        rig.run(rig.runner.operate("update_weights"))
+        rig.run(rig.manager.controller.evals[1].launcher.kill())
+        second = rig.run(rig.manager.eval(1))  # the dead eval engine is started again and pinned
+        assert second.on == "eval_fleet" and second.weight_version == "1", second
+        assert rig.runner.checks > checks + 6
+        seen = [e for e in rig.events if e.get("event") == "gateway.worker" and e["router"] == "router-eval"]
+        assert {e["instance"] for e in seen if e["status"] == "ready"} == {"eval-0", "eval-1"}, seen
+    finally:
+        rig.close()
+
+
 def test_no_request_reaches_an_engine_during_a_weight_update(rig: Rig) -> None:
     """Requests sent to the router while the update runs find no member (none is Serving), not an engine."""
     before = [rig.generate_count(i) for i in range(2)]
@@ -353,7 +384,7 @@ def test_the_check_fails_when_a_recovered_engine_is_not_registered_again(
         rig.run(rig.manager.init(rig.weights(0)))
         rig.run(rig.manager.generate(1))
         rig.run(rig.manager.controller.kill_engine(0))
-        with pytest.raises(Violation, match="SMG routes to \\[\\]"):
+        with pytest.raises(Violation, match="SMG \\(router-rollout\\) routes to \\[\\]"):
             rig.run(rig.manager.generate(2))
     finally:
         rig.close()

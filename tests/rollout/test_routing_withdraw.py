@@ -9,6 +9,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from engines.router import GatewayWorker
 from rollout.routing import GenRequest, LocalRouting, RouterRouting
 
 
@@ -61,6 +62,9 @@ class ListingRouter:
 
     async def remove(self, url: str, **kw: Any) -> None:
         self.listed.discard(url.rstrip("/"))
+
+    async def workers(self) -> dict[str, GatewayWorker]:
+        return {url: GatewayWorker(url, url, "ready", "0") for url in self.listed}
 
 
 def test_withdrawing_unregisters_the_engine_at_the_router_itself() -> None:
