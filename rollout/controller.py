@@ -45,7 +45,6 @@ class InferenceController:
         seed: int = 0,
         router: bool = False,
         log_dir: str | None = None,
-        gateway_health_checks: bool = False,
     ) -> None:
         self.runner = runner
         self.config = runner.config
@@ -70,7 +69,7 @@ class InferenceController:
                     log=runner.log,
                     backend=self.config.rollout_backend,
                     on_news=self.engine_unhealthy,
-                    health_checks=gateway_health_checks,
+                    health_checks=self.config.gateway_health_check,  # SMG's verdict as news (README)
                     request_timeout=self.timeouts.request,
                 )
             else:

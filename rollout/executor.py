@@ -378,10 +378,7 @@ class RolloutManager:
         data_source_path: str | None = None,
         router: bool = False,
         log_dir: str | None = None,
-        gateway_health_checks: bool = False,
     ) -> None:
-        """``gateway_health_checks``: keep SMG's own health checks on as a second detector (its verdict is news
-        for the lifecycle, which marks the engine); off by default (README, "The gateway")."""
         self.config = config
         task = checked_task(task, "RolloutManager(task=...)")
         self.runner = runner if runner is not None else Runner(config, log=log, ledger=ledger)
@@ -392,7 +389,6 @@ class RolloutManager:
             seed=seed,
             router=router,
             log_dir=log_dir,
-            gateway_health_checks=gateway_health_checks,
         )
         self.executor = RolloutExecutor(
             self.runner,

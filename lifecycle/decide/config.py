@@ -421,6 +421,11 @@ class LifecycleConfig:
         kind="choice",
         choices=HEALTH_ENDPOINTS,
     )
+    gateway_health_check: bool = setting(
+        False,
+        "Keep the SMG gateway's own health checks on (/health every second) as a second detector: a worker it "
+        "stops routing to is news, and the lifecycle marks the engine. Off: the lifecycle's monitor alone decides.",
+    )
     engine_max_restarts: int = setting(3, "Restarts allowed per engine within --engine-restart-window.")
     engine_restart_window: float = setting(600.0, "Window (seconds) over which restarts are counted.")
     engine_restart_backoff: float = setting(1.0, "First restart delay (seconds); doubles each restart.")

@@ -30,6 +30,11 @@ class FaultKind:
 FAULT_KINDS: tuple[FaultKind, ...] = (
     FaultKind("kill-engine", "engine", "engine actor process SIGKILL (Ray reports the actor dead)"),
     FaultKind("hang-engine", "engine", "engine server SIGSTOP: health and generate stall, nothing dies"),
+    FaultKind(
+        "hang-serving",
+        "engine",
+        "engine server SIGSTOP once it is Serving and registered at the gateway: a stall mid-generate",
+    ),
     FaultKind("kill-http", "engine", "HTTP server process SIGKILL, the Ray actor stays alive"),
     FaultKind("crash-during-update", "engine", "server SIGKILL on entering a weight update, before the HTTP call"),
     FaultKind(

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from engines.errors import EngineError
 from rollout.controller import ControllerError, InferenceController
 from rollout.executor import EngineRolloutFn, Sample
 from rollout.pattern import PatternTask
@@ -41,7 +42,11 @@ class AuditedRollout:
         versions: dict[str, str | None] = {}
         nodes: dict[str, str] = {}
         for engine in controller.routable():
-            versions[engine.id] = await engine.served_version()  # SGLang's /model_info, vLLM's /weight_info
+            try:
+                versions[engine.id] = await engine.served_version()  # SGLang's /model_info, vLLM's /weight_info
+            except EngineError as exc:  # a stalled engine (hang-serving): its failed request, as any caller's
+                await controller.engine_unhealthy(engine.id, f"the audit's version read failed: {exc}")
+                continue
             if controller.config.rollout_backend == "sglang":
                 assert engine.client is not None
                 memory = (await engine.client.server_info()).internal_states[0]

@@ -25,6 +25,7 @@ CELLS: list[tuple[str, str, str]] = (
     + [(f, "rollout-only", ft) for f in ROLLOUT_ONLY_FAULTS for ft in FT_CONFIGS]
     + [(f, "broadcast", ft) for f in BROADCAST_FAULTS for ft in FT_CONFIGS]
     + [(f, "vllm", ft) for f in VLLM_FAULTS for ft in VLLM_FT]
+    + [("hang-serving", "gateway-checks", ft) for ft in VLLM_FT]  # SMG marks the stalled engine first
 )
 assert {m for _, m, _ in CELLS} == set(MODES)
 
@@ -90,6 +91,12 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "server, engine core) followed the Ray actor out; after `hang-engine` (SIGSTOP of its process group), what",
         "its `/health` answered; after `fail-update`, the answer to the load of the torn checkpoint, its `/health`",
         "and the version `/weight_info` still reported.",
+        "",
+        "Every run routes through the SMG gateway (`kill-router` SIGKILLs it). The *gateway-checks* rows keep SMG's",
+        "own health checks on (`--gateway-health-check`: `/health` every second, 2 failures to `not_ready`): a",
+        "stalled engine is then marked `not_ready` by SMG before the lifecycle's own probes or requests notice, SMG",
+        "only tells, and the lifecycle marks the engine with SMG's verdict as the reason, removes it from SMG and",
+        "recovers it (rollout FT) or stops.",
         "",
         "| fault | what is injected |",
         "|---|---|",

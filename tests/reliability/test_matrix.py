@@ -74,6 +74,11 @@ CELL = {
 # over 2 s on healthy servers during a rollout here. Its /health answers from the API server at once (and not at all
 # when the server is stopped), so the vLLM cells probe that.
 VLLM_CELL = {"rollout_health_check_endpoint": "health"}
+# gateway-checks: the lifecycle's own probes slower than SMG's 1 s checks, so that SMG's verdict is what acts
+MODE_CELL = {
+    "vllm": VLLM_CELL,
+    "gateway-checks": {"rollout_health_check_interval": 10.0, "rollout_health_check_timeout": 10.0},
+}
 REQUEST_TIMEOUT = 8.0  # the engine client's bound: a hung engine is noticed by this (or by the probes)
 VLLM_REQUEST_TIMEOUT = 30.0  # a real vLLM server's rollout of 64 samples takes 5-15 s on 2 shared cores
 STOP_WITHIN = 90.0  # seconds from injection to the run's error, generous for 2 shared cores
@@ -81,7 +86,8 @@ REASON = {  # what the transition's reason must say, per fault (any one of the a
     "kill-engine": ("actor died",),
     # a bounded wait ran out: a request's or probe's, or (the router in the path) the registration of the hung
     # engine as it entered Serving -- the router could not reach it
-    "hang-engine": ("no answer within", "was not listed within"),
+    "hang-engine": ("no answer within", "was not ready within"),
+    "hang-serving": ("no answer within",),
     "kill-http": ("exit code -9",),
     "fail-update": ("refused the weights",),  # the server's own answer follows
     "lose-node": ("actor died",),
@@ -112,7 +118,7 @@ class Run:
 
 
 def cell_config(fault: str, ft: str, mode: str = "normal") -> dict[str, Any]:
-    values = {**CELL, **FT_CONFIGS[ft], **MODES[mode], **(VLLM_CELL if mode == "vllm" else {})}
+    values = {**CELL, **FT_CONFIGS[ft], **MODES[mode], **MODE_CELL.get(mode, {})}
     if fault == "crash-during-offload":
         values["offload_rollout"] = True
     return values
@@ -336,7 +342,9 @@ def check_fault_maps_to_transition(run: Run) -> dict[str, Any]:
     mark = marks[0]
     reason = str(mark.get("reason", ""))
     kind = run.fault.kind
-    if kind in REASON:
+    if run.mode == "gateway-checks":  # SMG's 1 s checks notice first; its verdict is the reason
+        assert "(SMG) reports its worker not_ready" in reason, reason
+    elif kind in REASON:
         assert any(text in reason for text in REASON[kind]), reason
     if kind in ("crash-during-update", "fail-update"):
         assert mark["src"] in UPDATE_STATES, mark

@@ -29,6 +29,7 @@ from lifecycle.decide.runner import RunFailed, Runner
 pytest.importorskip("torch")
 pytest.importorskip("smg")
 
+from engines.engine import Timeouts
 from engines.errors import EngineUnreachable
 from engines.launcher import launcher_factory
 from engines.models import TinyCausalLM
@@ -58,6 +59,17 @@ def _get(url: str) -> Any:
         return json.loads(resp.read())
 
 
+def _vllm_requests(url: str) -> int:
+    """Requests a vLLM server has finished (``vllm:request_success_total``, every finish reason summed)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+        )
+    )
+
+
 class Violation(AssertionError):
     pass
 
@@ -77,8 +89,16 @@ class CheckingRunner(Runner):
 
 
 class Rig:
-    def __init__(self, flags: dict[str, Any], tmp: Path, *, gateway_health_checks: bool = False) -> None:
-        self.config = LifecycleConfig.from_mapping(flags)
+    def __init__(self, flags: dict[str, Any], tmp: Path, *, vllm_python: str | None = None) -> None:
+        """``vllm_python``: real vLLM servers (``--rollout-backend vllm``) on tiny Llama checkpoints."""
+        self.vllm = vllm_python is not None
+        self.config = LifecycleConfig.from_mapping({**flags, **({"rollout_backend": "vllm"} if self.vllm else {})})
+        self.tmp = tmp
+        launchers = launcher_factory("local")
+        if vllm_python is not None:
+            from engines.vllm.launcher import vllm_launcher_factory
+
+            launchers = vllm_launcher_factory("local", self.weights(0)[0], python=vllm_python)
         self.loop = asyncio.new_event_loop()
         self.events = MemorySink()
         self.runner = CheckingRunner(self.config, log=EventLog([self.events]))
@@ -86,12 +106,11 @@ class Rig:
             self.config,
             TASK,
             runner=self.runner,
-            launcher_factory=launcher_factory("local"),
+            launcher_factory=launchers,
+            timeouts=Timeouts(startup=300.0) if self.vllm else None,
             router=True,
             log_dir=str(tmp),
-            gateway_health_checks=gateway_health_checks,
         )
-        self.tmp = tmp
         self.versions = 0
         self.counts: list[tuple[str, str, str, int]] = []  # (engine, src, dst, its /generate count at the move)
         self.runner.watch(self._count)
@@ -113,7 +132,12 @@ class Rig:
             self.versions += 1
             version = self.versions
         path = self.tmp / f"step-{version}"
-        if not path.exists():
+        if not path.exists() and self.vllm:
+            from engines.models import build_tiny_llama
+            from trainer.app.loop import VLLM_TINY_LLAMA
+
+            build_tiny_llama(path, seed=100 + version, **VLLM_TINY_LLAMA)
+        elif not path.exists():
             TinyCausalLM("tiny", seed=100 + version).save_pretrained(path)
         return str(path), str(version)
 
@@ -125,6 +149,8 @@ class Rig:
         if engine.url is None:
             return 0
         try:
+            if self.vllm:  # vLLM counts its requests in its Prometheus metrics (finished ones)
+                return _vllm_requests(engine.url)
             info = _get(engine.url + "/server_info")
         except OSError:
             return -1  # the process is gone (a death the lifecycle is about to hear of)
@@ -253,7 +279,7 @@ def test_smgs_own_verdict_on_a_stalled_serving_engine_is_news_the_lifecycle_acts
     is marked not_ready by SMG first (1 s checks, against the lifecycle monitor's 5 s); SMG only tells: the
     lifecycle marks the engine Unhealthy with SMG's verdict as the reason, removes it from SMG, recovers it (rollout
     FT) and registers it again once it holds the committed weights -- and SMG routes to it again."""
-    rig = Rig(ROLLOUT_FT, tmp_path, gateway_health_checks=True)
+    rig = Rig({**ROLLOUT_FT, "gateway_health_check": True}, tmp_path)
     rig.runner.rig = None  # SMG may disagree for the moment it takes to tell: the news, not the settled check
     try:
         rig.run(rig.manager.init(rig.weights(0)))
@@ -305,6 +331,30 @@ def test_the_eval_fleets_gateway_routes_to_exactly_its_serving_engines(tmp_path:
         assert rig.runner.checks > checks + 6
         seen = [e for e in rig.events if e.get("event") == "gateway.worker" and e["router"] == "router-eval"]
         assert {e["instance"] for e in seen if e["status"] == "ready"} == {"eval-0", "eval-1"}, seen
+    finally:
+        rig.close()
+
+
+@pytest.mark.slow
+def test_smg_routes_to_exactly_the_serving_vllm_engines(tmp_path: Path, vllm_python: str) -> None:
+    """The same wire check with real vLLM servers behind SMG (its /v1/completions forwarded): after every settled
+    step SMG routes to exactly the Serving engines, labelled with the committed version, through generate,
+    weight updates and a recovery; no engine finished a request while it was not Serving (vLLM's own count)."""
+    flags = {**ROLLOUT_FT, "offload_rollout": False, "rollout_num_gpus": 1}
+    rig = Rig(flags, tmp_path, vllm_python=vllm_python)
+    try:
+        rig.run(rig.manager.init(rig.weights(0)))
+        checks = rig.runner.checks
+        samples = rig.run(rig.manager.generate(1))
+        assert {s["weight_version"] for s in samples} == {"0"}
+        rig.run(rig.runner.operate("update_weights"))
+        rig.run(rig.manager.controller.kill_engine(0))
+        samples = rig.run(rig.manager.generate(2))  # recovered, caught up, registered again at SMG
+        assert {s["weight_version"] for s in samples} == {"1"}
+        assert rig.runner.checks > checks + 6
+        moves = [(e["instance"], e["trigger"]) for e in rig.events if e.get("event") == "lifecycle.transition"]
+        assert ("engine-0", "recover") in moves
+        assert requests_while_not_serving(rig.counts) == []
     finally:
         rig.close()
 

