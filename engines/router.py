@@ -41,7 +41,6 @@ from typing import Any
 from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError, EngineStartError
 from engines.process import ServerProcess
-from engines.vllm.client import VLLMClient
 
 ROUTER_ID = "router"
 _KNOWN_ID = re.compile(r"with ID ([0-9a-fA-F-]{36})")  # SMG's 409 names the id of the worker it already has
@@ -109,14 +108,6 @@ def router_command(
         str(free_port() if metrics_port is None else metrics_port),
         *(["--enable-rl"] if rl else []),  # SMG's RL control plane: only benchmarks/bench_fleet.py measures it
     ]
-
-
-def gateway_client(backend: str, url: str, *, name: str, timeout: float) -> EngineClient | VLLMClient:
-    """The client generate requests go through at the gateway: the engines' own API, which SMG forwards (SGLang's
-    ``/generate``; vLLM's ``/v1/completions``, whose answers then carry no weight version -- see VLLMClient)."""
-    if backend == "vllm":
-        return VLLMClient(url, engine_id=name, timeout=timeout, versioned=False)
-    return EngineClient(url, engine_id=name, timeout=timeout)
 
 
 def upstream_of(error: EngineError) -> str | None:

@@ -27,7 +27,7 @@ from engines.client import EngineClient
 from engines.engine import Engine
 from engines.errors import EngineError
 from engines.protocol import GenerateResponse
-from engines.router import Router, gateway_client, upstream_of
+from engines.router import Router, upstream_of
 from engines.vllm.client import VLLMClient
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.events import GATEWAY, EventLog
@@ -337,6 +337,14 @@ class RouterRouting:
             await self.gateway.close()
             self.gateway = None
         self._urls.clear()
+
+
+def gateway_client(backend: str, url: str, *, name: str, timeout: float) -> EngineClient | VLLMClient:
+    """The client generate requests go through at the gateway: the engines' own API, which SMG forwards (SGLang's
+    ``/generate``; vLLM's ``/v1/completions``, whose answers then carry no weight version -- see VLLMClient)."""
+    if backend == "vllm":
+        return VLLMClient(url, engine_id=name, timeout=timeout, versioned=False)
+    return EngineClient(url, engine_id=name, timeout=timeout)
 
 
 def _slot_order(engine_id: str) -> tuple[str, int]:

@@ -23,9 +23,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from engines.api import ServerAPI
 from engines.errors import EngineError
 from engines.launcher import Launcher
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
@@ -41,6 +40,9 @@ from lifecycle.decide.predicates import (
 )
 from lifecycle.decide.presets import FT_PRESETS
 from lifecycle.decide.runner import Runner
+
+if TYPE_CHECKING:  # engines.api imports the HTTP client: `lifecycle --help` must not (tests/trainer/test_cli.py)
+    from engines.api import ServerAPI
 
 ENGINE_FAULTS = kinds(target="engine")
 TRAINER_FAULTS = kinds(target="trainer")
