@@ -339,11 +339,35 @@ def test_the_eval_fleets_gateway_routes_to_exactly_its_serving_engines(tmp_path:
         rig.close()
 
 
+async def hammered_update(rig: Rig) -> list[int]:
+    """A weight update while a client sends generate requests to the gateway as fast as it answers: its codes."""
+    gateway = rig.routing.gateway
+    assert gateway is not None
+    stop, codes = asyncio.Event(), []
+
+    async def hammer() -> None:
+        while not stop.is_set():
+            try:
+                await gateway.generate("abcd:", sampling_params={"max_new_tokens": 1})
+                codes.append(200)
+            except Exception as exc:  # SMG answers an error: no worker to route to
+                codes.append(getattr(exc, "status", 0))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(hammer())
+    await asyncio.sleep(0.05)
+    await rig.runner.operate("update_weights")
+    stop.set()
+    await task
+    return codes
+
+
 @pytest.mark.slow
 def test_smg_routes_to_exactly_the_serving_vllm_engines(tmp_path: Path, vllm_python: str) -> None:
     """The same wire check with real vLLM servers behind SMG (its /v1/completions forwarded): after every settled
-    step SMG routes to exactly the Serving engines, labelled with the committed version, through generate,
-    weight updates and a recovery; no engine finished a request while it was not Serving (vLLM's own count)."""
+    step SMG routes to exactly the Serving engines, labelled with the committed version, through generate, a
+    weight update hammered with requests and a recovery; no engine finished a request while it was not Serving
+    (vLLM's own count)."""
     flags = {**ROLLOUT_FT, "offload_rollout": False, "rollout_num_gpus": 1}
     rig = Rig(flags, tmp_path, vllm_python=vllm_python)
     try:
@@ -351,7 +375,9 @@ def test_smg_routes_to_exactly_the_serving_vllm_engines(tmp_path: Path, vllm_pyt
         checks = rig.runner.checks
         samples = rig.run(rig.manager.generate(1))
         assert {s["weight_version"] for s in samples} == {"0"}
-        rig.run(rig.runner.operate("update_weights"))
+        before = rig.generate_count(0)
+        codes = rig.run(hammered_update(rig))  # requests hammer SMG while the update runs: none reaches vLLM
+        assert codes and 200 not in codes and rig.generate_count(0) == before, (codes[:5], before)
         rig.run(rig.manager.controller.kill_engine(0))
         samples = rig.run(rig.manager.generate(2))  # recovered, caught up, registered again at SMG
         assert {s["weight_version"] for s in samples} == {"1"}
