@@ -68,6 +68,9 @@ class Engine:
         self.server: ServerAPI | None = None
         self.url: str | None = None
         self.weight_version: str | None = None  # what the server reported after its last load
+        # the generation of the server process the slot holds now (the core's count of the slot's launches, set by
+        # whoever launches it): reports about this process name it, so a late one about a replaced process is fenced
+        self.epoch: int | None = None
         self.reason = ""  # why the last command failed (it travels with the outcome)
 
     def _failed(self, name: str, reason: str) -> Outcome:

@@ -41,6 +41,7 @@ class EngineHealth:
     failures: int = 0
     last_error: str = ""
     probes: int = 0
+    epoch: int | None = None  # the generation of the process it probes: every verdict names it (the core fences)
 
 
 class HealthMonitor:
@@ -69,9 +70,10 @@ class HealthMonitor:
         self._loops: set[asyncio.Task[None]] = set()  # probe loops still running (a paused one ends after its sleep)
 
     # -- membership ----------------------------------------------------------------------------------
-    def add_engine(self, slot: Slot, probe: Probe) -> None:
-        """Watch an engine; its startup grace (--rollout-health-check-first-wait) starts now."""
-        self._engines[slot] = EngineHealth(probe, self._clock())
+    def add_engine(self, slot: Slot, probe: Probe, epoch: int | None = None) -> None:
+        """Watch an engine (its process of generation ``epoch``); its startup grace
+        (--rollout-health-check-first-wait) starts now."""
+        self._engines[slot] = EngineHealth(probe, self._clock(), epoch=epoch)
 
     def remove_engine(self, slot: Slot) -> None:
         self._engines.pop(slot, None)
@@ -152,7 +154,7 @@ class HealthMonitor:
         if epoch != self._epoch or not self._running:  # the monitor was paused while this probe was out
             self._logged(slot, result, seconds, stale=True)
             if result.name != "probe_ok":
-                await self._report(Outcome("stale_result", group, index, result.reason))
+                await self._report(Outcome("stale_result", group, index, result.reason, epoch=h.epoch))
             return
         self._logged(slot, result, seconds, stale=False)
         if result.name == "probe_ok":
@@ -161,11 +163,11 @@ class HealthMonitor:
         h.failures += 1
         h.last_error = result.reason
         if h.failures < self.config.rollout_health_check_failure_threshold:
-            await self._report(Outcome("probe_failed", group, index, result.reason))
+            await self._report(Outcome("probe_failed", group, index, result.reason, epoch=h.epoch))
             return
         self._engines.pop(slot, None)
         reason = f"{h.failures} consecutive failed probes, last: {result.reason}"
-        await self._report(Outcome("threshold_reached", group, index, reason))
+        await self._report(Outcome("threshold_reached", group, index, reason, epoch=h.epoch))
 
     def _logged(self, slot: Slot, result: Outcome, seconds: float, *, stale: bool) -> None:
         if self.log is not None and self.log.enabled:

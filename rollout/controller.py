@@ -68,7 +68,7 @@ class InferenceController:
                     log_dir=log_dir,
                     log=runner.log,
                     backend=self.config.rollout_backend,
-                    on_news=self.engine_unhealthy,
+                    on_news=self.engine_unhealthy,  # names the generation published (a late verdict is fenced)
                     health_checks=self.config.gateway_health_check,  # SMG's verdict as news (README)
                     request_timeout=self.timeouts.request,
                 )
@@ -276,6 +276,8 @@ class InferenceController:
     async def _launch(self, cmd: Command) -> Outcome:
         await self._start_router(self._group(cmd))
         engine = self.slot(cmd)
+        if cmd.group is not None and cmd.engine is not None:  # the core counted this launch: a new generation
+            engine.epoch = self.runner.epoch(cmd.group, cmd.engine)
         outcome = await engine.launch()
         if outcome.name == "ready":
             self._watch(engine)
@@ -326,18 +328,19 @@ class InferenceController:
 
     # -- death watchers and the monitor's membership ----------------------
     def _monitor_add(self, engine: Engine) -> None:
-        self.monitor.add_engine(self._where(engine.id), engine.probe)
+        self.monitor.add_engine(self._where(engine.id), engine.probe, engine.epoch)
 
     def _watch(self, engine: Engine) -> None:
         gen = self._watch_gen.get(engine.id, 0) + 1
         self._watch_gen[engine.id] = gen
         group, i = self._where(engine.id)
+        epoch = engine.epoch  # the process watched: its death report names it (a late one is fenced by the core)
 
         async def run() -> None:
             reason = await engine.launcher.watch()
             if self._watch_gen.get(engine.id) != gen:
-                return  # a death we caused (recovery, stop), or an old process: not news
-            await self.runner.report(Outcome("died", group, i, f"process died: {reason}"))
+                return  # a death we caused (recovery, stop): not news
+            await self.runner.report(Outcome("died", group, i, f"process died: {reason}", epoch=epoch))
 
         old = self._watchers.get(engine.id)
         if old is not None and not old.done() and old is not asyncio.current_task():
@@ -347,10 +350,11 @@ class InferenceController:
     def _unwatch(self, engine_id: str) -> None:
         self._watch_gen[engine_id] = self._watch_gen.get(engine_id, 0) + 1
 
-    async def engine_unhealthy(self, engine_id: str, reason: str) -> None:
-        """A request to the engine failed (the rollout or eval function saw it): the core marks it."""
+    async def engine_unhealthy(self, engine_id: str, reason: str, epoch: int | None = None) -> None:
+        """A request to the engine failed (the rollout or eval function saw it): the core marks it -- unless
+        ``epoch`` (the ``Engine.epoch`` the request was sent to) names a process that was replaced since."""
         group, i = self._where(engine_id)
-        await self.runner.report(Outcome("request_failed", group, i, reason))
+        await self.runner.report(Outcome("request_failed", group, i, reason, epoch=epoch))
 
     # -- faults (the loop's --inject and the tests) -----------------------------------------------------------------
     async def kill_engine(self, index: int, *, wait: float = 15.0) -> str:

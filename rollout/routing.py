@@ -33,6 +33,8 @@ from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.events import GATEWAY, EventLog
 
 OnUnhealthy = Callable[[str, str], Awaitable[None]]
+# the gateway's verdict on an engine: (engine id, reason, the generation of the process it was published as)
+OnVerdict = Callable[[str, str, int | None], Awaitable[None]]
 OnRouterDeath = Callable[[str], Awaitable[None]]
 
 
@@ -140,7 +142,7 @@ class RouterRouting:
         log_dir: str | Path | None = None,
         log: EventLog | None = None,
         backend: str = "sglang",
-        on_news: OnUnhealthy | None = None,
+        on_news: OnVerdict | None = None,
         health_checks: bool = False,
         news_period: float = 0.5,
         request_timeout: float = 30.0,
@@ -155,6 +157,7 @@ class RouterRouting:
         self.on_news = on_news
         self.news_period = news_period
         self._news: asyncio.Task[None] | None = None
+        self._epochs: dict[str, int | None] = {}
         self._told: set[str] = set()  # engines whose SMG verdict was reported since their last publication
         self.on_death = on_death
         self._urls: dict[str, str] = {}  # published engine id -> its URL (for error attribution)
@@ -222,7 +225,8 @@ class RouterRouting:
                     continue
                 self._told.add(engine_id)
                 status = worker.status if worker is not None else "gone"
-                await self.on_news(engine_id, f"the gateway {self.name} (SMG) reports its worker {status}")
+                reason = f"the gateway {self.name} (SMG) reports its worker {status}"
+                await self.on_news(engine_id, reason, self._epochs.get(engine_id))
 
     async def publish(self, engine: Engine) -> Outcome:
         if engine.url is None:
@@ -240,6 +244,7 @@ class RouterRouting:
             return Outcome("request_failed", reason=f"router registration failed: {exc}")
         self._urls[engine.id] = engine.url.rstrip("/")
         self._engines[engine.id] = engine
+        self._epochs[engine.id] = engine.epoch  # the process published: SMG's verdicts on this worker are about it
         self._told.discard(engine.id)
         return Outcome("done", facts=(seen,))
 

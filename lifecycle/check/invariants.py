@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lifecycle.check.world import DEAD_NOTIFIED, UP, Checker, Node, Transition
-from lifecycle.decide.core import SNAPSHOT
+from lifecycle.decide.core import SNAPSHOT, instance_name
 
 Problem = str | None
 
@@ -311,6 +311,20 @@ def job_checkpoint_holds_committed_weights(job: Checker, t: Transition, before: 
                 return f"a job checkpoint was written although {why}"
             if b.lock or b.rollout_op:
                 return f"a job checkpoint was written while the rollout side was busy ({b.rollout_op or 'lock held'})"
+    return None
+
+
+# -- generations: news about an engine's earlier process -------------------------------------------------------------
+@_register("step")
+def no_news_of_an_older_epoch_acted_on(job: Checker, t: Transition, before: Node) -> Problem:
+    """A death report, probe verdict or failed request about an engine's earlier process (an older epoch: before
+    its restart, or the previous driver's) moves no machine: it says nothing about the process the engine has now
+    (miles #2172, a verdict of a previous generation published after a restart)."""
+    if t.action.name.startswith("news.stale_epoch_") and t.moves:
+        moved = ", ".join(f"{m.instance} {m.trigger}" for m in t.moves)
+        who = instance_name(t.action.group, t.action.engine or 0)
+        what = t.action.name.removeprefix("news.stale_epoch_")
+        return f"news about an older generation of {who} ({what}) was acted on: {moved}"
     return None
 
 

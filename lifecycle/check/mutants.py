@@ -72,6 +72,17 @@ def _chain(
     return apply
 
 
+def _unfence(*machines: str) -> Callable[[dict[str, MachineSpec]], dict[str, MachineSpec]]:
+    """The machines act on news whatever engine generation it names."""
+
+    def apply(specs: dict[str, MachineSpec]) -> dict[str, MachineSpec]:
+        for machine in machines:
+            specs[machine] = replace(specs[machine], fenced=frozenset())
+        return specs
+
+    return apply
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -178,6 +189,12 @@ MUTANTS: dict[str, Mutant] = {
                     effects=tuple(EffectRef.parse(n) for n in ("continue_generation", "route_traffic")),
                 ),
             ),
+        ),
+        Mutant(
+            "news_epochs_ignored",
+            "news about an engine's previous process is acted on after its restart: a verdict of an older "
+            "generation marks the new process (miles #2172)",
+            _unfence("engine", "monitor"),
         ),
         Mutant(
             "death_while_paused_ignored",

@@ -53,6 +53,10 @@ _SUCCESS = {
     "save_job_state": "checkpointed",
     "restore_job_state": "restored",
 }
+# News an engine's earlier generation may still send after it was replaced: a death report, a probe verdict, a
+# failed request. The checker sends each about the generation before the engine's current one (never a fault:
+# a fenced report changes nothing, so it adds no state; one acted on is a violation).
+STALE_NEWS = ("died", "threshold_reached", "request_failed")
 _MAY_CRASH = frozenset({"train_step", "save_checkpoint", "transfer_weights", "save_job_state", "restore_job_state"})
 
 
@@ -100,6 +104,9 @@ class Action(NamedTuple):
                 "died": f"Ray reports {who} dead",
                 "threshold_reached": f"the monitor's probes of {who} fail (threshold)",
                 "stale_threshold": f"a stale failed probe of {who} returns",
+                "stale_epoch_died": f"Ray reports the death of {who}'s previous process (a late report)",
+                "stale_epoch_threshold_reached": f"the probes of {who}'s previous process fail (a late verdict)",
+                "stale_epoch_request_failed": f"a request sent to {who}'s previous process fails (late)",
                 "request_failed": f"a request to {who} fails",
                 "probe": "the monitor runs a probe round",
             }.get(what, f"{who} {what}")
@@ -303,6 +310,10 @@ class Checker:
                     action = Action("news.stale_threshold", i, group, fault=True)
                     counted = w._replace(faults=w.faults + 1)
                     yield from self._maybe(n, Outcome("threshold_reached", group, i), action, counted)
+                if e.epoch >= 1:  # a late report about the engine's previous process (or the previous driver's)
+                    for what in STALE_NEWS:
+                        action = Action(f"news.stale_epoch_{what}", i, group)
+                        yield from self._maybe(n, Outcome(what, group, i, epoch=e.epoch - 1), action)
                 busy = job.rollout in core.rollout_busy or job.fleet == "Pinned"
                 if busy and e.state == "Serving" and proc in (DEAD, HUNG) and job.monitor != "Running":
                     yield from self._maybe(
@@ -460,8 +471,21 @@ _FINISHED = MACHINES["engine"].terminal_states
 _IDLE = frozenset({"Stopped", "Unhealthy", "Init"})
 
 
+def _generations(job: JobState) -> JobState:
+    """Only whether an engine had a process before matters (news may name an earlier generation), not how many:
+    the core compares a report's epoch with the engine's for equality, and the checker's stale news names the
+    generation before the current one. Epochs count launches, so without this every restart would be a new state."""
+    if all(e.epoch <= 1 for e in job.engines) and all(e.epoch <= 1 for e in job.evals):
+        return job
+    return job._replace(
+        engines=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.engines),
+        evals=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.evals),
+    )
+
+
 def _normal(job: JobState, world: World) -> tuple[JobState, World]:
     """Facts that nothing can read any more are cleared (a finished engine's weights, its process)."""
+    job = _generations(job)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):

@@ -27,6 +27,7 @@ from lifecycle.decide import jsonio
 
 TRANSITION = "lifecycle.transition"
 BLOCKED = "lifecycle.blocked"
+FENCED = "lifecycle.fenced"  # news about an older generation of an engine (its epoch), not acted on
 # The facts the shells report next to the machines' moves: what the I/O did (the live invariant monitor, the
 # metrics and the timeline read them; lifecycle.observe.monitor names which invariant each one feeds).
 STARTED = "lifecycle.started"  # the log's first line: the validated config, so a finished log can be judged

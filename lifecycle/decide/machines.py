@@ -103,6 +103,8 @@ ENGINE = MachineSpec(
         T("dispose", ("Init", "Stopped"), "Disposed"),
     ),
     environment=frozenset({"mark_unhealthy", "start_failed", "republish"}),
+    # a failed request's report names the process it was sent to: one sent to a replaced process is not news
+    fenced=frozenset({"mark_unhealthy"}),
 )
 
 # -- health monitor -----------------------------------------------------------------------------
@@ -136,6 +138,9 @@ MONITOR = MachineSpec(
         T("dispose", "Init", "Stopped"),  # never created (monitors_rollout false): nothing to stop
     ),
     environment=frozenset({"engine_died", "probe_failed", "threshold_reached", "stale_result"}),
+    # a death report or probe verdict of an engine's earlier process (before its restart, or the previous
+    # driver's) says nothing about the process it has now (miles #2172)
+    fenced=frozenset({"engine_died", "probe_failed", "threshold_reached"}),
 )
 
 # -- rollout manager (InferenceController + RolloutExecutor) -----------------------------------

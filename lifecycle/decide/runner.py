@@ -39,7 +39,7 @@ from lifecycle.decide.core import (
 )
 from lifecycle.decide.core.plan import ERROR
 from lifecycle.decide.errors import IllegalTransition, LifecycleError
-from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, STARTED, EventLog, bind_context, utc_now
+from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, FENCED, STARTED, EventLog, bind_context, utc_now
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.names import OperationName
 from lifecycle.decide.runtime import LifecycleMachine
@@ -230,6 +230,10 @@ class Runner:
         commands, moves, blocked = result.commands, result.moves, result.blocked
         pending = {(c.machine, c.instance, c.effect): c for c in commands}
         for k, move in enumerate((*moves, None)):
+            for f in result.fenced:
+                if f.after == k and self.log.enabled:
+                    fields = {"machine": f.machine, "instance": f.instance, "state": f.state, "trigger": f.trigger}
+                    self.log.emit(FENCED, **fields, news=f.news, epoch=f.epoch, current_epoch=f.current)
             for b in blocked:  # a guard's refusal, logged by the machine itself (lifecycle.blocked), in order
                 if b.after == k and self.machine(b.machine, b.instance).state == b.state:
                     self.machine(b.machine, b.instance).fire(b.trigger)
@@ -291,6 +295,11 @@ class Runner:
         self.state = self.core.with_restarts(self.state, tuple(tuple(now - a for a in row) for row in ages))
 
     # -- views ----------------
+    def epoch(self, group: str, index: int) -> int:
+        """The generation of the engine's process now (the core's count of its launches): a shell stamps news
+        about that process with it, so the core can tell a late report about a replaced one."""
+        return self.state.group(group)[index].epoch
+
     def states(self, group: str = "rollout") -> dict[str, str]:
         return {instance_name(group, i): e.state for i, e in enumerate(self.state.group(group))}
 

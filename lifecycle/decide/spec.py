@@ -203,6 +203,9 @@ class MachineSpec:
     initial: str = "Init"
     doc: str = ""
     environment: frozenset[str] = frozenset()
+    # environment triggers about one engine's process: news that names an older generation of the engine (its
+    # epoch) never fires them -- a late death report or probe verdict of a process that was since replaced
+    fenced: frozenset[str] = frozenset()
     _compiled: dict[object, CompiledSpec] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -374,4 +377,6 @@ def validate(spec: MachineSpec) -> list[str]:
     for trig in spec.environment:
         if trig not in {t.trigger for t in spec.transitions}:
             problems.append(f"environment event {trig!r} has no transition")
+    for trig in sorted(spec.fenced - spec.environment):
+        problems.append(f"fenced event {trig!r} is not an environment event (only news is fenced by an epoch)")
     return problems

@@ -35,6 +35,7 @@ WITNESS: dict[str, dict[str, bool]] = {
     "probe_result_after_pause": {"monitors_rollout": True},
     "external_engine_restarted": {"external_engines": True, "rollout_ft": True},
     "death_while_paused_ignored": {"monitors_rollout": True},
+    "news_epochs_ignored": {"starts_servers": True},
     "stale_group_broadcast": {"broadcasts_weights": True, "rollout_ft": True},
     "aborted_broadcast_served": {"broadcasts_weights": True},
 }
@@ -57,6 +58,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "probe_result_after_pause": frozenset({"healthy_engines_are_not_marked_unhealthy"}),
     "external_engine_restarted": frozenset({"external_engines_never_restarted"}),
     "death_while_paused_ignored": frozenset({"dead_engines_are_not_counted_alive"}),
+    "news_epochs_ignored": frozenset({"no_news_of_an_older_epoch_acted_on"}),
     "stale_group_broadcast": frozenset({"no_broadcast_on_stale_group"}),
     "aborted_broadcast_served": frozenset(
         {"no_engine_routed_with_mixed_weights", "serving_engines_hold_current_weights"}

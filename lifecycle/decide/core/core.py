@@ -31,6 +31,7 @@ from lifecycle.decide.core.model import (
     EngineState,
     Event,
     Failure,
+    Fenced,
     JobState,
     Move,
     Op,
@@ -289,6 +290,8 @@ class Core:
         self.updating_engine = frozenset(s for s in self.transient if s in self.live)  # receiving weights
         self.markable = frozenset(s for t in engine.transitions if t.trigger == "mark_unhealthy" for s in t.source)
         self.tracks_ahead = self.p["updates_rollout_weights"] and self.p["saves_job"]
+        # per part: the environment events that news of an older engine generation never fires (the specs say which)
+        self.fenced: dict[str, frozenset[str]] = {part: self.specs[name].fenced for part, name in PARTS.items()}
         self._effects: dict[tuple[str, tuple[str, ...]], _Effects] = {}
 
     # -- the public surface ---------------------------------------------------------------------------
@@ -316,7 +319,9 @@ class Core:
         if tx.refused is not None:
             return Result(state, (), (), tx.refused, tuple(tx.blocked))
         tx.run_programs()
-        return Result(tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked), tx.commits)
+        return Result(
+            tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked), tx.commits, tuple(tx.fenced)
+        )
 
     def effects_of(self, machine: str, effects: tuple[str, ...]) -> _Effects:
         """What a move's effects do to an engine's facts and which of them are commands (cached per move)."""
@@ -409,6 +414,9 @@ class _Tx:
         "commits",
         "core",
         "delay",
+        "epoch",
+        "fenced",
+        "heard",
         "lane",
         "moves",
         "now",
@@ -451,6 +459,9 @@ class _Tx:
         self.lane = "news"  # whose work the commands produced now are
         self.subject: tuple[str, int] | None = None  # the engine a monitor event is about
         self.delay = 0.0  # the backoff of the launch the next move issues (a restart)
+        self.epoch: int | None = None  # the engine generation the news being handled is about (None: the current)
+        self.fenced: list[Fenced] = []
+        self.heard = ""  # the news being handled (its outcome's name)
 
     # -- reading and writing the state -------------------------------------------------------------------------
     def state(self) -> JobState:
@@ -544,12 +555,14 @@ class _Tx:
             return out
         if out is None:
             return None
+        if self.epoch is not None and trigger in self.core.fenced[part] and self.stale(part, trigger, src, group, i):
+            return None
         fx = self.core.effects_of(machine, out.effects)
         if group is not None and i is not None:
             e = self.s.group(group)[i]
             dest: Any = out.dest  # a name from the engine spec (the typed names are checked against the specs)
-            if fx.launch:  # a new process holds nothing (and is in no process group)
-                new = EngineState(dest, False, False, fx.add, e.restarts)
+            if fx.launch:  # a new process: a new generation, holding nothing (and in no process group)
+                new = EngineState(dest, False, False, fx.add, e.restarts, epoch=e.epoch + 1)
             elif fx.add or fx.drop:
                 new = e._replace(state=dest, released=(e.released - fx.drop) | fx.add)
             else:
@@ -576,6 +589,19 @@ class _Tx:
         if group is not None and i is not None and out.dest == "Unhealthy":
             self.unhealthy(group, i)
         return out
+
+    def stale(self, part: str, trigger: str, src: str, group: str | None, i: int | None) -> bool:
+        """The news being handled is about an older generation of its engine: the move is fenced, on the record."""
+        where = (group, i) if group is not None and i is not None else self.subject
+        if where is None:
+            return False
+        e = self.s.group(where[0])[where[1]]
+        if self.epoch == e.epoch:
+            return False
+        instance = instance_name(group, i) if group is not None and i is not None else INSTANCE[part]
+        fenced = Fenced(PARTS[part], instance, trigger, src, self.heard, self.epoch or 0, e.epoch, len(self.moves))
+        self.fenced.append(fenced)
+        return True
 
     def command(self, cmd: Command) -> None:
         delay = self.delay if cmd.effect == "launch_engine" else 0.0
@@ -990,7 +1016,6 @@ class _Tx:
 
     # -- what the shells report -------------------------------------------------------------------------------------
     def news(self, o: Outcome) -> None:
-        core = self.core
         if o.name == "probe":
             self.fire("monitor", "probe")
             return
@@ -1001,6 +1026,14 @@ class _Tx:
             return
         e = self.s.group(o.group)[o.engine]
         self.subject = (o.group, o.engine)
+        self.epoch, self.heard = o.epoch, o.name  # fire() fences what this news would move, if it is stale
+        try:
+            self.engine_news(o, e)
+        finally:
+            self.epoch = None
+
+    def engine_news(self, o: Outcome, e: EngineState) -> None:
+        core = self.core
         if o.name == "died":  # Ray/the OS saw the process exit: acted on at once, paused or not
             if e.state not in core.live:
                 return  # not started, already marked, or a death we caused (a stop, a recovery)

@@ -40,6 +40,9 @@ class EngineState(NamedTuple):
     restarts: tuple[float, ...] = ()  # when its restarts happened, for the budget window
     joined: bool = False  # its current process is a member of the weight-update group (broadcast mode)
     mixed: bool = False  # a failed broadcast left it a mix of two versions: it reloads the committed ones first
+    # the generation of its process: a new one at every launch (start, restart). News names the generation it is
+    # about; news of an older one (a late death report, a probe sent to the process before) is never acted on.
+    epoch: int = 0
 
 
 class Command(NamedTuple):
@@ -159,6 +162,9 @@ class Outcome(NamedTuple):
     reason: str = ""
     now: float = 0.0
     facts: tuple[Fact, ...] = ()  # logged with the result, never judged by the core
+    # news: the engine generation it is about (EngineState.epoch); None for "the process it has now" (a shell that
+    # cannot tell). A command's result needs none: it answers a command the core is awaiting, from this driver.
+    epoch: int | None = None
 
 
 class Completed(NamedTuple):
@@ -197,6 +203,20 @@ class BlockedMove(NamedTuple):
     after: int = 0  # how many of the step's moves came before it (the event log keeps the order)
 
 
+class Fenced(NamedTuple):
+    """News about an older generation of an engine, not acted on (the event log's ``lifecycle.fenced``): the
+    machine event it would have fired, and both generations."""
+
+    machine: str
+    instance: str
+    trigger: str
+    state: str
+    news: str  # the outcome's name (died, threshold_reached, ...)
+    epoch: int  # the generation the news is about
+    current: int  # the engine's generation now
+    after: int = 0  # how many of the step's moves came before it
+
+
 class Result(NamedTuple):
     """What one event did: the next state, the moves fired, the commands to carry out, or a refusal."""
 
@@ -206,6 +226,7 @@ class Result(NamedTuple):
     refused: Refusal | None = None
     blocked: tuple[BlockedMove, ...] = ()
     commits: bool = False  # weights were committed: the trainer's pending ones (if any) are the served ones now
+    fenced: tuple[Fenced, ...] = ()  # news of an older engine generation, not acted on
 
     @property
     def ok(self) -> bool:
