@@ -81,6 +81,17 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         (f"{T_CONTROLLER}::test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serves",),
     ),
     RuntimeMutant(
+        "news_epochs_ignored_at_runtime",
+        "a death report or probe verdict about an engine's replaced process marks the new one (miles #2172)",
+        CORE,
+        "if self.epoch is not None and trigger in self.core.fenced[part] and self.stale(part, trigger, src, group, i):",
+        "if False:",
+        (
+            "tests/lifecycle/test_core_epochs.py::test_a_late_report_after_a_restart_leaves_the_new_process_serving",
+            f"{T_CONTROLLER}::test_a_late_verdict_about_a_replaced_process_is_fenced_and_the_new_one_keeps_serving",
+        ),
+    ),
+    RuntimeMutant(
         "restart_budget_never_spent",
         "restarts are not remembered, so a crash-looping engine is restarted for ever",
         CORE,

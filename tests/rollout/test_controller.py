@@ -319,6 +319,49 @@ def test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_dr
     assert published() == serving() == []  # drained at the end of the generate: withdrawn
 
 
+@pytest.mark.recovery
+def test_a_late_verdict_about_a_replaced_process_is_fenced_and_the_new_one_keeps_serving(rig: Rig) -> None:
+    """Issue 31: every report names the generation of the process it is about. After a recovery the engine's
+    old process's verdicts (a probe that failed, its death) arrive while the new process serves: the core
+    discards them (``lifecycle.fenced``) -- the same report about the current process marks the engine."""
+    from lifecycle.decide.core import ROLLOUT, Outcome
+    from lifecycle.decide.events import FENCED
+
+    _kill(rig)
+    rig.run(rig.manager.generate(9))  # recovered: a new process, caught up, routed
+    engine = rig.c.engines[0]
+    now = rig.runner.epoch(ROLLOUT, 0)
+    assert now >= 2 and engine.epoch == now  # the slot knows the generation the core counted
+    assert rig.c.monitor.health((ROLLOUT, 0)).epoch == now  # the monitor's verdicts will name it
+    old = now - 1
+    states: list[str] = []
+    routed: list[list[str]] = []
+    inner = rig.manager.executor.rollout_fn
+    assert inner is not None
+
+    async def spied(rollout_id: int, controller: InferenceController) -> list[Any]:
+        for news in ("threshold_reached", "died", "request_failed"):  # the old process's late news
+            await controller.runner.report(Outcome(news, ROLLOUT, 0, f"late {news} of generation {old}", epoch=old))
+            states.append(controller.runner.state.engines[0].state)
+        routed.append([e.id for e in controller.routable()])
+        return await inner(rollout_id, controller)
+
+    mark = len(rig.spy.events)
+    rig.manager.executor.rollout_fn = spied
+    try:
+        samples = rig.run(rig.manager.generate(10))
+    finally:
+        rig.manager.executor.rollout_fn = inner
+    assert states == ["Serving"] * 3 and routed == [[engine.id]] and len(samples) == 4
+    fenced = [e for e in rig.spy.events[mark:] if e.get("event") == FENCED]
+    assert [(e["news"], e["epoch"], e["current_epoch"]) for e in fenced] == [
+        ("threshold_reached", old, now),
+        ("died", old, now),
+        ("request_failed", old, now),
+    ]
+    assert not [m for m in rig.spy.moves("engine-0")[-6:] if m[1] == "mark_unhealthy"]
+
+
 # -- the construction gate, and rollout FT as the one gate ------------------------------------------------------
 @pytest.mark.construction_gate
 def test_replay_constructs_nothing_and_starts_nothing(tmp_path: Path) -> None:
