@@ -282,7 +282,7 @@ def lattice() -> Lattice:
     # a job resumed from its checkpoint, and writing more: under every FT configuration with local engines and
     # disk or broadcast updates (a new driver connects a new weight-update group), and with external engines
     # (they outlive the driver, still holding what it last pushed)
-    for comps, engines in itertools.product(COMPONENTS, ("disk", "broadcast", "external")):
+    for comps, engines in itertools.product(COMPONENTS, ("disk", "broadcast", "external", "kept", "kept-broadcast")):
         resumed: dict[str, object] = {
             "use_fault_tolerance": bool(comps),
             "ft_components": list(comps) or None,
@@ -292,8 +292,10 @@ def lattice() -> Lattice:
             "save_interval": 1,
             "load": "runs/job/checkpoints",
         }
-        if engines == "broadcast":
+        if engines in ("broadcast", "kept-broadcast"):
             resumed["update_weight_transfer_mode"] = "broadcast"
+        if engines.startswith("kept"):  # --detach-engines: the driver dies anywhere, its engines are adopted
+            resumed["detach_engines"] = True
         if engines == "external":
             resumed["rollout_external_engine_addrs"] = ["127.0.0.1:30000", "127.0.0.1:30001"]
             del resumed["rollout_num_gpus"]

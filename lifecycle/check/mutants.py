@@ -197,6 +197,12 @@ MUTANTS: dict[str, Mutant] = {
             _unfence("engine", "monitor"),
         ),
         Mutant(
+            "adopted_behind_served",
+            "a resumed job adopts a kept engine that holds a later (voided) or torn version without reloading it: it "
+            "serves weights the job's checkpoint never committed (a takeover nobody checks)",
+            _edit("engine", _is("adopted_behind"), lambda t: replace(t, dest="Quiesced")),
+        ),
+        Mutant(
             "death_while_paused_ignored",
             "an engine that dies while monitors are paused is still counted alive",
             _edit("monitor", _is("engine_died", "Paused"), _effects()),

@@ -67,6 +67,9 @@ class World(NamedTuple):
     # broadcast mode only (empty otherwise), one flag per rollout engine process:
     grouped: tuple[bool, ...] = ()  # the process joined the weight-update group that exists now
     torn: tuple[bool, ...] = ()  # the process holds a mix of two weight versions (a broadcast failed midway)
+    # --detach-engines, a resumed job: the driver may die anywhere, and its engines live on
+    voided: bool = False  # a version was committed after the last job checkpoint (a resume voids it)
+    clean: tuple[bool, ...] = ()  # after a driver's death, per rollout process: holds the checkpoint's version, whole
 
     def group(self, group: str) -> tuple[str, ...]:
         return self.procs if group == ROLLOUT else self.eval_procs
@@ -111,6 +114,7 @@ class Action(NamedTuple):
                 "probe": "the monitor runs a probe round",
             }.get(what, f"{who} {what}")
         return {
+            "driver_death": "the driver dies (SIGKILL); a new one resumes the job and adopts the engines that live",
             "kill": f"{who} process dies (SIGKILL)",
             "hang": f"{who} hangs (probes and requests stall)",
             "http_death": f"{who} HTTP server dies, actor alive",
@@ -141,6 +145,9 @@ class Checker:
         self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
         self.p = self.core.p
         self.max_faults = max_faults
+        # the driver dies at any state and a new one resumes the job, adopting the engines that live on
+        self.adopts = self.p["keeps_engines"] and self.p["resumes"] and self.core.engines > 0
+        self.dies = self.p["resumes"]  # a resumed job's driver may die too (without kept engines: all are new)
         self._main: dict[str, tuple[str, str] | None] = {}
         for name, op in OPERATIONS.items():
             main = next((p for p in op.program if "." in p), None)
@@ -149,7 +156,8 @@ class Checker:
     def initial(self) -> Node:
         core = self.core
         flags = (False,) * core.engines if self.p["broadcasts_weights"] else ()
-        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags))
+        clean = (False,) * core.engines if self.adopts else ()
+        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags, False, clean))
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
@@ -172,6 +180,8 @@ class Checker:
         yield from self._news(n, quiet)
         if quiet:
             yield from self._faults(n)
+        if budget and self.dies:  # anywhere, a command out or not: the new driver knows only the ledger
+            yield self.driver_death(n)
 
     # -- driving the core ---------------------------------------------------------------------------------------
     def step(self, n: Node, event: Event, action: Action, world: World | None = None) -> Transition | None:
@@ -182,16 +192,55 @@ class Checker:
         for cmd in result.commands:  # what issuing a command does to the world
             w = _issued(w, cmd)
         job, moves = result.state, result.moves
+        newer = result.commits and n.job.ahead  # the trainer's weights became the committed version
         # Commands whose only possible answer is a plain success that no fault can change (the monitor's and
         # the trainer's bookkeeping) come back at once: nothing the world does in between could matter.
         while job.awaiting and all(
             c.machine not in ("engine", "trainer", "weight_sync") or c.effect in _SURE for c in job.awaiting
         ):
             more = self.core.step(job, Completed(tuple((c, Outcome("done")) for c in job.awaiting)))
+            newer = newer or (more.commits and job.ahead)
             job, moves = more.state, (*moves, *more.moves)
             for cmd in more.commands:
                 w = _issued(w, cmd)
+        if self.adopts:  # which version a job checkpoint holds, against the committed one
+            if newer:
+                w = w._replace(voided=True)
+            if any(m.machine == "trainer" and m.trigger == "checkpoint_done" for m in moves):
+                w = w._replace(voided=False)
         return Transition(action, moves, Node(job, w))
+
+    def driver_death(self, n: Node) -> Transition:
+        """The driver dies (SIGKILL) and a new one resumes the job from its checkpoint. The engines live on:
+        the ledger names every slot whose process was launched and not confirmed dead (it is adopted); a process
+        holds the checkpoint's version, whole, only if it held the committed one, took no newer one, has no
+        load in flight and no broadcast's mix, and no version was committed after the checkpoint. The eval
+        fleet's engines and the weight-update group die with the driver."""
+        job, w, core = n.job, n.world, self.core
+        kept = tuple(self.adopts and e.state not in core.gone for e in job.engines)
+        clean = tuple(
+            k
+            and e.current
+            and not (e.fresh or e.mixed or w.voided or e.state in core.transient or e.state == "Unhealthy")
+            and not (w.torn and w.torn[i])
+            for i, (e, k) in enumerate(zip(job.engines, kept, strict=True))
+        )
+        procs = tuple(
+            (DEAD_NOTIFIED if p in (DEAD, KILLING) else p) if k else UP for p, k in zip(w.procs, kept, strict=True)
+        )
+        epochs = tuple(1 if k else None for k in kept)
+        resumed = core.with_kept(core.initial(), epochs)
+        torn = tuple(t and k for t, k in zip(w.torn, kept, strict=True)) if w.torn else ()
+        world = World(
+            procs,
+            (UP,) * core.evals,
+            w.faults + 1,
+            (False,) * len(w.grouped),
+            torn,
+            False,
+            clean if self.adopts else (),
+        )
+        return Transition(Action("fault.driver_death", fault=True), (), Node(resumed, world))
 
     def _possible(self, n: Node, name: str, engine: int | None = None) -> bool:
         """A cheap look at the operation's own machine event: most operations are not allowed in a state."""
@@ -256,6 +305,12 @@ class Checker:
                 return [(Outcome("start_failed"), False, mark)]
             if cmd.effect == "kill_engine":
                 return [(Outcome("dead"), False, _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED))]
+            if cmd.effect == "adopt_engine":  # what the new driver reads back from the process it finds
+                read = _Flag("clean", cmd.engine, False)
+                if not alive:
+                    return [(Outcome("lost"), False, read)]
+                held = "adopted" if w.clean and w.clean[cmd.engine] else "behind"
+                return [(Outcome(held), False, read), (Outcome("lost"), True, read)]  # or it cannot be read
             if cmd.effect == "transfer_weights":
                 # a load from disk replaces every tensor: mixed weights are gone (a broadcast's part is the group's)
                 loaded = same if w.torn == () or cmd.lane == "trainer" else _Flag("torn", cmd.engine, False)
@@ -379,8 +434,12 @@ class _Flag(_Change):
 
     def __call__(self, w: World) -> World:
         flags: tuple[bool, ...] = getattr(w, self.field)
+        if not flags:
+            return w
         new = tuple(self.value if self.indices is None or i in self.indices else f for i, f in enumerate(flags))
-        return w._replace(grouped=new) if self.field == "grouped" else w._replace(torn=new)
+        if self.field == "grouped":
+            return w._replace(grouped=new)
+        return w._replace(torn=new) if self.field == "torn" else w._replace(clean=new)
 
 
 def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
@@ -437,6 +496,8 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
             f"{p}{'+g' if g else ''}{'+t' if t else ''}"
             for p, g, t in zip(world.procs, world.grouped, world.torn, strict=True)
         )
+    if any(world.clean):  # after a driver's death: what a kept process holds travels with it
+        procs = tuple(f"{p}{'+c' if c else ''}" for p, c in zip(procs, world.clean, strict=True))
     if len(engines) < 2 or (len(engines) == 2 and not (engines[1], procs[1]) < (engines[0], procs[0])):
         return job, world  # already in order (the common case, without building the sort)
     pairs = list(zip(engines, procs, strict=True))
@@ -463,6 +524,7 @@ def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
             procs=tuple(world.procs[i] for i in order),
             grouped=tuple(world.grouped[i] for i in order) if world.grouped else (),
             torn=tuple(world.torn[i] for i in order) if world.torn else (),
+            clean=tuple(world.clean[i] for i in order) if world.clean else (),
         ),
     )
 

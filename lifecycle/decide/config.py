@@ -426,6 +426,12 @@ class LifecycleConfig:
         "Keep the SMG gateway's own health checks on (/health every second) as a second detector: a worker it "
         "stops routing to is news, and the lifecycle marks the engine. Off: the lifecycle's monitor alone decides.",
     )
+    detach_engines: bool = setting(
+        False,
+        "Rollout engines outlive the driver (detached Ray actors on a cluster that outlives it, recorded in the run "
+        "directory's engine ledger, each with a lease the driver renews): --resume re-adopts the ones still alive "
+        "instead of relaunching them. Needs --save (the checkpoint a resume reconciles them with).",
+    )
     engine_max_restarts: int = setting(3, "Restarts allowed per engine within --engine-restart-window.")
     engine_restart_window: float = setting(600.0, "Window (seconds) over which restarts are counted.")
     engine_restart_backoff: float = setting(1.0, "First restart delay (seconds); doubles each restart.")
@@ -527,6 +533,7 @@ class LifecycleConfig:
                 )
         self._validate_numbers()
         self._validate_checkpoints()
+        self._validate_detach()
         self._validate_backend()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
@@ -557,6 +564,21 @@ class LifecycleConfig:
                 f"{where} cannot join a weight-update group: {can.reason('broadcast')}",
                 "use --update-weight-transfer-mode disk",
             )
+
+    def _validate_detach(self) -> None:
+        if not self.detach_engines:
+            return
+        why, fix = "", ""
+        if self.debug_train_only:
+            why, fix = "--debug-train-only (or replay) starts no rollout engine to keep", "drop --detach-engines"
+        elif self.rollout_external_engine_addrs:
+            why = "external engines are kept by their owner already: the job never starts or stops them"
+            fix = "drop --detach-engines (a resumed job attaches to the same addresses again)"
+        elif self.save is None or self.debug_rollout_only:
+            why = "a kept engine is re-adopted by a resume, which reconciles it with the job checkpoint in --save"
+            fix = "add --save DIR (and --load DIR to resume), or drop --detach-engines"
+        if why:
+            raise ConfigError("--detach-engines", True, why, fix)
 
     def _validate_checkpoints(self) -> None:
         if self.save_interval is not None and self.save is None:

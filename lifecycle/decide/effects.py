@@ -30,6 +30,7 @@ EFFECTS: dict[str, str] = {
     # engines
     "launch_engine": "start an engine process (actor + server)",
     "kill_engine": "kill an engine process",
+    "adopt_engine": "reach a previous driver's engine: identity, epoch, what it serves; paused, resident, unrouted",
     "route_traffic": "make an engine routable for generate requests",
     "stop_routing": "take an engine out of routing",
     "pause_generation": "pause in-flight generation on an engine",

@@ -35,6 +35,11 @@ ENGINE = MachineSpec(
     states=(
         S("Init", doc="slot allocated, no process", tags=GONE),
         S("Starting", doc="process launched, waiting for /health_generate", tags=TRANSIENT),
+        S(
+            "Adopting",
+            doc="a previous driver's engine, still running (--detach-engines): reached, identified, read back",
+            tags=TRANSIENT,
+        ),
         S("PendingWeights", doc="alive, but does not hold the current weight version: never routed", tags=LIVE),
         S("Serving", doc="routable: holds current weights and KV cache", tags=LIVE),
         S("Quiesced", doc="out of routing, generation paused, memory resident", tags=LIVE),
@@ -62,6 +67,12 @@ ENGINE = MachineSpec(
     transitions=(
         T("start", ("Init", "Stopped"), "Starting", effects=["launch_engine"]),
         T("ready", "Starting", "PendingWeights"),
+        # a resumed job's slot whose engine outlived the old driver (the run directory's ledger names it): adopted,
+        # never launched -- kept without a reload only when it holds the checkpoint's committed weights
+        T("adopt", "Init", "Adopting", when="keeps_engines", effects=["adopt_engine"]),
+        T("adopted", "Adopting", "Quiesced"),
+        T("adopted_behind", "Adopting", "PendingWeights"),  # a later (voided), torn or unknown version: reloaded
+        T("disown", "Adopting", "Stopping", effects=["kill_engine"]),  # unreachable, or not the ledger's: relaunched
         T("begin_update", "PendingWeights", "LoadingWeights", effects=["transfer_weights"]),
         T("finish_update", "LoadingWeights", "Quiesced"),
         T("begin_update", "Quiesced", "UpdatingWeights", effects=["transfer_weights"]),

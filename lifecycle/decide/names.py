@@ -10,6 +10,7 @@ from typing import Literal
 EngineStateName = Literal[
     "Init",
     "Starting",
+    "Adopting",
     "PendingWeights",
     "Serving",
     "Quiesced",
@@ -72,6 +73,7 @@ TrainerStateName = Literal[
 ]
 WeightSyncStateName = Literal["Init", "Connecting", "Connected", "Stale", "Broadcasting", "Disconnected", "Disposed"]
 StateName = Literal[
+    "Adopting",
     "Allocated",
     "Broadcasting",
     "CatchingUp",
@@ -121,6 +123,9 @@ StateName = Literal[
 ]
 Trigger = Literal[
     "abort_update",
+    "adopt",
+    "adopted",
+    "adopted_behind",
     "alive",
     "allocate",
     "begin_update",
@@ -137,6 +142,7 @@ Trigger = Literal[
     "create",
     "destroy",
     "detach",
+    "disown",
     "dispose",
     "drain",
     "engine_died",
@@ -204,6 +210,7 @@ PredicateName = Literal[
     "external_engines",
     "ft_enabled",
     "heals_trainer",
+    "keeps_engines",
     "monitors_rollout",
     "offloads_rollout",
     "offloads_train",

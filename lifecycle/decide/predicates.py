@@ -193,6 +193,12 @@ def resumes(c: LifecycleConfig) -> bool:
     return c.load is not None and trains(c)
 
 
+@predicate
+def keeps_engines(c: LifecycleConfig) -> bool:
+    """Rollout engines outlive the driver (--detach-engines): a resumed job adopts the ones its ledger names."""
+    return c.detach_engines and starts_servers(c) and not external_engines(c) and saves_job(c)
+
+
 @capability
 def releases_rollout_memory(c: LifecycleConfig) -> bool:
     """The rollout backend can release and resume its engines' weights and KV cache on --rollout-device."""

@@ -1087,6 +1087,7 @@ PLAUSIBLE = {
     "rollout_health_check_jitter": st.floats(-0.5, 1.5),
     "rollout_health_check_endpoint": st.sampled_from(["health_generate", "health", "/health", "helth", ""]),
     "gateway_health_check": st.booleans(),
+    "detach_engines": st.booleans(),
     "engine_max_restarts": st.integers(-1, 5),
     "engine_restart_window": st.floats(-1, 1000),
     "engine_restart_backoff": st.floats(-1, 60),

@@ -36,6 +36,7 @@ WITNESS: dict[str, dict[str, bool]] = {
     "external_engine_restarted": {"external_engines": True, "rollout_ft": True},
     "death_while_paused_ignored": {"monitors_rollout": True},
     "news_epochs_ignored": {"starts_servers": True},
+    "adopted_behind_served": {"keeps_engines": True},
     "stale_group_broadcast": {"broadcasts_weights": True, "rollout_ft": True},
     "aborted_broadcast_served": {"broadcasts_weights": True},
 }
@@ -59,6 +60,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "external_engine_restarted": frozenset({"external_engines_never_restarted"}),
     "death_while_paused_ignored": frozenset({"dead_engines_are_not_counted_alive"}),
     "news_epochs_ignored": frozenset({"no_news_of_an_older_epoch_acted_on"}),
+    "adopted_behind_served": frozenset({"serving_engines_hold_current_weights"}),
     "stale_group_broadcast": frozenset({"no_broadcast_on_stale_group"}),
     "aborted_broadcast_served": frozenset(
         {"no_engine_routed_with_mixed_weights", "serving_engines_hold_current_weights"}

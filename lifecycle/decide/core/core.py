@@ -162,6 +162,7 @@ EFFECT_TABLE: tuple[Row, ...] = (
     # -- an engine ---------------------------------------------------------------------------------------------
     ("engine", "launch_engine", command("start its process (after the restart's backoff)")),
     ("engine", "kill_engine", command("kill its process and confirm the death")),
+    ("engine", "adopt_engine", command("reach the process a previous driver left, check it is the ledger's, read it")),
     ("engine", "transfer_weights", command("load the weights the command names (from disk, or by broadcast)")),
     ("engine", "route_traffic", command("publish it to its group's routing")),
     ("engine", "stop_routing", command("withdraw it from its group's routing")),
@@ -306,6 +307,24 @@ class Core:
             raise ValueError("restart budgets are restored before the first operation, not after")
         return state._replace(
             engines=tuple(e._replace(restarts=r) for e, r in zip(state.engines, restarts, strict=True))
+        )
+
+    def with_kept(self, state: JobState, epochs: tuple[int | None, ...]) -> JobState:
+        """A resumed job's rollout slots as the run directory's engine ledger left them: the generation each
+        slot's process had (None: no process of it may still run). A slot with one is adopted, not launched
+        (``keeps_engines``); the others start at the ledger's latest generation, so no epoch is ever reused."""
+        if len(epochs) != len(state.engines):
+            raise ValueError(f"ledger entries for {len(epochs)} engines, but the job has {len(state.engines)}")
+        if any(e.state != "Init" for e in state.engines):
+            raise ValueError("kept engines are adopted before the first operation, not after")
+        if any(k is not None for k in epochs) and not self.p["keeps_engines"]:
+            raise ValueError("this job keeps no engines (--detach-engines, with --save): none can be adopted")
+        floor = max((k for k in epochs if k is not None), default=0)
+        return state._replace(
+            engines=tuple(
+                e._replace(epoch=floor if k is None else k, kept=k is not None)
+                for e, k in zip(state.engines, epochs, strict=True)
+            )
         )
 
     def step(self, state: JobState, event: Event) -> Result:
@@ -619,8 +638,9 @@ class _Tx:
         self.fail_run(Failure(PARTS[at.part], who, at.src))
 
     def start_engines(self, group: str) -> None:
-        for j in range(len(self.s.group(group))):
-            self.fire("engine", "start", group, j)
+        """Every slot gets a process: a new one, or the one a previous driver left running (adopted)."""
+        for j, e in enumerate(self.s.group(group)):
+            self.fire("engine", "adopt" if e.kept else "start", group, j)
 
     def monitor_to(self, state: str, trigger: str) -> None:
         """The monitor's resume or pause, where it is in the state that allows it ("monitors off": a no-op)."""
@@ -1104,8 +1124,13 @@ class _Tx:
                     )
                 elif state == "Stopping":
                     self.fire("engine", "confirm_dead", group, i)
+                    if self.s.group(group)[i].kept:  # a disowned process is gone: the slot gets a new one
+                        self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False))
+                        self.fire("engine", "start", group, i)
                 elif state == "Recovering":
                     self.relaunch(group, i)
+            elif cmd.effect == "adopt_engine" and state == "Adopting":
+                self.adopted(group, i, o.name)
             elif cmd.effect == "transfer_weights" and state in core.updating_engine:
                 if o.name == "loaded":
                     if isinstance(self.fire("engine", "finish_update", group, i), Step):
@@ -1167,6 +1192,8 @@ class _Tx:
         state = self.s.group(group)[i].state
         if cmd.effect == "launch_engine" and state == "Starting":
             self.fire("engine", "start_failed", group, i)
+        elif cmd.effect == "adopt_engine" and state == "Adopting":  # it could not be read: not adopted
+            self.adopted(group, i, "lost")
         elif cmd.effect == "kill_engine":
             self.fail_run(
                 Failure("engine", cmd.instance, state, f"{cmd.instance}: its death could not be confirmed ({reason})")
@@ -1184,6 +1211,18 @@ class _Tx:
         if self.s.trainer_op:
             self.set_lane("trainer", program=())
             self.fire("trainer", "update_done")
+
+    def adopted(self, group: str, i: int, answer: str) -> None:
+        """What a kept engine holds decides how it rejoins: the checkpoint's committed weights (taken at the
+        initial commit, like a fresh engine's load), anything else (loaded first), or nothing reachable."""
+        if answer == "adopted":
+            self.fire("engine", "adopted", group, i)
+            self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False, fresh=True))
+        elif answer == "behind":
+            self.fire("engine", "adopted_behind", group, i)
+            self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False))
+        else:
+            self.fire("engine", "disown", group, i)
 
     def relaunch(self, group: str, i: int) -> None:
         """A recovered engine's old process is gone: start it again within the budget, or give up."""

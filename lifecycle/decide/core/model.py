@@ -43,6 +43,7 @@ class EngineState(NamedTuple):
     # the generation of its process: a new one at every launch (start, restart). News names the generation it is
     # about; news of an older one (a late death report, a probe sent to the process before) is never acted on.
     epoch: int = 0
+    kept: bool = False  # a previous driver's process may still run in this slot (its ledger says so): adopt it
 
 
 class Command(NamedTuple):

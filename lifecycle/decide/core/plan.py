@@ -110,6 +110,9 @@ OPERATIONS: dict[str, Operation] = {
 RESULTS: dict[str, frozenset[str]] = {
     "launch_engine": frozenset({"ready", "start_failed"}),
     "kill_engine": frozenset({"dead", "alive"}),
+    # a kept engine: it holds the checkpoint's committed weights (adopted), something else (behind), or it cannot
+    # be reached or is not the process the ledger names (lost: killed and launched anew)
+    "adopt_engine": frozenset({"adopted", "behind", "lost"}),
     "transfer_weights": frozenset({"loaded", "refused", "request_failed", "done", "worker_crashed"}),
     "init_weight_group": frozenset({"done", "failed"}),
     "broadcast_weights": frozenset({"done", "failed", "worker_crashed"}),
