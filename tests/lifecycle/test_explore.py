@@ -179,21 +179,23 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_388_combinations():
+def test_lattice_covers_all_396_combinations():
     lat = lattice()
     # FT x components x mode x CI x eval fleet x offload; external engines without CI and fleet; broadcast weight
     # updates in the normal mode, without CI, fleet or external engines; a resumed, checkpointing job per FT config
-    # x (disk updates, broadcast updates, external engines); vLLM per FT config x mode x offload, and broadcasting
-    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 3 + 4 * 4 * 2 + 4 * 2
-    assert len(lat.valid) + len(lat.invalid) == combinations == 388
+    # x (disk updates, broadcast updates, external engines, kept engines with disk or broadcast updates); vLLM per FT
+    # config x mode x offload, and broadcasting
+    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 5 + 4 * 4 * 2 + 4 * 2
+    assert len(lat.valid) + len(lat.invalid) == combinations == 396
     on_vllm = [c for c in lat.valid if c.rollout_backend == "vllm"]
     assert on_vllm and not any(c.offload_rollout and c.mode == "normal" for c in on_vllm)
     refused = [reason for flags, reason in lat.invalid if flags.get("rollout_backend") == "vllm"]
     assert len(refused) == 4 + 4  # offloading with a trainer and servers: the normal mode, disk or broadcast
     assert all("sleep mode" in reason for reason in refused)
     resumed = [c for c in lat.valid if c.load is not None and c.save is not None]
-    assert len(resumed) == 12
-    assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 4
+    assert len(resumed) == 20
+    assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 8
+    assert sum(c.detach_engines for c in resumed) == 8
     assert sum(bool(c.rollout_external_engine_addrs) for c in resumed) == 4
     assert any(c.rollout_external_engine_addrs for c in lat.valid)
     assert any(c.update_weight_transfer_mode == "broadcast" for c in lat.valid)

@@ -340,6 +340,9 @@ class RuntimeVsModelBase(JobModelBase):
             )
 
     def observe(self, t: Transition, before: Node) -> None:
+        if t.action.name == "fault.driver_death":  # a new driver: new machines, every one in Init (kept ones too)
+            self.on_start()
+            return
         ledger_before = len(self.ledger)
         self.events.clear()
         for m in t.moves:
