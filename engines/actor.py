@@ -16,8 +16,11 @@ recovery relaunches them on a node that is still alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +29,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from engines.apikey import key_env
 from engines.errors import EngineStartError
+from engines.ledger import KEEP_NAMESPACE
 from engines.process import ServerProcess
 
 
@@ -33,9 +37,46 @@ from engines.process import ServerProcess
 class EngineActor:
     """Runs in its own Ray worker process; the server is a child process of the actor."""
 
-    def __init__(self, engine_id: str) -> None:
+    def __init__(self, engine_id: str, lease: float | None = None) -> None:
         self.engine_id = engine_id
         self.process: ServerProcess | None = None
+        self.epoch: int | None = None  # the generation of the process it runs (a driver's core counted it)
+        # a detached engine must not live for ever when its driver never comes back: unless renewed within
+        # ``lease`` seconds, it kills its server and exits (the lease starts at creation)
+        self.lease = lease
+        self._deadline = time.monotonic() + lease if lease else None
+        if lease:
+            threading.Thread(target=self._expire, name=f"{engine_id}-lease", daemon=True).start()
+
+    def _expire(self) -> None:
+        while True:
+            deadline = self._deadline
+            if deadline is None:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if self.process is not None and self.process.alive:
+                    self.process.kill()
+                    self.process.wait_dead(10.0)
+                os._exit(0)  # the actor ends: Ray frees its name and its resources
+            time.sleep(min(left, 1.0))
+
+    def renew(self, lease: float) -> float:
+        """The driver is alive: the engine stays another ``lease`` seconds; the new deadline's distance."""
+        self.lease = lease
+        self._deadline = time.monotonic() + lease
+        return lease
+
+    def identity(self) -> dict[str, Any]:
+        """What a new driver checks before it adopts the engine: whose it is, which generation, its server."""
+        return {
+            "engine_id": self.engine_id,
+            "epoch": self.epoch,
+            "server_pid": self.process.pid if self.process else None,
+            "alive": bool(self.process and self.process.alive),
+            "url": self.process.url if self.process is not None and self.process.alive else None,
+            "lease": self.lease,
+        }
 
     def start(
         self,
@@ -44,12 +85,14 @@ class EngineActor:
         url: str | None,
         health_path: str,
         env: dict[str, str] | None = None,
+        epoch: int | None = None,
     ) -> str:
         """``env``: added to the actor's environment for the server (the API key travels here, not in argv)."""
         if self.process is not None and self.process.alive:
             self.process.kill()
             self.process.wait_dead(10.0)
         full = {**os.environ, **env} if env else None
+        self.epoch = epoch
         self.process = ServerProcess(command, engine_id=self.engine_id, url=url, health_path=health_path, env=full)
         return self.process.start(timeout)
 
@@ -120,8 +163,12 @@ class RayLauncher:
         options: dict[str, Any] | None = None,
         api_key: str | None = None,
         env: dict[str, str] | None = None,
+        keep: Keep | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self.keep = keep  # --detach-engines: a named, detached actor with a lease this driver renews
+        self.epoch: int | None = None  # the generation of the process it launches next (set by its slot's owner)
+        self._renewal: asyncio.Task[None] | None = None
         self.command = command
         self.api_key = api_key  # the server requires it; the engine slot sends it
         self.env = dict(env or {})  # added to the server's environment (e.g. vLLM's VLLM_SERVER_DEV_MODE)
@@ -135,8 +182,60 @@ class RayLauncher:
     def _ensure_actor(self) -> Any:
         if self.actor is None:
             options = self.options or engine_placement(self.engine_id)
-            self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)  # type: ignore[attr-defined]
+            keep = self.keep
+            if keep is None:
+                self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)  # type: ignore[attr-defined]
+            else:  # outlives this driver: found again by name; exits unless the lease is renewed
+                name = keep.actor_name(self.engine_id)
+                detached = {"name": name, "namespace": keep.namespace, "lifetime": "detached"}
+                self.actor = EngineActor.options(**detached, **options).remote(self.engine_id, keep.lease)  # type: ignore[attr-defined]
+                self._renew()
         return self.actor
+
+    def _renew(self) -> None:
+        """Renew the actor's lease every third of it, for as long as this driver (its event loop) lives."""
+        keep = self.keep
+        if keep is None or (self._renewal is not None and not self._renewal.done()):
+            return
+
+        async def renew() -> None:
+            while self.actor is not None:
+                with contextlib.suppress(RayActorError, TimeoutError):
+                    await asyncio.wait_for(self.actor.renew.remote(keep.lease), CALL_TIMEOUT)
+                await asyncio.sleep(keep.lease / 3)
+
+        self._renewal = asyncio.get_running_loop().create_task(renew(), name=f"{self.engine_id}-renew")
+
+    def kept_name(self) -> str:
+        return self.keep.actor_name(self.engine_id) if self.keep is not None else ""
+
+    async def adopt(self, epoch: int, server_pid: int | None) -> str:
+        """Find a previous driver's engine by name (bounded) and check it is the process the ledger names: the
+        same generation and server pid, alive. Its URL; :class:`EngineStartError` when it is not adoptable."""
+        keep = self.keep
+        if keep is None:
+            raise EngineStartError(self.engine_id, "engines are not kept (--detach-engines): nothing to adopt")
+        name = keep.actor_name(self.engine_id)
+        try:
+            actor = await asyncio.wait_for(
+                asyncio.to_thread(ray.get_actor, name, namespace=keep.namespace), CALL_TIMEOUT
+            )
+            who: dict[str, Any] = dict(await asyncio.wait_for(actor.identity.remote(), CALL_TIMEOUT))
+        except (ValueError, RayActorError, TimeoutError) as exc:  # ValueError: no actor of that name
+            raise EngineStartError(self.engine_id, f"kept engine {name} cannot be reached: {exc!r}") from None
+        problems = [
+            f"{k} is {who.get(k)!r}, the ledger says {v!r}"
+            for k, v in (("engine_id", self.engine_id), ("epoch", epoch), ("server_pid", server_pid))
+            if who.get(k) != v
+        ]
+        if not who.get("alive") or not who.get("url"):
+            problems.append("its server process is not running")
+        self.actor = actor  # ours now: renewed by this driver, killed by it if it is not adopted
+        self._renew()
+        if problems:
+            raise EngineStartError(self.engine_id, f"kept engine {name} is not the ledger's: " + "; ".join(problems))
+        self.epoch, self._alive = epoch, True
+        return str(who["url"])
 
     async def launch(self) -> str:
         actor = self._ensure_actor()
@@ -147,6 +246,7 @@ class RayLauncher:
                 self.url,
                 self.health_path,
                 {**self.env, **key_env(self.api_key)},
+                self.epoch,
             )
         except RayActorError as exc:
             self.actor = None
@@ -217,11 +317,29 @@ class RayLauncher:
         return None if pid is None else int(pid)
 
     def shutdown(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
         if self.actor is not None:
             try:
                 ray.kill(self.actor, no_restart=True)
             finally:
                 self.actor = None
+
+
+class Keep:
+    """How a job's engines outlive its driver (--detach-engines): detached actors named after the job, in one Ray
+    namespace, each with a lease (seconds) the driver renews -- an engine whose driver never comes back exits."""
+
+    DEFAULT_LEASE = 120.0  # long enough for a driver to restart and re-adopt; short enough not to hoard GPUs
+
+    def __init__(self, job_id: str, namespace: str = KEEP_NAMESPACE, lease: float = DEFAULT_LEASE) -> None:
+        if lease <= 0:
+            raise ValueError("an engine lease must be positive (seconds)")
+        self.job_id, self.namespace, self.lease = job_id, namespace, lease
+
+    def actor_name(self, engine_id: str) -> str:
+        return f"{self.job_id}-{engine_id}"
 
 
 ENGINE_RESOURCE = "rollout_engine"

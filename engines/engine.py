@@ -93,6 +93,21 @@ class Engine:
         self.weight_version = None
         return Outcome("ready")
 
+    async def adopt(self, url: str) -> str | None:
+        """A previous driver's process, kept (--detach-engines): its server answers (bounded), holds its memory
+        again (a release is undone; a backend that cannot release refuses, which is fine), and says what it
+        serves. Raises :class:`EngineError` (or ``TimeoutError``) when it cannot be adopted."""
+        self.url = url
+        if self.server is not None:
+            await self.server.close()
+        self.server = self.api_factory(url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
+        await self._wait_healthy()
+        for tag in ("weights", "kv_cache"):
+            with contextlib.suppress(EngineError):
+                await self.server.resume_memory(tag)
+        self.weight_version = await self.served_version()
+        return self.weight_version
+
     @property
     def client(self) -> Any:
         """The server's HTTP client (the rollout's routing generates through it); None without a server."""

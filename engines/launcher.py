@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from engines.apikey import given_api_key, key_env
 from engines.errors import EngineError, EngineTimeout
@@ -68,26 +68,49 @@ class Launcher(Protocol):
         ...
 
 
+@runtime_checkable
+class Keepable(Protocol):
+    """A launcher whose processes may outlive the driver (--detach-engines: Ray's detached actors): it launches
+    the generation ``epoch`` names, and adopts the one a previous driver left running."""
+
+    epoch: int | None
+
+    async def adopt(self, epoch: int, server_pid: int | None) -> str:
+        """Reach the kept process (bounded) and check it is the one the ledger names; its URL."""
+        ...
+
+    def kept_name(self) -> str:
+        """The name the kept process is found by again (the ledger records it)."""
+        ...
+
+
 LauncherFactory = Callable[[str], Launcher]
 
 
 def launcher_factory(
-    kind: LauncherKind = "ray", command: CommandFactory | None = None, *, api_key: str | None = None
+    kind: LauncherKind = "ray",
+    command: CommandFactory | None = None,
+    *,
+    api_key: str | None = None,
+    keep: Any = None,
 ) -> LauncherFactory:
     """``engine_id -> Launcher`` for a rollout manager: the CPU torch engine (or ``command``) per slot.
 
     ``kind="ray"`` runs each server inside a Ray actor (Ray must be initialised), ``"local"`` as a
     child process of this one. ``api_key``: every server requires it (handed over by environment, see
-    :mod:`engines.apikey`), and the engine slot sends it.
+    :mod:`engines.apikey`), and the engine slot sends it. ``keep`` (an :class:`engines.actor.Keep`, Ray only):
+    the engines outlive the driver (--detach-engines).
     """
     cmd: CommandFactory = command if command is not None else torch_engine_command
     if kind == "local":
+        if keep is not None:
+            raise ValueError("kept engines (--detach-engines) are Ray's detached actors: use the 'ray' launcher")
         return lambda engine_id: LocalLauncher(engine_id, cmd, api_key=api_key)
     if kind != "ray":
         raise ValueError(f"unknown launcher kind {kind!r}: use 'ray' or 'local'")
     from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
 
-    return lambda engine_id: RayLauncher(engine_id, cmd, api_key=api_key)
+    return lambda engine_id: RayLauncher(engine_id, cmd, api_key=api_key, keep=keep)
 
 
 class ProcessControl:

@@ -20,10 +20,11 @@ from engines.api import APIFactory, sglang_api
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
-from engines.launcher import ExternalLauncher, Launcher, LauncherFactory
+from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
+from engines.ledger import EngineLedger, Kept
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
 from lifecycle.decide.errors import LifecycleError
-from lifecycle.decide.events import PROBE, ROUTED, EventLog
+from lifecycle.decide.events import ADOPTED, PROBE, ROUTED, EventLog
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
 from rollout.routing import LocalRouting, RouterRouting, Routing
@@ -45,8 +46,11 @@ class InferenceController:
         seed: int = 0,
         router: bool = False,
         log_dir: str | None = None,
+        engine_ledger: EngineLedger | None = None,
     ) -> None:
         self.runner = runner
+        # --detach-engines: what outlives this driver, rewritten around every launch, death and transfer
+        self.ledger = engine_ledger
         self.config = runner.config
         self.launcher_factory = launcher_factory
         self.timeouts = timeouts or Timeouts()
@@ -80,6 +84,7 @@ class InferenceController:
             {
                 "engine.launch_engine": self._launch,
                 "engine.kill_engine": self._kill,
+                "engine.adopt_engine": self._adopt,
                 "engine.transfer_weights": self._load,
                 "engine.continue_generation": lambda c: self.slot(c).continue_generation(),
                 "engine.pause_generation": lambda c: self.slot(c).pause_generation(),
@@ -278,12 +283,55 @@ class InferenceController:
         engine = self.slot(cmd)
         if cmd.group is not None and cmd.engine is not None:  # the core counted this launch: a new generation
             engine.epoch = self.runner.epoch(cmd.group, cmd.engine)
+        if isinstance(engine.launcher, Keepable):
+            engine.launcher.epoch = engine.epoch
         outcome = await engine.launch()
         if outcome.name == "ready":
-            self._watch(engine)
-            if self.runner.core.monitoring(self.runner.state):  # a monitor exists: it watches this one too
-                self._monitor_add(engine)
+            await self._keep(engine)
+            self._serve(engine)
         return outcome
+
+    def _serve(self, engine: Engine) -> None:
+        """A process of this slot runs: its death is news, and a monitor (where one exists) probes it."""
+        self._watch(engine)
+        if self.runner.core.monitoring(self.runner.state):  # a monitor exists: it watches this one too
+            self._monitor_add(engine)
+
+    async def _keep(self, engine: Engine) -> None:
+        """A kept process is in the ledger the moment it runs (a driver that dies now leaves it findable)."""
+        launcher = engine.launcher
+        if self.ledger is None or not isinstance(launcher, Keepable) or engine.epoch is None:
+            return
+        kept = Kept(launcher.kept_name(), engine.epoch, await engine.launcher.server_pid(), engine.url)
+        self.ledger.record(engine.id, kept)
+
+    async def _adopt(self, cmd: Command) -> Outcome:
+        """A slot the ledger names: reach its process, check it is the ledger's, read what it serves. The core
+        decides from the answer: ``adopted`` (the committed version, no transfer under way), ``behind``, ``lost``."""
+        engine = self.slot(cmd)
+        kept = self.ledger.kept.get(engine.id) if self.ledger is not None else None
+        launcher = engine.launcher
+        if kept is None or not isinstance(launcher, Keepable):
+            return Outcome("lost", reason=f"{engine.id}: no kept process is recorded for it")
+        try:
+            url = await launcher.adopt(kept.epoch, kept.server_pid)
+            version = await engine.adopt(url)
+        except (EngineError, TimeoutError, OSError) as exc:
+            return Outcome("lost", reason=f"{engine.id}: not adopted ({exc})")
+        engine.epoch = kept.epoch
+        self._serve(engine)
+        committed = self.runner.committed
+        holds = not kept.updating and committed is not None and version == committed[1]
+        fact = Fact.of(
+            ADOPTED,
+            instance=cmd.instance,
+            epoch=kept.epoch,
+            server_pid=kept.server_pid,
+            weight_version=version,
+            updating=kept.updating,
+            outcome="adopted" if holds else "behind",
+        )
+        return Outcome("adopted" if holds else "behind", facts=(fact,))
 
     async def _start_monitor(self, cmd: Command) -> None:
         """The monitor was created (its spec's guard: monitors_rollout): it watches every engine up now."""
@@ -295,7 +343,10 @@ class InferenceController:
     async def _kill(self, cmd: Command) -> Outcome:
         engine = self.slot(cmd)
         self._unwatch(engine.id)
-        return await engine.kill()
+        outcome = await engine.kill()
+        if outcome.name == "dead" and self.ledger is not None:
+            self.ledger.forget(engine.id)
+        return outcome
 
     async def _load(self, cmd: Command) -> Outcome:
         """The engine loads the weights the core's command names (committed, or the trainer's new ones) from
@@ -303,7 +354,17 @@ class InferenceController:
         weights = self.runner.weights(cmd)
         if weights is None:
             return Outcome("refused", reason="no weights to load: the job committed none yet")
-        return await self.slot(cmd).load(*weights)
+        engine = self.slot(cmd)
+        self.transferring(engine, True)
+        outcome = await engine.load(*weights)
+        self.transferring(engine, outcome.name != "loaded")
+        return outcome
+
+    def transferring(self, engine: Engine, flag: bool) -> None:
+        """A transfer to ``engine`` begins (True), or ended without a whole new version (still True): a kept process
+        that was receiving weights when its driver died is reloaded, whatever version it reports."""
+        if self.ledger is not None:
+            self.ledger.updating(engine.id, flag)
 
     async def _route(self, cmd: Command) -> Outcome:
         routing = self.routings[self._group(cmd)]

@@ -26,6 +26,7 @@ from typing import Any
 
 from engines.engine import Timeouts
 from engines.launcher import LauncherFactory
+from engines.ledger import EngineLedger
 from engines.models.family import load_tokenizer
 from engines.models.protocol import Tokenizer
 from lifecycle.decide.config import LifecycleConfig
@@ -378,6 +379,7 @@ class RolloutManager:
         data_source_path: str | None = None,
         router: bool = False,
         log_dir: str | None = None,
+        engine_ledger: EngineLedger | None = None,
     ) -> None:
         self.config = config
         task = checked_task(task, "RolloutManager(task=...)")
@@ -389,6 +391,7 @@ class RolloutManager:
             seed=seed,
             router=router,
             log_dir=log_dir,
+            engine_ledger=engine_ledger,
         )
         self.executor = RolloutExecutor(
             self.runner,

@@ -37,6 +37,7 @@ PROBE = "engine.probe"  # one liveness probe sent to a server: outcome, seconds
 WEIGHTS = "engine.weights"  # a weight transfer verified (or not) against the server's /model_info
 MEMORY = "engine.memory"  # a release/resume of one memory tag, as sent to the server
 GATEWAY = "gateway.worker"  # what the gateway (SMG) reports for one engine's worker: status, weight_version label
+ADOPTED = "engine.adopted"  # a kept engine read back by a new driver: epoch, server pid, version, the verdict
 ROUTED = "engine.routed"  # an engine published to its router (a withdrawal is the stop_routing effect itself)
 CHECKPOINTED = "job.checkpointed"  # a job checkpoint is complete on disk (step, weight_version, path)
 RESUMED = "job.resumed"  # a new driver continues the job of this log from a checkpoint (--resume / --load)

@@ -390,9 +390,9 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "launch_publishes",
         "an engine is registered for routing as soon as its server answers, before it holds the weights (miles #1724)",
         CONTROLLER,
-        '        if outcome.name == "ready":\n            self._watch(engine)\n',
+        '        if outcome.name == "ready":\n            await self._keep(engine)\n',
         '        if outcome.name == "ready":\n            await self.routings[self._group(cmd)].publish(engine)\n'
-        "            self._watch(engine)\n",
+        "            await self._keep(engine)\n",
         (f"{T_CONTROLLER}::test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_drain",),
     ),
 )

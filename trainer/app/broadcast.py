@@ -117,4 +117,7 @@ class WeightBroadcast:
         if weights is None:
             return Outcome("refused", reason="no weights pending: the trainer wrote none for this update")
         engine = self.controller.slot(cmd)
-        return await engine.receive(await self.buckets(), weights[1], self.timeout + MARGIN)
+        self.controller.transferring(engine, True)  # a kept engine torn by a driver's death is never trusted
+        outcome = await engine.receive(await self.buckets(), weights[1], self.timeout + MARGIN)
+        self.controller.transferring(engine, outcome.name != "loaded")
+        return outcome

@@ -106,3 +106,25 @@ def check_model(model: str, hf_checkpoint: str | Path | None) -> None:
             "--hf-checkpoint gives the model already (its config.json's model_type)",
             f"drop --model {model}, or drop --hf-checkpoint",
         )
+
+
+def check_detach(config: LifecycleConfig, launcher: str, ray_address: str | None, lease: float | None) -> None:
+    """Kept engines (--detach-engines) are detached Ray actors on a cluster that outlives the driver; their lease
+    (seconds) bounds how long they wait for the next driver."""
+    if lease is not None and not lease > 0:
+        raise ConfigError(
+            "--engine-lease", lease, "must be a positive number of seconds", "pass e.g. --engine-lease 120"
+        )
+    if not config.detach_engines:
+        return
+    why, fix = "", ""
+    if launcher != "ray":
+        why, fix = "kept engines are Ray's detached actors", "use --launcher ray (the default)"
+    elif not ray_address:
+        why = "this driver's own Ray instance, and every engine in it, dies with the driver"
+        fix = "start a cluster that outlives it (ray start --head) and pass --ray-address HOST:PORT"
+    elif config.rollout_backend != "sglang":
+        why = f"--rollout-backend {config.rollout_backend} engines are not kept yet (only the SGLang-API engines)"
+        fix = "drop --detach-engines, or use --rollout-backend sglang"
+    if why:
+        raise ConfigError("--detach-engines", True, why, fix)

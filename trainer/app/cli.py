@@ -28,6 +28,7 @@ from trainer.app.checks import (
     MODELS,
     check_async,
     check_backend_model,
+    check_detach,
     check_hf_checkpoint,
     check_model,
     check_steps,
@@ -127,6 +128,14 @@ def register(sub: Any) -> None:
         "--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)"
     )
     p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
+    p.add_argument(
+        "--engine-lease",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --detach-engines: how long a kept engine outlives its driver without a renewal before it exits "
+        "(default 120); a resume must come within it to adopt the engines",
+    )
     p.add_argument(
         "--trainer-workers",
         type=BOUNDS["workers"],
@@ -513,6 +522,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         steps=ns.steps,
     )
     check_steps(faults, ns.steps)
+    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)
     _check_run_dir(run_dir)  # last: it creates the folder, and a refused run must leave nothing behind
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
@@ -540,6 +550,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
         vllm_python=ns.vllm_python,
+        engine_lease=ns.engine_lease,
     )
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from engines.apikey import run_api_key
 from engines.engine import Timeouts
 from engines.launcher import Launcher, LauncherFactory, LauncherKind, launcher_factory
+from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger
 from engines.models.family import is_char_checkpoint
 from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core import ROLLOUT, instance_name
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import EventLog, JsonlSink
 from lifecycle.decide.ledger import EffectLedger
@@ -109,8 +111,11 @@ class Job:
         vllm_python: str | None = None,
         log: EventLog | None = None,
         events: str | Path | None = "events.jsonl",
+        engine_lease: float | None = None,
     ) -> None:
         self.config = config
+        # --detach-engines: each kept engine exits unless this driver renews its lease (seconds) in time
+        self.engine_lease = engine_lease
         self.task = task
         self.run_dir = Path(run_dir)
         self.backend = backend
@@ -146,6 +151,7 @@ class Job:
         self._runner: Runner | None = None
         self._trainer: TrainerGroup | None = None
         self._manager: RolloutManager | None = None
+        self.engine_ledger: EngineLedger | None = None  # --detach-engines: RUN_DIR/engines.json
         self._closed = False
 
     # -- the parts, for advanced users (they exist once the job has started; still readable after it ends) --
@@ -201,6 +207,13 @@ class Job:
             job=self.settings,
         )
         self.backend = self._trainer.backend  # the project's default, when none was given
+        if self.config.detach_engines:
+            # a resume reads what the dead driver left; a new job starts a new ledger (a previous job's engines in
+            # this directory are not this job's: they run out their lease)
+            path = self.run_dir / LEDGER
+            if self.resume is None:
+                path.unlink(missing_ok=True)
+            self.engine_ledger = EngineLedger.read(path, namespace=KEEP_NAMESPACE)
         engines = self.engines or self._engines()
         self._manager = RolloutManager(
             self.config,
@@ -213,6 +226,7 @@ class Job:
             timeouts=self.timeouts,
             router=self._router(),
             log_dir=str(self.run_dir),
+            engine_ledger=self.engine_ledger,
         )
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
         # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
@@ -253,7 +267,14 @@ class Job:
                 return factory(engine_id)
 
             return vllm_engines
-        return launcher_factory(self.launcher, engine_command(self.seed, self.initial_checkpoint), api_key=key)
+        keep = None
+        if self.engine_ledger is not None:
+            from engines.actor import Keep  # imports Ray: only where engines are Ray actors
+
+            job_id = str((self.settings or {}).get("id") or self.run_dir.resolve().name)
+            keep = Keep(job_id, self.engine_ledger.namespace, self.engine_lease or Keep.DEFAULT_LEASE)
+        command = engine_command(self.seed, self.initial_checkpoint)
+        return launcher_factory(self.launcher, command, api_key=key, keep=keep)
 
     def _router(self) -> bool:
         """The SMG gateway in front of the engines (either backend) where it is installed."""
@@ -266,6 +287,9 @@ class Job:
         assert self.backend is not None  # set by _build
         weights = await trainer.start() or await initial_weights(self.run_dir, self.backend, self.initial_checkpoint)
         self.weights = weights
+        if self.resume is not None and self.engine_ledger is not None:  # adopt what the dead driver's ledger names
+            ids = [instance_name(ROLLOUT, i) for i in range(len(self.runner.state.engines))]
+            self.runner.keep(self.engine_ledger.epochs(ids))
         await manager.init(weights)
         _feed_policy_source(manager, weights)
 

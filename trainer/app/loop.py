@@ -36,7 +36,7 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
-from trainer.app.checks import check_async, check_backend_model, check_hf_checkpoint, check_model
+from trainer.app.checks import check_async, check_backend_model, check_detach, check_hf_checkpoint, check_model
 from trainer.app.faults import Fault, FaultInjector, parse_fault
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
@@ -93,6 +93,7 @@ class RunOptions:
     metrics_host: str = "127.0.0.1"
     timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
     resume: JobCheckpoint | None = None  # the checkpoint of config.load, read and checked already (else read here)
+    engine_lease: float | None = None  # --engine-lease: seconds a kept engine (--detach-engines) outlives its driver
     vllm_python: str | None = None  # --vllm-python: the vLLM engine environment's python (not in run.json: a path
     # of this machine; found again on a resume)
 
@@ -117,6 +118,7 @@ class RunOptions:
             "hf_checkpoint": None if self.hf_checkpoint is None else str(self.hf_checkpoint),
             "model": self.model,
             "router": self.router,
+            "engine_lease": self.engine_lease,
             "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
         }
 
@@ -148,6 +150,7 @@ class RunOptions:
                 hf_checkpoint=Path(hf) if hf else None,
                 model=str(options["model"]),
                 router=options["router"],
+                engine_lease=options.get("engine_lease"),  # runs written before issue 31 have none
                 **given,
             )
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
@@ -310,6 +313,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         metrics_host=opts.metrics_host,
         ray_address=opts.ray_address,
         ray_nodes=opts.ray_nodes,
+        engine_lease=opts.engine_lease,
         events=events_path.name,  # relative to run_dir (which may itself be relative: make run's runs/<time>)
     )
     metrics_path = run_dir / "metrics.jsonl"
@@ -431,6 +435,8 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
+    if opts.engine_launcher is None:
+        check_detach(config, opts.launcher, opts.ray_address, opts.engine_lease)
     check_model(opts.model, opts.hf_checkpoint)
     if opts.engine_launcher is None:
         check_backend_model(config, opts.model, opts.hf_checkpoint)
