@@ -26,6 +26,7 @@ from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import Core
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import (
+    ADOPTED,
     CHECKPOINTED,
     COMMITTED,
     GATEWAY,
@@ -268,6 +269,13 @@ class EventMonitor:
             self.job.held[str(e.get("instance"))] = (str(e.get("weight_version")), self.index)
         return ()
 
+    def _adopted(self, e: Event) -> Iterable[_Found]:
+        """A kept engine read back by a new driver: the version its server reported is what it holds (whatever the
+        verdict: one held back as ``behind`` must be reloaded before it may serve)."""
+        version = e.get("weight_version")
+        self.job.held[str(e.get("instance"))] = (None if version is None else str(version), self.index)
+        return ()
+
     def _memory(self, e: Event) -> Iterable[_Found]:
         instance, tag = str(e.get("instance")), str(e.get("tag"))
         tags = self.job.released.setdefault(instance, set())
@@ -343,6 +351,7 @@ _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
     TRANSITION: EventMonitor._transition,
     COMMITTED: EventMonitor._committed,
     WEIGHTS: EventMonitor._weights,
+    ADOPTED: EventMonitor._adopted,
     MEMORY: EventMonitor._memory,
     ROUTED: EventMonitor._routed,
     GATEWAY: EventMonitor._gateway,

@@ -148,13 +148,15 @@ OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "hf_checkpoint": _text(optional=True),
     "model": _text(),
     "router": _one_of(True, False, None),
+    "engine_lease": lambda v: None if v is None else _positive_number(v, MAX_SECONDS),
     "custom": _strings,
 }
+SINCE = {"engine_lease"}  # options added after runs were written without them (absent: the default)
 
 
 def check_options(options: Mapping[str, Any], path: Path | str) -> None:
     """Every option of ``RunOptions.manifest()`` there, of its type and in its range; nothing else."""
-    missing = [k for k in OPTIONS if k not in options]
+    missing = [k for k in OPTIONS if k not in options and k not in SINCE]
     if missing:
         raise ConfigError("--resume", str(path), f"lacks the option {', '.join(missing)}", _RESTORE)
     unknown = sorted(k for k in options if k not in OPTIONS)

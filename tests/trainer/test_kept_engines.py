@@ -1,0 +1,180 @@
+"""A driver's death costs no engine (issue 31): ``lifecycle run --detach-engines`` on a Ray cluster that outlives the
+driver (``ray start --head``), the driver SIGKILLed at a step's start (the ``kill-driver`` fault), and
+``lifecycle run --resume`` adopting the engines that live on instead of relaunching them.
+
+Two deaths: right after a job checkpoint (the engines hold the checkpoint's version: adopted as they are, no
+reload), and one step after it (the dead driver committed a version the resume voids: the engines are reloaded
+with the checkpoint's before they are routed). Either way the surviving processes are the same (server pids,
+generations), and the resumed run's metrics equal those of the same run never interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lifecycle.decide.events import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, KILL_AT = 4, 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A Ray head that outlives every driver of the test (as ``ray start --head`` on a real cluster)."""
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
+    if ray is None:
+        pytest.skip("the ray CLI is not installed next to this python")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    temp = tmp_path_factory.mktemp("ray")
+    start = [ray, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"]
+    started = subprocess.run([*start, f"--temp-dir={temp}"], capture_output=True, text=True, env=env, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        yield f"127.0.0.1:{port}", env
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+def _lifecycle(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "lifecycle.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+
+
+def _run(cluster: tuple[str, dict[str, str]], run_dir: Path, interval: int, *extra: str) -> Any:
+    address, env = cluster
+    flags = ["run", "--steps", str(STEPS), "--run-dir", str(run_dir), "--save", str(run_dir / "ckpt"), "--quiet"]
+    flags += ["--save-interval", str(interval), "--ray-address", address, "--detach-engines", "--engine-lease", "60"]
+    return _lifecycle(env, *flags, *extra, cwd=run_dir.parent)
+
+
+def _resume(cluster: tuple[str, dict[str, str]], run_dir: Path) -> Any:
+    address, env = cluster
+    return _lifecycle(env, "run", "--resume", str(run_dir), "--quiet", "--ray-address", address, cwd=run_dir.parent)
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("seconds")
+    return rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("kept")
+    out: dict[str, Path] = {}
+    for name, interval in (("uninterrupted", 1), ("at-checkpoint", 1), ("after-checkpoint", 2)):
+        run_dir = base / name
+        inject = () if name == "uninterrupted" else ("--inject", f"kill-driver:0@{KILL_AT}")
+        first = _run(cluster, run_dir, interval, *inject)
+        if inject:
+            assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+            ledger = json.loads((run_dir / "engines.json").read_text())["engines"]
+            pids = [int(e["server_pid"]) for e in ledger.values()]
+            assert len(pids) == 2 and all(_alive(p) for p in pids)  # the driver is dead, its engines are not
+            (run_dir / "ledger.at-death.json").write_text(json.dumps(ledger))
+            resumed = _resume(cluster, run_dir)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+        else:
+            assert first.returncode == 0, first.stderr[-3000:]
+        out[name] = run_dir
+    return out
+
+
+def _resumed_part(run_dir: Path) -> list[dict[str, Any]]:
+    events = read_jsonl(run_dir / "events.jsonl")
+    return events[next(i for i, e in enumerate(events) if e["event"] == "job.resumed") :]
+
+
+@pytest.mark.parametrize(("name", "verdict"), [("at-checkpoint", "adopted"), ("after-checkpoint", "behind")])
+def test_the_resume_adopts_the_same_processes_and_relaunches_none(
+    runs: dict[str, Path], name: str, verdict: str
+) -> None:
+    run_dir = runs[name]
+    at_death = json.loads((run_dir / "ledger.at-death.json").read_text())
+    after = _resumed_part(run_dir)
+    adopted = {e["instance"]: e for e in after if e["event"] == "engine.adopted"}
+    assert set(adopted) == {"engine-0", "engine-1"}
+    for instance, seen in adopted.items():
+        # on the wire: the same server process and the same generation as the dead driver's ledger names
+        assert (seen["server_pid"], seen["epoch"]) == (at_death[instance]["server_pid"], at_death[instance]["epoch"])
+        assert seen["outcome"] == verdict
+    launches = [e for e in after if e["event"] == "lifecycle.transition" and "launch_engine" in e.get("effects", ())]
+    assert launches == []  # no engine was started again
+    resumed = next(e for e in after if e["event"] == "job.resumed")
+    loads = [e for e in after if e["event"] == "engine.weights"]
+    first_commit = next(e for e in after if e["event"] == "weights.committed")
+    if verdict == "adopted":  # it held the checkpoint's version: no transfer before it served again
+        assert all(seen["weight_version"] == str(resumed["weight_version"]) for seen in adopted.values())
+        assert not [e for e in loads if e["ts"] < first_commit["ts"]]
+    else:  # it held the dead driver's later version: the checkpoint's is loaded first
+        assert all(seen["weight_version"] != str(resumed["weight_version"]) for seen in adopted.values())
+        reloaded = [e["instance"] for e in loads if e["ts"] < first_commit["ts"]]
+        assert sorted(reloaded) == ["engine-0", "engine-1"]
+        assert all(e["weight_version"] == str(resumed["weight_version"]) for e in loads if e["ts"] < first_commit["ts"])
+
+
+@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint"])
+def test_no_engine_is_routed_before_it_holds_the_checkpoints_version(runs: dict[str, Path], name: str) -> None:
+    """The live monitor's and ``trace check``'s invariants over the whole log, both drivers' parts."""
+    judged = subprocess.run(
+        [sys.executable, "-m", "lifecycle.cli", "trace", "check", str(runs[name] / "events.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert judged.returncode == 0, judged.stdout[-3000:]
+    after = _resumed_part(runs[name])
+    resumed = next(e for e in after if e["event"] == "job.resumed")
+    routed = [e for e in after if e["event"] == "engine.routed"]
+    first = {inst: next(e["ts"] for e in routed if e["instance"] == inst) for inst in ("engine-0", "engine-1")}
+    committed = next(e for e in after if e["event"] == "weights.committed")
+    assert str(committed["weight_version"]) == str(resumed["weight_version"])
+    assert all(ts > committed["ts"] for ts in first.values())
+
+
+@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint"])
+def test_the_resumed_run_equals_the_uninterrupted_one(runs: dict[str, Path], name: str) -> None:
+    want, got = _rows(runs["uninterrupted"]), _rows(runs[name])
+    assert [r["step"] for r in got] == list(range(STEPS))
+    assert [(r["step"], r["reward"]) for r in got] == [(r["step"], r["reward"]) for r in want]
+    assert got == want
+
+
+def test_a_finished_run_leaves_no_engine_behind(runs: dict[str, Path]) -> None:
+    for run_dir in runs.values():
+        ledger = json.loads((run_dir / "engines.json").read_text())
+        assert ledger["engines"] == {}  # every engine's death was confirmed at the end
+    for name in ("at-checkpoint", "after-checkpoint"):
+        at_death = json.loads((runs[name] / "ledger.at-death.json").read_text())
+        assert not any(_alive(int(e["server_pid"])) for e in at_death.values())
