@@ -64,6 +64,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_loop.py
 	$(BIN)/python benchmarks/bench_fleet.py
 	$(BIN)/python benchmarks/bench_weights.py
+	$(BIN)/python benchmarks/bench_resume.py --backend both
 
 clean:
 	rm -rf $(VENV) $(VLLM_ENV) .pytest_cache .ruff_cache .hypothesis test-artifacts

@@ -103,9 +103,13 @@ def vllm_launcher_factory(
     device: Literal["cpu", "cuda"] = "cpu",
     seed: int = 0,
     startup_timeout: float = STARTUP_TIMEOUT,
+    keep: Any = None,
 ) -> Callable[[str], Launcher]:
     """``engine_id -> Launcher`` of one vLLM server per slot (a port each, kept across restarts), whose slot
-    speaks vLLM's API (the launcher's ``api``)."""
+    speaks vLLM's API (the launcher's ``api``). ``keep`` (an :class:`engines.actor.Keep`, Ray only): the servers
+    outlive the driver (--detach-engines)."""
+    if keep is not None and kind != "ray":
+        raise ValueError("kept engines (--detach-engines) are Ray's detached actors: use the 'ray' launcher")
 
     context = context_length(model)
 
@@ -126,7 +130,7 @@ def vllm_launcher_factory(
             from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
 
             launcher = RayLauncher(
-                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env
+                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env, keep=keep
             )
         launcher.api = vllm_api
         return launcher  # type: ignore[no-any-return]

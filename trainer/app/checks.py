@@ -123,8 +123,5 @@ def check_detach(config: LifecycleConfig, launcher: str, ray_address: str | None
     elif not ray_address:
         why = "this driver's own Ray instance, and every engine in it, dies with the driver"
         fix = "start a cluster that outlives it (ray start --head) and pass --ray-address HOST:PORT"
-    elif config.rollout_backend != "sglang":
-        why = f"--rollout-backend {config.rollout_backend} engines are not kept yet (only the SGLang-API engines)"
-        fix = "drop --detach-engines, or use --rollout-backend sglang"
     if why:
         raise ConfigError("--detach-engines", True, why, fix)

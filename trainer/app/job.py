@@ -240,6 +240,7 @@ class Job:
         """The config's engine backend, launched per slot: the project's CPU engine (SGLang's API), or a real
         vLLM server from its own environment on the initial checkpoint (a Hugging Face directory)."""
         key = run_api_key(self.run_dir)
+        keep = self._keep()
         if self.config.rollout_backend == "vllm":
             checkpoint = self.initial_checkpoint
             startup = self.timeouts.startup
@@ -263,18 +264,22 @@ class Job:
                     device="cuda" if self.config.rollout_device == "cuda" else "cpu",
                     seed=self.seed,
                     startup_timeout=startup,
+                    keep=keep,
                 )
                 return factory(engine_id)
 
             return vllm_engines
-        keep = None
-        if self.engine_ledger is not None:
-            from engines.actor import Keep  # imports Ray: only where engines are Ray actors
-
-            job_id = str((self.settings or {}).get("id") or self.run_dir.resolve().name)
-            keep = Keep(job_id, self.engine_ledger.namespace, self.engine_lease or Keep.DEFAULT_LEASE)
         command = engine_command(self.seed, self.initial_checkpoint)
         return launcher_factory(self.launcher, command, api_key=key, keep=keep)
+
+    def _keep(self) -> Any:
+        """--detach-engines: how the engines outlive this driver (named after the job, with a lease); else None."""
+        if self.engine_ledger is None:
+            return None
+        from engines.actor import Keep  # imports Ray: only where engines are Ray actors
+
+        job_id = str((self.settings or {}).get("id") or self.run_dir.resolve().name)
+        return Keep(job_id, self.engine_ledger.namespace, self.engine_lease or Keep.DEFAULT_LEASE)
 
     def _router(self) -> bool:
         """The SMG gateway in front of the engines (either backend) where it is installed."""
