@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,12 +24,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -61,7 +53,7 @@ def one(backend: str, mode: str, address: str, env: dict[str, str], base: Path) 
     resume = [*cli, "--resume", str(run_dir), "--quiet", "--ray-address", address]
     resumed = subprocess.run(resume, capture_output=True, text=True, env=env)
     if resumed.returncode != 0:
-        raise SystemExit(f"{backend}/{mode}: the resume failed (exit {resumed.returncode})")
+        raise SystemExit(f"{backend}/{mode}: the resume failed (exit {resumed.returncode}):\n{resumed.stderr[-2000:]}")
     events = _events(run_dir / "events.jsonl")
     start = next(i for i, e in enumerate(events) if e["event"] == "job.resumed")
     routed = next(e for e in events[start:] if e["event"] == "engine.routed")
@@ -76,31 +68,24 @@ def main() -> None:
     ap.add_argument("--backend", choices=("sglang", "vllm", "both"), default="sglang")
     ap.add_argument("--rounds", type=int, default=2, help="resumes per backend and mode (the median is kept)")
     args = ap.parse_args()
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
-    if ray is None:
-        raise SystemExit("the ray CLI is not installed next to this python")
+    from engines.actor import ray_head
+
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-resume-") as tmp, ray_head(str(Path(tmp) / "ray")) as address:
         base = Path(tmp)
-        start = [ray, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"]
-        subprocess.run([*start, f"--temp-dir={base / 'ray'}"], check=True, capture_output=True, env=env)
-        try:
-            backends = ("sglang", "vllm") if args.backend == "both" else (args.backend,)
-            print("P10: a driver's death -- seconds from `lifecycle run --resume` to the first routed engine")
-            for backend in backends:
-                times: dict[str, list[float]] = {"relaunch": [], "re-adopt": []}
-                for _ in range(args.rounds):  # alternate: the machine's load drifts
-                    for mode in times:
-                        times[mode].append(one(backend, mode, f"127.0.0.1:{port}", env, base))
-                relaunch, adopt = statistics.median(times["relaunch"]), statistics.median(times["re-adopt"])
-                print(
-                    f"  {backend:6}  relaunch {relaunch:6.2f} s   re-adopt {adopt:6.2f} s   "
-                    f"ratio {relaunch / adopt:5.2f}x   (runs: {times})"
-                )
-        finally:
-            subprocess.run([ray, "stop", "--force"], capture_output=True, env=env)
+        backends = ("sglang", "vllm") if args.backend == "both" else (args.backend,)
+        print("P10: a driver's death -- seconds from `lifecycle run --resume` to the first routed engine")
+        for backend in backends:
+            times: dict[str, list[float]] = {"relaunch": [], "re-adopt": []}
+            for _ in range(args.rounds):  # alternate: the machine's load drifts
+                for mode in times:
+                    times[mode].append(one(backend, mode, address, env, base))
+            relaunch, adopt = statistics.median(times["relaunch"]), statistics.median(times["re-adopt"])
+            print(
+                f"  {backend:6}  relaunch {relaunch:6.2f} s   re-adopt {adopt:6.2f} s   "
+                f"ratio {relaunch / adopt:5.2f}x   (runs: {times})"
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -428,3 +428,46 @@ def remove_node(node_id: str) -> None:
             _cluster.remove_node(node, allow_graceful=False)
             return
     raise RuntimeError(f"node {node_id} is not a node of this cluster")
+
+
+@contextlib.contextmanager
+def ray_head(temp_dir: str, *, num_cpus: int = 4, timeout: float = 120.0) -> Iterator[str]:
+    """A Ray head of its own on this machine (what ``ray start --head`` gives a real cluster: it outlives every
+    driver), yielding its ``HOST:PORT``. Stopped by its own process group -- never ``ray stop``, which stops every
+    Ray instance on the machine (a test session's own included). Engines it still hosts die with it; a kept
+    engine's server outside it (its own session) runs out its lease."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ray_cli = Path(sys.executable).parent / "ray"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [str(ray_cli), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}"]
+    cmd += ["--include-dashboard=false", f"--temp-dir={temp_dir}"]
+    head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # up once the GCS port answers
+            if head.poll() is not None:
+                err = head.stderr.read().decode(errors="replace")[-2000:] if head.stderr else ""
+                raise EngineStartError("ray-head", f"ray start --head exited with {head.returncode}: {err}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                break
+            if time.monotonic() > deadline:
+                raise EngineStartError("ray-head", f"ray start --head did not listen on {port} in {timeout:g}s")
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)  # --block: the head stops the processes it started
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)
+            head.wait(10)

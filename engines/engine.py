@@ -209,7 +209,7 @@ class Engine:
 
     def _fact(self, event: str, **fields: object) -> Fact:
         """What the server did, for the event log (the runner logs it with the result, in the core's order)."""
-        return Fact.of(event, instance=self.id, **fields)
+        return Fact.of(event, instance=self.id, epoch=self.epoch, **fields)  # which process of the slot did it
 
     async def probe(self, timeout: float) -> Outcome:
         """One liveness probe, bounded: ``health_generate`` (a real 1-token generation) by default; ``health``

@@ -252,7 +252,12 @@ class RouterRouting:
         """What SMG reports for the engine's worker now, as a fact (``trace check`` compares it with the machine)."""
         worker = (await self.router.workers()).get((engine.url or "").rstrip("/"))
         status, version = (worker.status, worker.weight_version) if worker is not None else (None, None)
-        return Fact.of(GATEWAY, instance=engine.id, router=self.name, status=status, weight_version=version)
+        fields = {
+            "status": status,
+            "weight_version": version,
+            "epoch": engine.epoch,
+        }  # the gateway's view, of which process
+        return Fact.of(GATEWAY, instance=engine.id, router=self.name, **fields)
 
     async def withdraw(self, engine: Engine) -> Outcome:
         self._engines.pop(engine.id, None)

@@ -7,6 +7,10 @@ part of the fast suite this run also runs).
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import pytest
 
 from .runtime_mutants import MUTANTS, ROOT, RuntimeMutant, kill, markdown_table
@@ -28,10 +32,29 @@ def test_every_mutant_still_applies_and_names_real_killers(mutant: RuntimeMutant
         assert f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), f"{mutant.name}: no test {killer}"
 
 
+KILL_TEST = "test_the_fast_suite_kills_the_runtime_mutant"
+
+
+@pytest.fixture(scope="module")
+def kills(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """Every selected mutant's kill, two at a time: each is a pytest of its own in a copy of the tree, mostly
+    waiting on its engines and its imports, so two share the 2 cores well (a kill is a failing test: load can
+    slow it, not save the mutant)."""
+    chosen = [
+        item.callspec.params["mutant"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == KILL_TEST and hasattr(item, "callspec")
+    ]
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="mutant") as pool:
+        yield {m.name: pool.submit(kill, m) for m in chosen}
+
+
 @pytest.mark.slow  # each mutant copies the tree and starts a pytest of its own
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
-def test_the_fast_suite_kills_the_runtime_mutant(mutant: RuntimeMutant) -> None:
-    run = kill(mutant)
+def test_the_fast_suite_kills_the_runtime_mutant(
+    mutant: RuntimeMutant, kills: dict[str, Future[subprocess.CompletedProcess[str]]]
+) -> None:
+    run = kills[mutant.name].result()
     tail = (run.stdout + run.stderr)[-2500:]
     assert run.returncode == 1, f"{mutant.name} survived its killers (exit {run.returncode}):\n{tail}"
     assert "FAILED tests/" in run.stdout, tail  # a test failed (not a collection error or an empty run)

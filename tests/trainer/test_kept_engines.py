@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,29 +29,16 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS, KILL_AT = 4, 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A Ray head that outlives every driver of the test (as ``ray start --head`` on a real cluster)."""
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent))
-    if ray is None:
-        pytest.skip("the ray CLI is not installed next to this python")
-    port = _free_port()
+    """A Ray head that outlives every driver of the test (``ray start --head``), stopped by its own process group:
+    never ``ray stop``, which would stop this test session's Ray too."""
+    from engines.actor import ray_head
+
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    temp = tmp_path_factory.mktemp("ray")
-    start = [ray, "start", "--head", f"--port={port}", "--num-cpus=4", "--include-dashboard=false"]
-    started = subprocess.run([*start, f"--temp-dir={temp}"], capture_output=True, text=True, env=env, timeout=120)
-    assert started.returncode == 0, started.stderr[-2000:]
-    try:
-        yield f"127.0.0.1:{port}", env
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+    with ray_head(str(tmp_path_factory.mktemp("ray"))) as address:
+        yield address, env
 
 
 def _lifecycle(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
