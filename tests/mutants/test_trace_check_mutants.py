@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,35 +89,49 @@ def replay_data(tmp_path_factory: pytest.TempPathFactory) -> str:
     return template
 
 
+RunResult = tuple[subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="module")
+def runs(
+    replay_data: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[tuple[str, bool], Future[RunResult]]]:
+    """Every case's run on its mutant's tree and on the real one, two at a time (each is a ``lifecycle run`` of its
+    own: its Ray, engines and gateway mostly wait), keyed by (mutant, mutated)."""
+    root = tmp_path_factory.mktemp("trace-runs")
+
+    def one(case: Case, mutated: bool) -> RunResult:
+        where = root / f"{case.mutant}-{'mutant' if mutated else 'real'}"
+        tree = mutated_copy(BY_NAME[case.mutant], where / "tree") if mutated else ROOT
+        argv = [a.replace("{data}", replay_data) for a in case.argv]
+        return _run(tree, [*argv, "--run-dir", str(where / "run")]), where / "run" / "events.jsonl"
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trace-run") as pool:
+        yield {(c.mutant, m): pool.submit(one, c, m) for c in CASES for m in (True, False)}
+
+
 @pytest.mark.slow  # a tree copy and a real run (its own Ray cluster) per mutant
 @pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
 def test_trace_check_names_the_invariant_a_runtime_mutant_breaks(
-    case: Case, replay_data: str, capsys: pytest.CaptureFixture[str]
+    case: Case, runs: dict[tuple[str, bool], Future[RunResult]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with tempfile.TemporaryDirectory(prefix=f"trace-{case.mutant}-") as tmp:
-        tree = mutated_copy(BY_NAME[case.mutant], Path(tmp) / "tree")
-        log = Path(tmp) / "run" / "events.jsonl"
-        argv = [a.replace("{data}", replay_data) for a in case.argv]
-        run = _run(tree, [*argv, "--run-dir", str(log.parent)])
-        assert log.is_file(), (
-            f"{case.mutant}: the run wrote no event log (exit {run.returncode}):\n{run.stderr[-2000:]}"
-        )
-        capsys.readouterr()
-        assert main(["trace", "check", str(log)]) == 1, f"{case.mutant}: trace check found nothing"
-        out = capsys.readouterr().out
-        assert out.startswith(f"invariant {case.invariant} violated at event "), out
+    run, log = runs[(case.mutant, True)].result()
+    assert log.is_file(), f"{case.mutant}: the run wrote no event log (exit {run.returncode}):\n{run.stderr[-2000:]}"
+    capsys.readouterr()
+    assert main(["trace", "check", str(log)]) == 1, f"{case.mutant}: trace check found nothing"
+    out = capsys.readouterr().out
+    assert out.startswith(f"invariant {case.invariant} violated at event "), out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
 def test_the_same_run_on_the_real_tree_passes_trace_check(
-    case: Case, replay_data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: Case, runs: dict[tuple[str, bool], Future[RunResult]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The control: each scenario without its mutant breaks nothing (the check is specific, not noisy)."""
-    argv = [a.replace("{data}", replay_data) for a in case.argv]
-    run = _run(ROOT, [*argv, "--run-dir", str(tmp_path / "run")])
+    run, log = runs[(case.mutant, False)].result()
     assert run.returncode == 0, run.stderr[-2000:]
-    assert main(["trace", "check", str(tmp_path / "run" / "events.jsonl")]) == 0, capsys.readouterr().out
+    assert main(["trace", "check", str(log)]) == 0, capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ class CountingClient:
 
 def _engine(i: int) -> Any:
     url = f"http://127.0.0.1:{30000 + i}/"
-    fields = {"url": url, "api_key": None, "server": None, "weight_version": "0"}
+    fields = {"url": url, "api_key": None, "server": None, "weight_version": "0", "epoch": 1}
     return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), **fields)
 
 

@@ -276,6 +276,9 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     if opts.timeouts is None:  # the backend's bounds, written down so a resume starts its engines as patiently
         opts = dataclasses.replace(opts, timeouts=default_timeouts(config))
     write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
+    # what the job's checkpoints belong to: the options as given (a --model tiny-llama run builds its initial
+    # checkpoint below, in the run directory: a path of this run, not a setting -- a resume builds it again)
+    settings = {**opts.job_settings(), "id": job_id}
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from engines.models import build_tiny_llama
 
@@ -304,7 +307,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         workers=opts.workers,
         keep_checkpoints=opts.keep_checkpoints,
         resume=resume,
-        settings={**opts.job_settings(), "id": job_id},
+        settings=settings,
         timeouts=opts.timeouts,
         rollout_fn=opts.rollout_fn,
         data_source=opts.data_source,
