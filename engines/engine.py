@@ -94,14 +94,18 @@ class Engine:
         return Outcome("ready")
 
     async def adopt(self, url: str) -> str | None:
-        """A previous driver's process, kept (--detach-engines): its server answers (bounded), holds its memory
-        again (a release is undone; a backend that cannot release refuses, which is fine), and says what it
-        serves. Raises :class:`EngineError` (or ``TimeoutError``) when it cannot be adopted."""
+        """A previous driver's process, kept (--detach-engines), brought to what ``Quiesced`` means: it is alive
+        (``/health``, bounded by the request timeout: a drained server may be paused, and a paused vLLM server
+        answers no generation until it is resumed), generation paused (whatever the dead driver left: the next
+        ``resume`` move continues it), its memory held again (a release undone; a backend that cannot release
+        refuses, which is fine); and what it serves. Raises :class:`EngineError` (or ``TimeoutError``) when it
+        cannot be adopted."""
         self.url = url
         if self.server is not None:
             await self.server.close()
         self.server = self.api_factory(url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
-        await self._wait_healthy()
+        await self.server.probe("health", self.timeouts.request)
+        await asyncio.wait_for(self.server.pause(), self.timeouts.request)
         for tag in ("weights", "kv_cache"):
             with contextlib.suppress(EngineError):
                 await self.server.resume_memory(tag)
