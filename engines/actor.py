@@ -466,7 +466,7 @@ def ray_head(temp_dir: str, *, num_cpus: int = 4, timeout: float = 120.0) -> Ite
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGTERM)  # --block: the head stops the processes it started
         try:
-            head.wait(30)
+            head.wait(10)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(head.pid, signal.SIGKILL)
