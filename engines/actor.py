@@ -186,11 +186,28 @@ class RayLauncher:
             if keep is None:
                 self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)  # type: ignore[attr-defined]
             else:  # outlives this driver: found again by name; exits unless the lease is renewed
-                name = keep.actor_name(self.engine_id)
-                detached = {"name": name, "namespace": keep.namespace, "lifetime": "detached"}
-                self.actor = EngineActor.options(**detached, **options).remote(self.engine_id, keep.lease)  # type: ignore[attr-defined]
+                self.actor = self._named_actor(keep, options)
                 self._renew()
         return self.actor
+
+    def _named_actor(self, keep: Keep, options: dict[str, Any]) -> Any:
+        """The slot's detached actor; a previous one still holding the name (a hung or foreign process the new
+        driver disowned) is killed first -- bounded: Ray frees a killed actor's name within moments."""
+        name = keep.actor_name(self.engine_id)
+        detached = {"name": name, "namespace": keep.namespace, "lifetime": "detached"}
+        deadline = time.monotonic() + CALL_TIMEOUT
+        killed = False
+        while True:
+            try:
+                return EngineActor.options(**detached, **options).remote(self.engine_id, keep.lease)  # type: ignore[attr-defined]
+            except ValueError:  # the name is taken
+                if not killed:
+                    with contextlib.suppress(ValueError):
+                        ray.kill(ray.get_actor(name, namespace=keep.namespace), no_restart=True)
+                    killed = True
+                if time.monotonic() > deadline:
+                    raise EngineStartError(self.engine_id, f"the name {name} stays taken by another actor") from None
+                time.sleep(0.2)
 
     def _renew(self) -> None:
         """Renew the actor's lease every third of it, for as long as this driver (its event loop) lives."""
@@ -220,9 +237,14 @@ class RayLauncher:
             actor = await asyncio.wait_for(
                 asyncio.to_thread(ray.get_actor, name, namespace=keep.namespace), CALL_TIMEOUT
             )
-            who: dict[str, Any] = dict(await asyncio.wait_for(actor.identity.remote(), CALL_TIMEOUT))
-        except (ValueError, RayActorError, TimeoutError) as exc:  # ValueError: no actor of that name
+        except (ValueError, TimeoutError) as exc:  # ValueError: no actor of that name
             raise EngineStartError(self.engine_id, f"kept engine {name} cannot be reached: {exc!r}") from None
+        self.actor = actor  # ours now: renewed by this driver, killed by it if it is not adopted
+        self._renew()
+        try:
+            who: dict[str, Any] = dict(await asyncio.wait_for(actor.identity.remote(), CALL_TIMEOUT))
+        except (RayActorError, TimeoutError) as exc:  # a hung actor: the disown's kill ends it
+            raise EngineStartError(self.engine_id, f"kept engine {name} does not answer: {exc!r}") from None
         problems = [
             f"{k} is {who.get(k)!r}, the ledger says {v!r}"
             for k, v in (("engine_id", self.engine_id), ("epoch", epoch), ("server_pid", server_pid))
@@ -230,8 +252,6 @@ class RayLauncher:
         ]
         if not who.get("alive") or not who.get("url"):
             problems.append("its server process is not running")
-        self.actor = actor  # ours now: renewed by this driver, killed by it if it is not adopted
-        self._renew()
         if problems:
             raise EngineStartError(self.engine_id, f"kept engine {name} is not the ledger's: " + "; ".join(problems))
         self.epoch, self._alive = epoch, True

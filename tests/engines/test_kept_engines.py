@@ -57,6 +57,32 @@ def test_a_kept_engine_outlives_its_launcher_and_is_adopted_only_as_the_ledgers_
     asyncio.run(scenario())
 
 
+def test_a_relaunch_takes_over_the_name_of_a_process_that_was_not_adopted() -> None:
+    """The new driver disowned the kept process (not the ledger's, or hung): the slot's next launch kills the actor
+    still holding the name and starts its own under it."""
+    keep = Keep(f"job-{uuid.uuid4().hex[:8]}", lease=60)
+
+    async def scenario() -> None:
+        old = _launcher(keep)
+        old.epoch = 1
+        await old.launch()
+        old_pid = await old.server_pid()
+        old._renewal.cancel()  # type: ignore[union-attr]
+        new = _launcher(keep)
+        new.epoch = 2
+        await new.launch()
+        new_pid = await new.server_pid()
+        assert new_pid is not None and new_pid != old_pid
+        assert (await new.info())["server_pid"] == new_pid
+        deadline = time.monotonic() + 30
+        while old_pid is not None and _alive(old_pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert old_pid is not None and not _alive(old_pid)  # its actor was killed, and its server with it
+        new.shutdown()
+
+    asyncio.run(scenario())
+
+
 def test_an_engine_nobody_adopts_is_not_found_and_says_so() -> None:
     async def scenario() -> None:
         with pytest.raises(EngineStartError, match="cannot be reached"):
