@@ -23,9 +23,12 @@ import pytest
 
 from lifecycle.decide.events import read_jsonl
 
+from .kill_mid_update import KILL_ENV
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 STEPS, KILL_AT = 4, 3
 
 
@@ -46,15 +49,20 @@ def _lifecycle(env: dict[str, str], *args: str, cwd: Path) -> subprocess.Complet
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
-def _run(cluster: tuple[str, dict[str, str]], run_dir: Path, interval: int, *extra: str) -> Any:
+def _run(cluster: tuple[str, dict[str, str]], run_dir: Path, interval: int, *extra: str, kill_update: str = "") -> Any:
     address, env = cluster
+    # every run uses the same rollout function (the default one, from a module the resume imports again); the
+    # mid-update case's first driver also SIGKILLs itself inside the update that pushes version ``kill_update``
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(HERE), env["PYTHONPATH"]]), KILL_ENV: kill_update}
     flags = ["run", "--steps", str(STEPS), "--run-dir", str(run_dir), "--save", str(run_dir / "ckpt"), "--quiet"]
     flags += ["--save-interval", str(interval), "--ray-address", address, "--detach-engines", "--engine-lease", "60"]
+    flags += ["--rollout-function", "kill_mid_update:factory"]
     return _lifecycle(env, *flags, *extra, cwd=run_dir.parent)
 
 
 def _resume(cluster: tuple[str, dict[str, str]], run_dir: Path) -> Any:
     address, env = cluster
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(HERE), env["PYTHONPATH"]])}
     return _lifecycle(env, "run", "--resume", str(run_dir), "--quiet", "--ray-address", address, cwd=run_dir.parent)
 
 
@@ -77,11 +85,12 @@ def _alive(pid: int) -> bool:
 def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kept")
     out: dict[str, Path] = {}
-    for name, interval in (("uninterrupted", 1), ("at-checkpoint", 1), ("after-checkpoint", 2)):
+    for name, interval in (("uninterrupted", 1), ("at-checkpoint", 1), ("after-checkpoint", 2), ("mid-update", 1)):
         run_dir = base / name
-        inject = () if name == "uninterrupted" else ("--inject", f"kill-driver:0@{KILL_AT}")
-        first = _run(cluster, run_dir, interval, *inject)
-        if inject:
+        inject = ("--inject", f"kill-driver:0@{KILL_AT}") if name.endswith("checkpoint") else ()
+        # mid-update: the update of step 1 pushes version 2 (the checkpoint after step 0 holds version 1)
+        first = _run(cluster, run_dir, interval, *inject, kill_update="2" if name == "mid-update" else "")
+        if name != "uninterrupted":
             assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
             ledger = json.loads((run_dir / "engines.json").read_text())["engines"]
             pids = [int(e["server_pid"]) for e in ledger.values()]
@@ -100,35 +109,40 @@ def _resumed_part(run_dir: Path) -> list[dict[str, Any]]:
     return events[next(i for i, e in enumerate(events) if e["event"] == "job.resumed") :]
 
 
-@pytest.mark.parametrize(("name", "verdict"), [("at-checkpoint", "adopted"), ("after-checkpoint", "behind")])
-def test_the_resume_adopts_the_same_processes_and_relaunches_none(
-    runs: dict[str, Path], name: str, verdict: str
-) -> None:
+@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint", "mid-update"])
+def test_the_resume_adopts_the_same_processes_and_relaunches_none(runs: dict[str, Path], name: str) -> None:
     run_dir = runs[name]
     at_death = json.loads((run_dir / "ledger.at-death.json").read_text())
     after = _resumed_part(run_dir)
+    resumed = next(e for e in after if e["event"] == "job.resumed")
+    checkpoint = str(resumed["weight_version"])
     adopted = {e["instance"]: e for e in after if e["event"] == "engine.adopted"}
     assert set(adopted) == {"engine-0", "engine-1"}
+    behind = set()
     for instance, seen in adopted.items():
         # on the wire: the same server process and the same generation as the dead driver's ledger names
         assert (seen["server_pid"], seen["epoch"]) == (at_death[instance]["server_pid"], at_death[instance]["epoch"])
-        assert seen["outcome"] == verdict
+        # kept as it is only if it serves the checkpoint's version and no transfer to it was under way
+        trusted = seen["weight_version"] == checkpoint and not at_death[instance]["updating"]
+        assert seen["outcome"] == ("adopted" if trusted else "behind"), (instance, seen, at_death[instance])
+        if not trusted:
+            behind.add(instance)
+    if name == "at-checkpoint":
+        assert not behind
+    elif name == "after-checkpoint":  # the dead driver committed a version after its checkpoint: void now
+        assert behind == {"engine-0", "engine-1"}
+        assert all(seen["weight_version"] != checkpoint for seen in adopted.values())
+    else:  # killed while the ledger said a transfer to engine-0 was under way: whatever it reports, reloaded
+        assert at_death["engine-0"]["updating"] and "engine-0" in behind
     launches = [e for e in after if e["event"] == "lifecycle.transition" and "launch_engine" in e.get("effects", ())]
     assert launches == []  # no engine was started again
-    resumed = next(e for e in after if e["event"] == "job.resumed")
-    loads = [e for e in after if e["event"] == "engine.weights"]
     first_commit = next(e for e in after if e["event"] == "weights.committed")
-    if verdict == "adopted":  # it held the checkpoint's version: no transfer before it served again
-        assert all(seen["weight_version"] == str(resumed["weight_version"]) for seen in adopted.values())
-        assert not [e for e in loads if e["ts"] < first_commit["ts"]]
-    else:  # it held the dead driver's later version: the checkpoint's is loaded first
-        assert all(seen["weight_version"] != str(resumed["weight_version"]) for seen in adopted.values())
-        reloaded = [e["instance"] for e in loads if e["ts"] < first_commit["ts"]]
-        assert sorted(reloaded) == ["engine-0", "engine-1"]
-        assert all(e["weight_version"] == str(resumed["weight_version"]) for e in loads if e["ts"] < first_commit["ts"])
+    loads = [e for e in after if e["event"] == "engine.weights" and e["ts"] < first_commit["ts"]]
+    assert {e["instance"] for e in loads} == behind  # exactly the untrusted ones are loaded before serving
+    assert all(e["weight_version"] == checkpoint for e in loads)
 
 
-@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint"])
+@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint", "mid-update"])
 def test_no_engine_is_routed_before_it_holds_the_checkpoints_version(runs: dict[str, Path], name: str) -> None:
     """The live monitor's and ``trace check``'s invariants over the whole log, both drivers' parts."""
     judged = subprocess.run(
@@ -148,7 +162,7 @@ def test_no_engine_is_routed_before_it_holds_the_checkpoints_version(runs: dict[
     assert all(ts > committed["ts"] for ts in first.values())
 
 
-@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint"])
+@pytest.mark.parametrize("name", ["at-checkpoint", "after-checkpoint", "mid-update"])
 def test_the_resumed_run_equals_the_uninterrupted_one(runs: dict[str, Path], name: str) -> None:
     want, got = _rows(runs["uninterrupted"]), _rows(runs[name])
     assert [r["step"] for r in got] == list(range(STEPS))
@@ -160,6 +174,6 @@ def test_a_finished_run_leaves_no_engine_behind(runs: dict[str, Path]) -> None:
     for run_dir in runs.values():
         ledger = json.loads((run_dir / "engines.json").read_text())
         assert ledger["engines"] == {}  # every engine's death was confirmed at the end
-    for name in ("at-checkpoint", "after-checkpoint"):
+    for name in ("at-checkpoint", "after-checkpoint", "mid-update"):
         at_death = json.loads((runs[name] / "ledger.at-death.json").read_text())
         assert not any(_alive(int(e["server_pid"])) for e in at_death.values())
