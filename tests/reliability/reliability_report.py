@@ -26,6 +26,7 @@ CELLS: list[tuple[str, str, str]] = (
     + [(f, "broadcast", ft) for f in BROADCAST_FAULTS for ft in FT_CONFIGS]
     + [(f, "vllm", ft) for f in VLLM_FAULTS for ft in VLLM_FT]
     + [("hang-serving", "gateway-checks", ft) for ft in VLLM_FT]  # SMG marks the stalled engine first
+    + [("kill-driver", "kept-engines", ft) for ft in FT_CONFIGS]  # the resume re-adopts the engines
 )
 assert {m for _, m, _ in CELLS} == set(MODES)
 
@@ -97,6 +98,11 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "stalled engine is then marked `not_ready` by SMG before the lifecycle's own probes or requests notice, SMG",
         "only tells, and the lifecycle marks the engine with SMG's verdict as the reason, removes it from SMG and",
         "recovers it (rollout FT) or stops.",
+        "",
+        "The *kept-engines* rows run `kill-driver` with `--detach-engines`: both drivers join one Ray head that",
+        "outlives them (`ray start --head`), the engines live on after the SIGKILL, and the resume re-adopts them --",
+        "the same processes (generation 1, no launch) -- holding the version the dead driver committed after its",
+        "checkpoint, which is void: each is reloaded with the checkpoint's before any is routed.",
         "",
         "| fault | what is injected |",
         "|---|---|",

