@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import shutil
+import signal
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,14 +292,23 @@ def test_smgs_own_verdict_on_a_stalled_serving_engine_is_news_the_lifecycle_acts
         rig.run(rig.manager.generate(1))
         stalled = rig.manager.controller.engines[1]
 
-        async def stall_mid_generate() -> list[Any]:
-            task = asyncio.ensure_future(rig.manager.generate(2))
-            while "engine-1" not in rig.routing.members():  # registered and ready at SMG: then it stalls
-                await asyncio.sleep(0.01)
-            await stalled.launcher.pause_server()
-            return await task
+        pid = rig.run(stalled.launcher.server_pid())
+        assert pid is not None
+        stopped: list[int] = []
 
-        samples = rig.run(stall_mid_generate())
+        def stall_once_routed(event: dict[str, Any]) -> None:
+            """Registered and ready at SMG (``engine.routed``): then it stalls, before the rollout's requests. (A
+            poll of the routing's members could miss the whole generate on a fast machine and wait for ever.)"""
+            if not stopped and event.get("event") == "engine.routed" and event.get("instance") == "engine-1":
+                os.killpg(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+        rig.runner.log.add_sink(stall_once_routed)
+        try:
+            samples = rig.run(rig.manager.generate(2))
+        finally:
+            rig.runner.log.remove_sink(stall_once_routed)
+        assert stopped == [pid]
         assert len(samples) == TASK.prompts_per_step * TASK.group_size  # the stalled engine's prompts went on
         marks = [e for e in rig.events if e.get("trigger") == "mark_unhealthy" and e.get("instance") == "engine-1"]
         assert marks and "router-rollout (SMG) reports its worker not_ready" in str(marks[0].get("reason")), marks
