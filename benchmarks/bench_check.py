@@ -32,12 +32,12 @@ def full(engines: int, jobs: int, faults: int) -> tuple[int, int, int, int, floa
 def symmetry(engines: int, faults: int) -> tuple[int, int]:
     config = preset("ft-rollout")
     reduced = explore(config, engines=engines, max_faults=faults).states
-    original = world_module.Node.key
-    world_module.Node.key = lambda self: world_module.Node(*world_module._normal(self.job, self.world))  # type: ignore[method-assign]
+    original = world_module.Checker.key
+    world_module.Checker.key = lambda self, n: world_module.Node(*world_module._normal(n.job, n.world))  # type: ignore[method-assign]
     try:
         unreduced = explore(config, engines=engines, max_faults=faults).states
     finally:
-        world_module.Node.key = original  # type: ignore[method-assign]
+        world_module.Checker.key = original  # type: ignore[method-assign]
     return reduced, unreduced
 
 

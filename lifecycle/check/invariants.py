@@ -10,6 +10,11 @@ state (:class:`lifecycle.decide.core.JobState`) and the checker's world (process
   exploring (none registered today: "must happen" rules are written as step obligations, e.g.
   "plain train-only's init constructs the rollout function", so hypothesis can check them too).
 
+A state or step invariant that reads the checker's world (process health, group flags) or the action's name is
+registered with ``world=True``; every other one reads only the job (and, for a step, the job before it and the
+moves), so the explorer judges it once per job state, or once per decision of the core, not once per node
+(:class:`Verdicts`; ``tests/lifecycle/test_explore.py`` shows a world-reading invariant left unmarked is caught).
+
 ``no_deadlock`` and ``no_stuck_recovery`` are properties of the whole state graph; the explorer
 implements them and lists them here so that ``--invariant`` can select them.
 """
@@ -31,15 +36,16 @@ class Invariant:
     kind: str  # state | step | reach | graph
     fn: Callable[..., Problem] | None
     doc: str
+    world: bool = False  # reads the world or the action: judged on every node/transition, never remembered
 
 
 INVARIANTS: dict[str, Invariant] = {}
 
 
-def _register(kind: str) -> Callable[[Callable[..., Problem]], Callable[..., Problem]]:
+def _register(kind: str, *, world: bool = False) -> Callable[[Callable[..., Problem]], Callable[..., Problem]]:
     def deco(fn: Callable[..., Problem]) -> Callable[..., Problem]:
         doc = " ".join((fn.__doc__ or "").split())
-        INVARIANTS[fn.__name__] = Invariant(fn.__name__, kind, fn, doc)
+        INVARIANTS[fn.__name__] = Invariant(fn.__name__, kind, fn, doc, world)
         return fn
 
     return deco
@@ -233,7 +239,7 @@ def monitors_run_only_during_generate_or_eval(job: Checker, n: Node) -> Problem:
 
 
 # -- health and shutdown -------------------------------------------------------------------------------------
-@_register("state")
+@_register("state", world=True)
 def dead_engines_are_not_counted_alive(job: Checker, n: Node) -> Problem:
     """An engine whose death Ray has reported is never left in a live state (also while monitors are paused)."""
     for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):
@@ -242,7 +248,7 @@ def dead_engines_are_not_counted_alive(job: Checker, n: Node) -> Problem:
     return None
 
 
-@_register("step")
+@_register("step", world=True)
 def healthy_engines_are_not_marked_unhealthy(job: Checker, t: Transition, before: Node) -> Problem:
     """A probe result is acted on only while the monitor runs: a stale failure must not kill a healthy engine."""
     if not any(m.machine == "monitor" and "mark_engine_unhealthy" in m.effects for m in t.moves):
@@ -265,7 +271,7 @@ def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
     return None
 
 
-@_register("step")
+@_register("step", world=True)
 def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Problem:
     """(broadcast) A broadcast goes only to a group whose members are exactly the snapshot's engines, every one
     the process that joined it: never to a group a member left, died in or restarted since."""
@@ -279,7 +285,7 @@ def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Pr
     return None
 
 
-@_register("state")
+@_register("state", world=True)
 def no_engine_routed_with_mixed_weights(job: Checker, n: Node) -> Problem:
     """(broadcast) After a failed broadcast no engine of its snapshot is routed until it has reloaded the
     committed weights (or been restarted): none serves a mix of two versions."""
@@ -289,7 +295,7 @@ def no_engine_routed_with_mixed_weights(job: Checker, n: Node) -> Problem:
     return None
 
 
-@_register("state")
+@_register("state", world=True)
 def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     """An engine is Stopped only once its process is confirmed dead."""
     for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):
@@ -315,7 +321,7 @@ def job_checkpoint_holds_committed_weights(job: Checker, t: Transition, before: 
 
 
 # -- generations: news about an engine's earlier process -------------------------------------------------------------
-@_register("step")
+@_register("step", world=True)
 def no_news_of_an_older_epoch_acted_on(job: Checker, t: Transition, before: Node) -> Problem:
     """A death report, probe verdict or failed request about an engine's earlier process (an older epoch: before
     its restart, or the previous driver's) moves no machine: it says nothing about the process the engine has now
@@ -371,13 +377,25 @@ INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
 
 STATE = [i for i in INVARIANTS.values() if i.kind == "state"]
 STEP = [i for i in INVARIANTS.values() if i.kind == "step"]
+STATE_JOB, STATE_WORLD = [i for i in STATE if not i.world], [i for i in STATE if i.world]
+STEP_JOB, STEP_WORLD = [i for i in STEP if not i.world], [i for i in STEP if i.world]
 REACH = [i for i in INVARIANTS.values() if i.kind == "reach"]
 
 
-def check_state(job: Checker, n: Node, only: frozenset[str] | None = None) -> list[tuple[str, str]]:
+def check_state(
+    job: Checker, n: Node, only: frozenset[str] | None = None, verdicts: Verdicts | None = None
+) -> list[tuple[str, str]]:
     """Every state-invariant violation of ``s`` as (name, problem)."""
+    if verdicts is not None:
+        return verdicts.state(job, n, only)
+    return _judge_state(STATE, job, n, only)
+
+
+def _judge_state(
+    invariants: Iterable[Invariant], job: Checker, n: Node, only: frozenset[str] | None
+) -> list[tuple[str, str]]:
     out = []
-    for inv in STATE:
+    for inv in invariants:
         if only is None or inv.name in only:
             assert inv.fn is not None
             problem = inv.fn(job, n)
@@ -386,18 +404,58 @@ def check_state(job: Checker, n: Node, only: frozenset[str] | None = None) -> li
     return out
 
 
-def check_step(
-    job: Checker, t: Transition, before: Node, only: frozenset[str] | None = None, *, with_state: bool = True
+def _judge_step(
+    invariants: Iterable[Invariant], job: Checker, t: Transition, before: Node, only: frozenset[str] | None
 ) -> list[tuple[str, str]]:
-    """Every step-invariant violation of one step of the core, and of the state it reaches (``with_state``)."""
     out = []
-    for inv in STEP:
+    for inv in invariants:
         if only is None or inv.name in only:
             assert inv.fn is not None
             problem = inv.fn(job, t, before)
             if problem:
                 out.append((inv.name, problem))
-    return out + check_state(job, t.node, only) if with_state else out
+    return out
+
+
+def check_step(
+    job: Checker,
+    t: Transition,
+    before: Node,
+    only: frozenset[str] | None = None,
+    *,
+    with_state: bool = True,
+    verdicts: Verdicts | None = None,
+) -> list[tuple[str, str]]:
+    """Every step-invariant violation of one step of the core, and of the state it reaches (``with_state``)."""
+    out = verdicts.step(job, t, before, only) if verdicts is not None else _judge_step(STEP, job, t, before, only)
+    return out + check_state(job, t.node, only, verdicts) if with_state else out
+
+
+class Verdicts:
+    """The job-only invariants' verdicts, remembered for one exploration: a job state is reached under many worlds
+    (about four nodes per job state) and a decision of the core under many more, and what a job-only invariant says
+    cannot differ between them. Keyed by identity -- the checker hands out one object per decision and job state --
+    and each entry holds its key object, so an id is never reused while remembered."""
+
+    def __init__(self) -> None:
+        self._steps: dict[int, tuple[object, list[tuple[str, str]]]] = {}
+        self._states: dict[int, tuple[object, list[tuple[str, str]]]] = {}
+
+    def step(self, job: Checker, t: Transition, before: Node, only: frozenset[str] | None) -> list[tuple[str, str]]:
+        out = _judge_step(STEP_WORLD, job, t, before, only)
+        if not t.moves:  # the empty tuple is one object for every decision: nothing to remember it by
+            return _judge_step(STEP_JOB, job, t, before, only) + out
+        entry = self._steps.get(id(t.moves))
+        if entry is None or entry[0] is not t.moves:
+            entry = self._steps[id(t.moves)] = (t.moves, _judge_step(STEP_JOB, job, t, before, only))
+        return entry[1] + out if entry[1] else out
+
+    def state(self, job: Checker, n: Node, only: frozenset[str] | None) -> list[tuple[str, str]]:
+        out = _judge_state(STATE_WORLD, job, n, only)
+        entry = self._states.get(id(n.job))
+        if entry is None or entry[0] is not n.job:
+            entry = self._states[id(n.job)] = (n.job, _judge_state(STATE_JOB, job, n, only))
+        return entry[1] + out if entry[1] else out
 
 
 def check_reach(

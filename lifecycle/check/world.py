@@ -74,6 +74,18 @@ class World(NamedTuple):
     def group(self, group: str) -> tuple[str, ...]:
         return self.procs if group == ROLLOUT else self.eval_procs
 
+    # the exploration builds ~10^6 worlds: a constructor call costs a third of ``_replace``'s
+    def counted(self, more: int) -> World:
+        """This world with ``more`` faults spent."""
+        if not more:
+            return self
+        return World(self.procs, self.eval_procs, self.faults + more, self.grouped, self.torn, self.voided, self.clean)
+
+    def with_procs(self, group: str, procs: tuple[str, ...]) -> World:
+        if group == ROLLOUT:
+            return World(procs, self.eval_procs, self.faults, self.grouped, self.torn, self.voided, self.clean)
+        return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean)
+
 
 class Node(NamedTuple):
     """A state of the exploration: the job as the core has it, and the world around it."""
@@ -128,6 +140,20 @@ class Transition(NamedTuple):
     node: Node
 
 
+class _Decided(NamedTuple):
+    """What the core did with one event in one job state, whatever the world around it."""
+
+    job: JobState
+    moves: tuple[Move, ...]
+    commands: tuple[Command, ...]  # every command issued, the ones answered at once included
+    newer: bool  # the trainer's weights became the committed version
+    checkpointed: bool  # a job checkpoint was written
+
+
+_UNKNOWN = object()
+_PROBE, _PROBE_ACTION = Outcome("probe"), Action("news.probe")
+
+
 class Checker:
     """The successor relation of the exploration: the core, driven by a loop and the world."""
 
@@ -149,6 +175,14 @@ class Checker:
         self.adopts = self.p["keeps_engines"] and self.p["resumes"] and self.core.engines > 0
         self.dies = self.p["resumes"]  # a resumed job's driver may die too (without kept engines: all are new)
         self._main: dict[str, tuple[str, str] | None] = {}
+        self._memo: dict[JobState, dict[Event, _Decided | object | None]] = {}
+        self._job: JobState | None = None
+        self._table: dict[Event, _Decided | object | None] = {}
+        self._effects: set[tuple[str, str]] = set()
+        self._answered: dict[tuple[object, ...], list[tuple[int, Completed, Action, tuple[_Change, ...]]]] = {}
+        self._calls: dict[tuple[JobState, bool], list[tuple[Op, Action]]] = {}
+        self._lates: dict[JobState, dict[tuple[str, int], list[tuple[Outcome, Action]]]] = {}
+        self._said: dict[tuple[str, str, int, int | None, bool], tuple[Outcome, Action]] = {}
         for name, op in OPERATIONS.items():
             main = next((p for p in op.program if "." in p), None)
             self._main[name] = None if main is None else (main.split(".", 1)[0], main.split(".", 1)[1])
@@ -157,7 +191,17 @@ class Checker:
         core = self.core
         flags = (False,) * core.engines if self.p["broadcasts_weights"] else ()
         clean = (False,) * core.engines if self.adopts else ()
-        return Node(core.initial(), World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags, False, clean))
+        world = World((UP,) * core.engines, (UP,) * core.evals, 0, flags, flags, False, clean)
+        return Node(_normal_job(core.initial()), world)
+
+    def seen_effects(self) -> frozenset[tuple[str, str]]:
+        """(machine, effect) of every move the core made in a step this checker offered (decisions of the core
+        that moved something are always offered as a transition)."""
+        return frozenset(self._effects)
+
+    def key(self, n: Node) -> Node:
+        """:meth:`Node.key` of a node this checker made: its job is normal already (normalised per decision)."""
+        return Node(*_sorted(n.job, n.world, normal_job=True))
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
@@ -185,30 +229,54 @@ class Checker:
 
     # -- driving the core ---------------------------------------------------------------------------------------
     def step(self, n: Node, event: Event, action: Action, world: World | None = None) -> Transition | None:
-        result = self.core.step(n.job, event)
+        done = self._decide(n.job, event)
+        if done is None:
+            return None
+        job, moves, commands, newer, checkpointed = done
+        w = world or n.world
+        for cmd in commands:  # what issuing a command does to the world
+            w = _issued(w, cmd)
+        if self.adopts:  # which version a job checkpoint holds, against the committed one
+            if newer:
+                w = w._replace(voided=True)
+            if checkpointed:
+                w = w._replace(voided=False)
+        return Transition(action, moves, Node(job, w))
+
+    def _decide(self, job: JobState, event: Event) -> _Decided | None:
+        """The core's answer to ``event`` in ``job``, remembered: the core is a pure function of (state, event),
+        and the exploration asks the same question of one job state under many worlds (each process's health, the
+        faults used) -- about 3.6 asks per distinct pair. None: the core refused the event."""
+        if job is not self._job:  # one node's successors ask many questions of one job: hash it once
+            self._job, self._table = job, self._memo.setdefault(job, {})
+        table = self._table
+        done = table.get(event, _UNKNOWN)
+        if done is _UNKNOWN:
+            done = table[event] = self._decide_now(job, event)
+        return done  # type: ignore[return-value]
+
+    def _decide_now(self, before: JobState, event: Event) -> _Decided | None:
+        result = self.core.step(before, event)
         if result.refused is not None:
             return None
-        w = world or n.world
-        for cmd in result.commands:  # what issuing a command does to the world
-            w = _issued(w, cmd)
-        job, moves = result.state, result.moves
-        newer = result.commits and n.job.ahead  # the trainer's weights became the committed version
+        job, moves, commands = result.state, result.moves, result.commands
+        newer = bool(result.commits and before.ahead)  # the trainer's weights became the committed version
         # Commands whose only possible answer is a plain success that no fault can change (the monitor's and
         # the trainer's bookkeeping) come back at once: nothing the world does in between could matter.
         while job.awaiting and all(
             c.machine not in ("engine", "trainer", "weight_sync") or c.effect in _SURE for c in job.awaiting
         ):
             more = self.core.step(job, Completed(tuple((c, Outcome("done")) for c in job.awaiting)))
-            newer = newer or (more.commits and job.ahead)
-            job, moves = more.state, (*moves, *more.moves)
-            for cmd in more.commands:
-                w = _issued(w, cmd)
-        if self.adopts:  # which version a job checkpoint holds, against the committed one
-            if newer:
-                w = w._replace(voided=True)
-            if any(m.machine == "trainer" and m.trigger == "checkpoint_done" for m in moves):
-                w = w._replace(voided=False)
-        return Transition(action, moves, Node(job, w))
+            newer = newer or bool(more.commits and job.ahead)
+            job, moves, commands = more.state, (*moves, *more.moves), (*commands, *more.commands)
+        checkpointed = any(m.machine == "trainer" and m.trigger == "checkpoint_done" for m in moves)
+        for m in moves:
+            for effect in m.effects:
+                self._effects.add((m.machine, effect))
+        job = _normal_job(job)  # once per decision, not once per state reached through it
+        if not moves and job == before:
+            job = before  # the same object: later "did it change?" questions compare identities, not fields
+        return _Decided(job, moves, commands, newer, checkpointed)
 
     def driver_death(self, n: Node) -> Transition:
         """The driver dies (SIGKILL) and a new one resumes the job from its checkpoint. The engines live on:
@@ -229,7 +297,7 @@ class Checker:
             (DEAD_NOTIFIED if p in (DEAD, KILLING) else p) if k else UP for p, k in zip(w.procs, kept, strict=True)
         )
         epochs = tuple(1 if k else None for k in kept)
-        resumed = core.with_kept(core.initial(), epochs)
+        resumed = _normal_job(core.with_kept(core.initial(), epochs))
         torn = tuple(t and k for t, k in zip(w.torn, kept, strict=True)) if w.torn else ()
         world = World(
             procs,
@@ -255,6 +323,17 @@ class Checker:
         return (state, trigger) in self.core.c[part].table
 
     def _operations(self, n: Node, budget: bool) -> Iterator[Transition]:
+        key = (n.job, budget)
+        calls = self._calls.get(key)
+        if calls is None:  # which operations the core accepts depends on the job alone: ask once per job state
+            calls = self._calls[key] = list(self._accepted(n, budget))
+        for event, action in calls:
+            w = n.world.counted(1) if action.fault else None
+            t = self.step(n, event, action, w)
+            if t is not None:
+                yield t
+
+    def _accepted(self, n: Node, budget: bool) -> Iterator[tuple[Op, Action]]:
         for name in EXPLORED_OPS:
             if name not in ENGINE_OPS and not self._possible(n, name):
                 continue
@@ -263,32 +342,46 @@ class Checker:
                     fault = name == "stop_engine"  # an operator stopping an engine: bounded like a fault
                     if (fault and not budget) or not self._possible(n, name, i):
                         continue
-                    w = n.world._replace(faults=n.world.faults + fault)
-                    t = self.step(n, Op(name, i), Action(f"op.{name}", i, fault=fault), w)
-                    if t is not None:
-                        yield t
+                    if self._decide(n.job, Op(name, i)) is not None:
+                        yield Op(name, i), Action(f"op.{name}", i, fault=fault)
                 continue
-            t = self.step(n, Op(name), Action(f"op.{name}"))
-            if t is not None:
-                yield t
+            if self._decide(n.job, Op(name)) is not None:
+                yield Op(name), Action(f"op.{name}")
 
     def _results(self, n: Node, budget: bool) -> Iterator[Transition]:
         """Every command out comes back at once (the runtime commits a fan-out's results in slot order)."""
-        options = [self._answers(cmd, n.world, n.job) for cmd in n.job.awaiting]
-        choices = [(c, sum(fault for _, fault, _ in c)) for c in itertools.product(*options)]
-        within = [(c, f) for c, f in choices if n.world.faults + f <= self.max_faults]
-        if not within:  # a fault the job causes itself (CI's injection) happens whatever the budget says
-            least = min(f for _, f in choices)
-            within = [(c, f) for c, f in choices if f == least]
-        for choice, faults in within:
-            w = n.world._replace(faults=n.world.faults + faults)
-            for _, _, change in choice:
+        world = n.world
+        for faults, event, action, changes in self._choices(n.job, world):
+            w = world.counted(faults)
+            for change in changes:
                 w = change(w)
-            results = tuple((cmd, outcome) for cmd, (outcome, _, _) in zip(n.job.awaiting, choice, strict=True))
-            names = ",".join(f"{cmd.instance}={o.name}" for cmd, o in results)
-            t = self.step(n, Completed(results), Action(f"results.{names}", fault=faults > 0), w)
+            t = self.step(n, event, action, w)
             if t is not None:
                 yield t
+
+    def _choices(self, job: JobState, w: World) -> list[tuple[int, Completed, Action, tuple[_Change, ...]]]:
+        """Every way the world may answer the commands out, within the fault budget: how the answers depend on the
+        world (each process's health and group flags, not the faults spent) and on the commands alone, so many job
+        states share them. Where every way costs a fault, only the cheapest (a fault the job causes itself, CI's
+        injection, happens whatever the budget says)."""
+        key = (job.awaiting, w.procs, w.eval_procs, w.grouped, w.torn, w.clean, tuple(e.joined for e in job.engines))
+        spend = w.faults
+        cached = self._answered.get(key)
+        if cached is None:
+            options = [self._answers(cmd, w, job) for cmd in job.awaiting]
+            cached = []
+            for choice in itertools.product(*options):
+                faults = sum(fault for _, fault, _ in choice)
+                results = tuple((cmd, outcome) for cmd, (outcome, _, _) in zip(job.awaiting, choice, strict=True))
+                names = ",".join(f"{cmd.instance}={o.name}" for cmd, o in results)
+                action = Action(f"results.{names}", fault=faults > 0)
+                cached.append((faults, Completed(results), action, tuple(c for _, _, c in choice if c is not _keep)))
+            self._answered[key] = cached
+        within = [c for c in cached if spend + c[0] <= self.max_faults]
+        if within:
+            return within
+        least = min(c[0] for c in cached)
+        return [c for c in cached if c[0] == least]
 
     def _answers(self, cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
         """How the world may answer one command: (outcome, is it a fault, what it does to the world)."""
@@ -336,25 +429,36 @@ class Checker:
             return answers
         return [(Outcome("done"), False, same)]
 
+    def _said_of(
+        self, what: str, group: str, i: int, epoch: int | None = None, fault: bool = False
+    ) -> tuple[Outcome, Action]:
+        """News about engine ``i`` and its label, built once per exploration (the same few are sent everywhere)."""
+        key = (what, group, i, epoch, fault)
+        said = self._said.get(key)
+        if said is None:
+            name = what if epoch is None or what == "stale_threshold" else f"stale_epoch_{what}"
+            outcome = Outcome("threshold_reached" if what == "stale_threshold" else what, group, i, epoch=epoch)
+            said = self._said[key] = (outcome, Action(f"news.{name}", i, group, fault=fault))
+        return said
+
     def _news(self, n: Node, budget: bool) -> Iterator[Transition]:
         job, w, core = n.job, n.world, self.core
+        late = self._late(job)
         if job.monitor == "Running":
-            t = self.step(n, Outcome("probe"), Action("news.probe"))
+            t = self.step(n, _PROBE, _PROBE_ACTION)
             if t is not None and t.moves:
                 yield t
         for group in (ROLLOUT, EVAL):
             for i, (e, proc) in enumerate(zip(job.group(group), w.group(group), strict=True)):
                 if proc == DEAD:  # Ray reports the death at once
                     seen = _set_proc(group, i, DEAD_NOTIFIED)(w)
-                    t = self.step(n, Outcome("died", group, i), Action("news.died", i, group), seen)
+                    t = self.step(n, *self._said_of("died", group, i), seen)
                     if t is not None:
                         yield t
                 if e.state not in core.live:
                     continue
                 if job.monitor == "Running" and proc in (DEAD, HUNG):
-                    yield from self._maybe(
-                        n, Outcome("threshold_reached", group, i), Action("news.threshold_reached", i, group)
-                    )
+                    yield from self._maybe(n, *self._said_of("threshold_reached", group, i))
                 stale = (
                     job.monitor == "Paused"
                     and proc == UP
@@ -362,20 +466,44 @@ class Checker:
                     and (group == ROLLOUT or job.rollout == "Evaluating")
                 )
                 if stale:  # a probe sent before the pause fails late
-                    action = Action("news.stale_threshold", i, group, fault=True)
-                    counted = w._replace(faults=w.faults + 1)
-                    yield from self._maybe(n, Outcome("threshold_reached", group, i), action, counted)
-                if e.epoch >= 1:  # a late report about the engine's previous process (or the previous driver's)
-                    for what in STALE_NEWS:
-                        action = Action(f"news.stale_epoch_{what}", i, group)
-                        yield from self._maybe(n, Outcome(what, group, i, epoch=e.epoch - 1), action)
+                    counted = w.counted(1)
+                    yield from self._maybe(n, *self._said_of("stale_threshold", group, i, fault=True), counted)
+                if late and (group, i) in late:  # a late report about the engine's previous process (or driver's)
+                    for event, action in late[(group, i)]:
+                        yield from self._maybe(n, event, action)
                 busy = job.rollout in core.rollout_busy or job.fleet == "Pinned"
                 if busy and e.state == "Serving" and proc in (DEAD, HUNG) and job.monitor != "Running":
-                    yield from self._maybe(
-                        n, Outcome("request_failed", group, i), Action("news.request_failed", i, group)
-                    )
+                    yield from self._maybe(n, *self._said_of("request_failed", group, i))
+
+    def _late(self, job: JobState) -> dict[tuple[str, int], list[tuple[Outcome, Action]]]:
+        """The late reports about an engine's previous process that the core acts on in ``job``, by engine -- none,
+        unless the core is broken. They change nothing in the world, so which do something depends on the job
+        alone: asked once per job state, of the core directly (most job states are seen under several worlds)."""
+        late = self._lates.get(job)
+        if late is None:
+            late = self._lates[job] = {}
+            for group in (ROLLOUT, EVAL):
+                for i, e in enumerate(job.group(group)):
+                    if e.epoch < 1 or e.state not in self.core.live:  # news of an engine not live is not sent
+                        continue
+                    acting = []
+                    for what in STALE_NEWS:
+                        said = self._said_of(what, group, i, e.epoch - 1)
+                        r = self.core.step(job, said[0])
+                        if r.refused is None and (r.moves or r.commands or r.state != job):
+                            acting.append(said)
+                    if acting:
+                        late[(group, i)] = acting
+        return late
+
+    def _changes(self, job: JobState, event: Event) -> bool:
+        done = self._decide(job, event)
+        return done is not None and (bool(done.moves) or bool(done.commands) or done.job != job)
 
     def _maybe(self, n: Node, event: Event, action: Action, world: World | None = None) -> Iterator[Transition]:
+        """The event, unless it changes nothing (most news does nothing in most states, fenced news never does)."""
+        if world is None and not self._changes(n.job, event):
+            return
         t = self.step(n, event, action, world)
         if t is not None and (t.moves or t.node != n):
             yield t
@@ -388,7 +516,7 @@ class Checker:
         for group in groups:
             # the group's router dies (SIGKILL): its watcher reports it at once; only Serving engines are in it
             if any(e.state == "Serving" for e in n.job.group(group)):
-                counted = n.world._replace(faults=n.world.faults + 1)
+                counted = n.world.counted(1)
                 action = Action("fault.kill_router", None, group, fault=True)
                 t = self.step(n, Outcome("router_died", group), action, counted)
                 if t is not None:
@@ -398,8 +526,7 @@ class Checker:
                     continue
                 # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death (only probes and requests tell)
                 for fault, health in (("kill", DEAD), ("hang", HUNG), ("http_death", HUNG)):
-                    w = _set_proc(group, i, health)(n.world)
-                    w = w._replace(faults=w.faults + 1)
+                    w = _set_proc(group, i, health)(n.world).counted(1)
                     yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), Node(n.job, w))
 
 
@@ -416,7 +543,7 @@ class _Change:
             return w
         procs = w.group(self.group)
         new = (*procs[: self.i], self.proc, *procs[self.i + 1 :])
-        return w._replace(procs=new) if self.group == ROLLOUT else w._replace(eval_procs=new)
+        return w.with_procs(self.group, new)
 
 
 _keep = _Change()
@@ -487,9 +614,13 @@ def _issued(w: World, cmd: Command) -> World:
 
 
 # -- symmetry reduction ----------------------------------------------------------------------------------------------
-def _sorted(job: JobState, world: World) -> tuple[JobState, World]:
-    """Engines sorted by (state, facts, process health); commands and programs renamed to match."""
-    job, world = _normal(job, world)
+def _sorted(job: JobState, world: World, *, normal_job: bool = False) -> tuple[JobState, World]:
+    """Engines sorted by (state, facts, process health); commands and programs renamed to match. ``normal_job``:
+    the job is normal already (:func:`_normal_job`), only the world is normalised."""
+    if normal_job:
+        world = _normal_world(job, world)
+    else:
+        job, world = _normal(job, world)
     engines, procs = job.engines, world.procs
     if world.grouped:  # broadcast mode: a process's group membership and torn weights travel with it
         procs = tuple(
@@ -547,27 +678,44 @@ def _generations(job: JobState) -> JobState:
 
 def _normal(job: JobState, world: World) -> tuple[JobState, World]:
     """Facts that nothing can read any more are cleared (a finished engine's weights, its process)."""
+    job = _normal_job(job)
+    return job, _normal_world(job, world)
+
+
+def _normal_job(job: JobState) -> JobState:
+    """The job's part of :func:`_normal`: epochs folded, facts of engines that cannot serve cleared. The checker
+    applies it once per decision of the core (every job state it explores is normal), not once per node."""
     job = _generations(job)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):
         # between pins the fleet serves nothing: which version an eval engine held last is not read again
         job = job._replace(evals=tuple(e._replace(current=False, fresh=False) for e in job.evals))
-    engines, procs = job.engines, world.procs
-    for e, p in zip(engines, procs, strict=True):
+    for e in job.engines:
         if e.state in _FINISHED:
-            if p != DEAD_NOTIFIED or e.current or e.fresh or e.released or e.restarts:
+            if e.current or e.fresh or e.released or e.restarts or e.epoch or e != EngineState(e.state):
                 break
         elif e.state in _IDLE and (e.current or e.fresh or e.released or e.mixed):
             break
     else:
-        return job, world
-    new_engines, new_procs = [], []
-    for e, p in zip(engines, procs, strict=True):
+        return job
+    engines = []
+    for e in job.engines:
         if e.state in _FINISHED:
-            e, p = EngineState(e.state), DEAD_NOTIFIED
+            e = EngineState(e.state)
         elif e.state in _IDLE:
             e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
-        new_engines.append(e)
-        new_procs.append(p)
-    return job._replace(engines=tuple(new_engines)), world._replace(procs=tuple(new_procs))
+        engines.append(e)
+    return job._replace(engines=tuple(engines))
+
+
+def _normal_world(job: JobState, world: World) -> World:
+    """The world's part of :func:`_normal`: a finished engine's process is gone (confirmed dead)."""
+    procs = world.procs
+    for e, p in zip(job.engines, procs, strict=True):
+        if p != DEAD_NOTIFIED and e.state in _FINISHED:
+            break
+    else:
+        return world
+    new = tuple(DEAD_NOTIFIED if e.state in _FINISHED else p for e, p in zip(job.engines, procs, strict=True))
+    return world.with_procs(ROLLOUT, new)

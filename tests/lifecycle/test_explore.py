@@ -251,7 +251,7 @@ def test_permuted_engines_map_to_the_same_key():
 
 def test_symmetry_reduction_shrinks_the_explored_space(monkeypatch):
     reduced = explore(ROLLOUT_ONLY, engines=2)
-    monkeypatch.setattr(Node, "key", lambda self: Node(*_normal(self.job, self.world)))
+    monkeypatch.setattr(Checker, "key", lambda self, n: Node(*_normal(n.job, n.world)))
     unreduced = explore(ROLLOUT_ONLY, engines=2)
     assert reduced.ok and unreduced.ok
     assert reduced.states < unreduced.states < 2 * reduced.states + 1

@@ -423,6 +423,14 @@ class _Effects(NamedTuple):
     drop: frozenset[str]  # memory tags resumed
 
 
+def _awaits(awaiting: tuple[Command, ...], lane: str) -> bool:
+    """A command of ``lane`` is out (a plain loop: this runs on every step, a generator costs twice as much)."""
+    for c in awaiting:  # noqa: SIM110
+        if c.lane == lane:
+            return True
+    return False
+
+
 class _Tx:
     """One step in progress: the state so far, and the moves and commands it produced."""
 
@@ -849,7 +857,7 @@ class _Tx:
             while self.lane_op(lane):
                 if self.s.failed:
                     self.set_lane(lane, program=())
-                if any(c.lane == lane for c in self.s.awaiting):
+                if _awaits(self.awaiting, lane):
                     break
                 program = self.program(lane)
                 if not program:
