@@ -101,12 +101,14 @@ def explore(
     max_faults: int = 2,
     max_states: int = 2_000_000,
     evals: int | None = None,
+    remember: bool = True,
 ) -> Result:
-    """Explore every reachable state of one config; stop at the first violation."""
+    """Explore every reachable state of one config; stop at the first violation. ``remember=False`` asks the core
+    and the invariants anew at every node (slower, the same result: the baseline of ``bench_check.py``)."""
     collecting = gc.isenabled()
     gc.disable()  # ~10^6 tuples a second and no cycle among them: the cyclic collector only costs (20 %)
     try:
-        return _explore(config, engines, machines, only, max_faults, max_states, evals)
+        return _explore(config, engines, machines, only, max_faults, max_states, evals, remember)
     finally:
         if collecting:
             gc.enable()
@@ -120,9 +122,10 @@ def _explore(
     max_faults: int,
     max_states: int,
     evals: int | None,
+    remember: bool,
 ) -> Result:
     t0 = time.perf_counter()
-    job = Checker(config, engines=engines, evals=evals, machines=machines, max_faults=max_faults)
+    job = Checker(config, engines=engines, evals=evals, machines=machines, max_faults=max_faults, remember=remember)
     result = Result(config, engines)
     selected = [i for i in INVARIANTS.values() if only is None or i.name in only]
     result.invariants = len(selected)
@@ -133,7 +136,7 @@ def _explore(
     reverse: dict[Node, list[Node]] | None = {} if recovers else None
     deadlocks = only is None or "no_deadlock" in only
     stuck: Node | None = None
-    verdicts = Verdicts()
+    verdicts = Verdicts() if remember else None
     queue: deque[Node] = deque([start])
 
     def path_to(key: Node, last: Transition | None = None) -> list[Transition]:
@@ -254,11 +257,25 @@ class Lattice:
         return sorted(self.groups.values(), key=_expected_cost, reverse=True)
 
 
-def _expected_cost(group: list[LifecycleConfig]) -> tuple[bool, ...]:
-    """An eval fleet, monitors and offload each multiply the states (measured: the fleet about 3x, rollout FT
-    about 2x)."""
+def _expected_cost(group: list[LifecycleConfig]) -> float:
+    """A guess of the exploration's size from what multiplies states (measured on the 2-engine lattice: the eval
+    fleet about 3x, rollout monitors 2x, broadcast updates, a resumed job, kept engines, offload and CI's injection
+    1.3-1.6x each), so that the parallel workers finish together."""
     p = evaluate(group[0])
-    return (p["eval_fleet_enabled"], p["monitors_rollout"], p["offloads_rollout"], p["ci_injects_rollout_faults"])
+    factors = (
+        ("eval_fleet_enabled", 3.0),
+        ("monitors_rollout", 2.0),
+        ("broadcasts_weights", 1.6),
+        ("resumes", 1.5),
+        ("keeps_engines", 1.3),
+        ("offloads_rollout", 1.5),
+        ("ci_injects_rollout_faults", 1.6),
+    )
+    cost = 1.0
+    for name, factor in factors:
+        if p[name]:
+            cost *= factor
+    return cost
 
 
 def lattice() -> Lattice:
@@ -384,14 +401,16 @@ def check_train_only_ft_equals_no_ft(machines: Mapping[str, MachineSpec]) -> lis
 
 
 # -- parallel lattice run and the `lifecycle check` command -----------------------------------------
-def _explore_group(args: tuple[list[LifecycleConfig], int, str | None, frozenset[str] | None, int]) -> Result:
-    configs, engines, mutant, only, max_faults = args
+def _explore_group(args: tuple[list[LifecycleConfig], int, str | None, frozenset[str] | None, int, bool]) -> Result:
+    configs, engines, mutant, only, max_faults, remember = args
     machines = None
     if mutant is not None:
         from lifecycle.check.mutants import MUTANTS
 
         machines = MUTANTS[mutant].machines()
-    result = explore(configs[0], engines=engines, machines=machines, only=only, max_faults=max_faults)
+    result = explore(
+        configs[0], engines=engines, machines=machines, only=only, max_faults=max_faults, remember=remember
+    )
     result.covers = configs
     return result
 
@@ -405,9 +424,10 @@ def run_check(
     max_faults: int = 2,
     jobs: int = 1,
     stop_at_first: bool = False,
+    remember: bool = True,
 ) -> Iterator[Result]:
     """Explore each config group (largest first, spread over ``jobs`` processes); yield results in order."""
-    work = [(group, engines, mutant, only, max_faults) for group in configs]
+    work = [(group, engines, mutant, only, max_faults, remember) for group in configs]
     if jobs <= 1 or len(work) <= 1:
         for item in work:
             result = _explore_group(item)

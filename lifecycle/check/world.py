@@ -165,8 +165,12 @@ class Checker:
         evals: int | None = None,
         machines: Mapping[str, MachineSpec] | None = None,
         max_faults: int = 2,
+        remember: bool = True,
     ) -> None:
         self.config = config
+        # remember=False: every question asked of the core anew (the baseline that `bench_check.py` times and the
+        # tests that show remembering changes no state, transition or counterexample)
+        self.remember = remember
         n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
         self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
         self.p = self.core.p
@@ -247,6 +251,8 @@ class Checker:
         """The core's answer to ``event`` in ``job``, remembered: the core is a pure function of (state, event),
         and the exploration asks the same question of one job state under many worlds (each process's health, the
         faults used) -- about 3.6 asks per distinct pair. None: the core refused the event."""
+        if not self.remember:
+            return self._decide_now(job, event)
         if job is not self._job:  # one node's successors ask many questions of one job: hash it once
             self._job, self._table = job, self._memo.setdefault(job, {})
         table = self._table
@@ -324,7 +330,7 @@ class Checker:
 
     def _operations(self, n: Node, budget: bool) -> Iterator[Transition]:
         key = (n.job, budget)
-        calls = self._calls.get(key)
+        calls = self._calls.get(key) if self.remember else None
         if calls is None:  # which operations the core accepts depends on the job alone: ask once per job state
             calls = self._calls[key] = list(self._accepted(n, budget))
         for event, action in calls:
@@ -366,7 +372,7 @@ class Checker:
         injection, happens whatever the budget says)."""
         key = (job.awaiting, w.procs, w.eval_procs, w.grouped, w.torn, w.clean, tuple(e.joined for e in job.engines))
         spend = w.faults
-        cached = self._answered.get(key)
+        cached = self._answered.get(key) if self.remember else None
         if cached is None:
             options = [self._answers(cmd, w, job) for cmd in job.awaiting]
             cached = []
@@ -479,7 +485,7 @@ class Checker:
         """The late reports about an engine's previous process that the core acts on in ``job``, by engine -- none,
         unless the core is broken. They change nothing in the world, so which do something depends on the job
         alone: asked once per job state, of the core directly (most job states are seen under several worlds)."""
-        late = self._lates.get(job)
+        late = self._lates.get(job) if self.remember else None
         if late is None:
             late = self._lates[job] = {}
             for group in (ROLLOUT, EVAL):

@@ -122,7 +122,9 @@ def cmd_check(ns: argparse.Namespace) -> int:
         violations.extend(check_train_only_ft_equals_no_ft(machines))
     elapsed = time.perf_counter() - t0
     states = sum(r["states"] for r in rows)
+    transitions = sum(r["transitions"] for r in rows)
     configs = sum(r["covers"] for r in rows)
+    rate = states / max(elapsed, 1e-9)
     if ns.json:
         print(
             json.dumps(
@@ -131,8 +133,13 @@ def cmd_check(ns: argparse.Namespace) -> int:
                     "configs": configs,
                     "explorations": len(rows),
                     "invalid_configs_skipped": skipped,
+                    "engines": ns.engines,
+                    "max_faults": ns.faults,
+                    "jobs": ns.jobs,
                     "states": states,
+                    "transitions": transitions,
                     "seconds": round(elapsed, 3),
+                    "states_per_second": round(rate),
                     "results": rows,
                     "violations": [v.to_json() for v in violations],
                 },
@@ -142,8 +149,8 @@ def cmd_check(ns: argparse.Namespace) -> int:
     else:
         print(
             f"\n{configs} configs ({len(rows)} distinct predicate vectors, {skipped} invalid combinations "
-            f"skipped), {ns.engines} engines, <= {ns.faults} faults: {states} states in {elapsed:.1f}s "
-            f"({states / max(elapsed, 1e-9):,.0f} states/s)"
+            f"skipped), {ns.engines} engines, <= {ns.faults} faults: {states:,} states, {transitions:,} transitions "
+            f"in {elapsed:.1f}s ({rate:,.0f} states/s, {ns.jobs} worker processes)"
         )
         for v in violations:
             print()

@@ -86,6 +86,100 @@ def test_json_output_of_a_passing_run(capsys):
     doc = json.loads(out)
     assert doc["ok"] is True and doc["violations"] == []
     assert doc["states"] == doc["results"][0]["states"] > 0
+    assert doc["transitions"] == doc["results"][0]["transitions"] > doc["states"]
+    assert doc["seconds"] > 0 and doc["states_per_second"] == pytest.approx(doc["states"] / doc["seconds"], rel=0.01)
+    assert (doc["engines"], doc["max_faults"], doc["jobs"]) == (2, 2, 1)
+
+
+# -- remembering: the core's decisions and the job-only verdicts, asked once per job state -----------------------
+REMEMBERED = [
+    ROLLOUT_ONLY,
+    LifecycleConfig.from_mapping(
+        {"use_fault_tolerance": True, "rollout_num_gpus": 2, "eval_num_gpus": 2, "engine_max_restarts": 1},
+        check_paths=False,
+    ),
+    LifecycleConfig.from_mapping(
+        {
+            "use_fault_tolerance": True,
+            "rollout_num_gpus": 2,
+            "engine_max_restarts": 1,
+            "update_weight_transfer_mode": "broadcast",
+            "save": "runs/j",
+            "load": "runs/j",
+            "save_interval": 1,
+            "detach_engines": True,
+        },
+        check_paths=False,
+    ),
+]
+
+
+@pytest.mark.parametrize("config", REMEMBERED, ids=["rollout-only", "ft-eval-fleet", "kept-broadcast-resumed"])
+def test_remembering_changes_no_state_and_no_transition(config):
+    fast, slow = explore(config, max_faults=1), explore(config, max_faults=1, remember=False)
+    assert fast.ok and slow.ok
+    assert (fast.states, fast.transitions) == (slow.states, slow.transitions)
+
+
+def _sample(config: LifecycleConfig, limit: int = 3000) -> list[tuple[Node, object]]:
+    """(before, transition) pairs of a breadth-first walk: states of every kind, worlds included."""
+    job = Checker(config, max_faults=2)
+    start = job.key(job.initial())
+    seen, queue, out = {start}, [start], []
+    while queue and len(out) < limit:
+        s = queue.pop(0)
+        for t in job.successors(s):
+            out.append((s, t))
+            child = job.key(t.node)
+            if child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return out
+
+
+class _NoWorld:
+    """Stands in for the world (and the action) where a job-only invariant must not look."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"read .{name} of the world or the action")
+
+
+def _blind(n: Node) -> Node:
+    return Node(n.job, _NoWorld())  # type: ignore[arg-type]
+
+
+def _reads_world(inv, job: Checker, pairs) -> bool:
+    from lifecycle.check.world import Transition
+
+    for before, t in pairs:
+        try:
+            if inv.kind == "state":
+                inv.fn(job, _blind(t.node))
+            else:
+                inv.fn(job, Transition(_NoWorld(), t.moves, _blind(t.node)), _blind(before))  # type: ignore[arg-type]
+        except AssertionError:
+            return True
+    return False
+
+
+def test_invariants_remembered_per_job_state_read_no_world():
+    """Verdicts remembers what an invariant not marked world=True says once per job state or decision; one that
+    read the processes' health, the group flags or the action would then be judged on the wrong world."""
+    pairs = [(c, _sample(c)) for c in REMEMBERED]
+    for inv in INVARIANTS.values():
+        if inv.kind not in ("state", "step") or inv.world:
+            continue
+        for config, sample in pairs:
+            assert not _reads_world(inv, Checker(config), sample), f"{inv.name} reads the world: mark it world=True"
+
+
+def test_the_world_probe_finds_an_unmarked_world_invariant():
+    """The probe above can fail: the world-reading invariants, judged blind, are caught."""
+    sample = _sample(REMEMBERED[2])
+    job = Checker(REMEMBERED[2])
+    caught = {inv.name for inv in INVARIANTS.values() if inv.world and _reads_world(inv, job, sample)}
+    assert {"dead_engines_are_not_counted_alive", "stopped_only_after_death_confirmed"} <= caught
+    assert "no_news_of_an_older_epoch_acted_on" in caught  # reads the action
 
 
 @pytest.mark.parametrize(
@@ -265,3 +359,14 @@ def test_every_registered_invariant_is_selectable(capsys):
         capsys, "--invariant", "no_deadlock", "--debug-rollout-only", "--rollout-num-gpus", "2", "--jobs", "1"
     )
     assert code == 0
+
+
+@pytest.mark.slow
+def test_the_three_engine_lattice_passes():
+    """Every config of the lattice with three engines (~615,000 states: issue 32 puts it in CI)."""
+    groups = lattice().largest_first()
+    results = list(run_check(groups, engines=3, jobs=2))
+    assert len(results) == len(groups)
+    bad = [r.violations[0].render() for r in results if r.violations]
+    assert not bad, bad[0]
+    assert sum(r.states for r in results) > 500_000
