@@ -55,6 +55,17 @@ def test_explorer_kills_mutant(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_remembering_explorer_finds_what_asking_anew_finds(name):
+    """The checker remembers the core's decisions and the job-only verdicts per job state (issue 32): asked anew
+    at every node, the same config yields the same invariant with a counterexample of the same length."""
+    kill = explorer_kill(name)
+    assert kill is not None
+    anew = explore(kill.config, machines=MUTANTS[name].machines(), remember=False)
+    assert anew.violations, f"{name}: asking anew found nothing where remembering found {kill.invariant}"
+    assert (anew.violations[0].invariant, len(anew.violations[0].path)) == (kill.invariant, kill.steps)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_hypothesis_kills_mutant(name):
     kill = hypothesis_kill(name)
     assert kill is not None, f"{name} survived {MUTANT_SETTINGS.max_examples} hypothesis runs"
