@@ -128,8 +128,7 @@ class Action(NamedTuple):
         return {
             "driver_death": "the driver dies (SIGKILL); a new one resumes the job and adopts the engines that live",
             "kill": f"{who} process dies (SIGKILL)",
-            "hang": f"{who} hangs (probes and requests stall)",
-            "http_death": f"{who} HTTP server dies, actor alive",
+            "hang": f"{who} hangs or its HTTP server dies, actor alive (probes and requests stall)",
             "kill_router": f"the {self.group} router process dies (SIGKILL)",
         }.get(what, f"{what} {who}".strip())
 
@@ -151,6 +150,7 @@ class _Decided(NamedTuple):
 
 
 _UNKNOWN = object()
+_PROCESS_FAULTS = (("kill", DEAD), ("hang", HUNG))  # a hang and an HTTP server's death are both HUNG to the world
 _PROBE, _PROBE_ACTION = Outcome("probe"), Action("news.probe")
 
 
@@ -530,8 +530,9 @@ class Checker:
             for i, (e, proc) in enumerate(zip(n.job.group(group), n.world.group(group), strict=True)):
                 if proc != UP or not (e.state in self.core.live or e.state == "Starting"):
                     continue
-                # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death (only probes and requests tell)
-                for fault, health in (("kill", DEAD), ("hang", HUNG), ("http_death", HUNG)):
+                # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death: only probes and requests tell, so
+                # for the lifecycle the two are one fault (the same successor; offered once, labelled with both)
+                for fault, health in _PROCESS_FAULTS:
                     w = _set_proc(group, i, health)(n.world).counted(1)
                     yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), Node(n.job, w))
 
