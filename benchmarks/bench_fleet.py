@@ -1,25 +1,39 @@
 """Benchmark P7 (fleet operations at scale): one per-step fleet operation's cost vs the number of engines.
 
-N simulated SGLang engines (``engines.sim``: one process, a port each) answer ``/update_weights_from_disk``,
-``/release_memory_occupation`` and ``/resume_memory_occupation`` after a latency L, as a real server spends
-seconds in them. For each N the rollout manager runs offload, onload weights, a weight update and onload KV
-(each one operation of the core: its engine commands go out at once and come back in slot order), and the
-same calls are made one engine after another with the project's own client -- the sequential baseline, in
-the same run. Printed: each operation's wall time in units of L, the speed-up over the baseline, and the
-lifecycle's own CPU time per operation (driver process time), which must grow about linearly in N.
+N simulated SGLang engines (``engines.sim``: one process, a port each, up to 1,024) answer
+``/update_weights_from_disk``, ``/release_memory_occupation`` and ``/resume_memory_occupation`` after a latency
+L, as a real server spends seconds in them. For each N the rollout manager runs offload (one release request per
+engine carrying both tags), onload weights, a weight update and onload KV (each one operation of the core: its
+engine commands go out at once and come back in slot order), and the same calls are made one engine after
+another with the project's own client -- the sequential baseline, in the same run. Printed per operation: its
+wall time in units of L (goal <= 1.2 L at N = 64 and 1,024), the speed-up over the baseline, the lifecycle's own
+CPU per operation (driver process time; goal <= 100 ms at 1,024), of it the time the cyclic garbage collector
+took, and the CPU's growth against the previous N: ``(CPU_N / CPU_prev) / (N / N_prev)`` -- at most about 1 is
+no worse than linear.
+
+The sequential baseline walks the fleet one engine at a time, so it costs N x (L + one call) per operation: it is
+measured for N <= ``--baseline-max`` (64: ~20 s an operation at L = 0.3) and, above it, extrapolated from the
+largest measured N's per-engine time (marked ``~``), which keeps the default run (16, 64, 256, 1,024) to a few
+minutes.
 
 ``--gateway``: the same calls once more through the SMG gateway's RL fan-out (``/v1/rl/engine/PATH?selector=``,
 ``--enable-rl``), every engine registered there -- what the lifecycle would pay if its fleet operations went
 through the gateway instead of straight to the engines (README, "The gateway"). SMG fans out at most
 ``--rl-fanout-concurrency`` (32) calls at once.
 
-Run: python benchmarks/bench_fleet.py [--latency 0.3] [--sizes 1,4,16,64] [--gateway]
+``--freeze-gc``: ``gc.freeze()`` once the job has started -- what the driver would pay if its start-up heap (~420k
+objects at 1,024 engines: the imports, the engines' clients, the machines) left the collector's full
+collections, which a fleet operation's in-flight requests trigger. Not what the job does today; a what-if.
+
+Run: python benchmarks/bench_fleet.py [--latency 0.3] [--sizes 16,64,256,1024] [--baseline-max 64] [--gateway]
+[--freeze-gc]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -34,10 +48,33 @@ SLOW = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memo
 OPS = ("offload", "onload_weights", "update_weights", "onload_kv")
 
 
-async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float]:
+class Collector:
+    """Seconds the cyclic garbage collector ran in this process (``gc.callbacks``), since the last reset."""
+
+    def __init__(self) -> None:
+        self.seconds, self._start = 0.0, 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def reset(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+COLLECTOR = Collector()
+
+
+async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, float]:
+    """(wall s, driver CPU s, of it the garbage collector's s)."""
+    COLLECTOR.reset()
     wall, cpu = time.perf_counter(), time.process_time()
     await fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return time.perf_counter() - wall, time.process_time() - cpu, COLLECTOR.reset()
 
 
 async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
@@ -68,7 +105,7 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
                     params = {"selector": "engine=sglang"}
                     answer.append(await fan._call("POST", route, body=body, send_body=True, params=params))
 
-                out[op], _ = await _timed(fan_out)
+                out[op], _, _ = await _timed(fan_out)
                 done = fan._json(route, answer[-1])
                 if done.get("succeeded") != len(urls):  # a 207: some engines failed the call
                     raise RuntimeError(f"{route}: {done.get('succeeded')} of {len(urls)} engines answered: {done}")
@@ -79,16 +116,25 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
     return out
 
 
-async def measure(size: int, latency: float, gateway: bool = False) -> dict[str, tuple[float, float, float, float]]:
-    """Per operation: (ours wall s, ours driver CPU s, sequential wall s). The run is assembled as every run
-    is (:class:`trainer.app.Job`, the fleet as its engines); the weight update includes the real trainer's
-    checkpoint write, which the sequential baseline (engines only) does not pay."""
+Row = tuple[float, float, float, float, float]  # ours wall s, driver CPU s, of it GC s, sequential wall s, via SMG s
+
+
+async def measure(
+    size: int, latency: float, gateway: bool = False, baseline: bool = True, freeze: bool = False
+) -> dict[str, Row]:
+    """Per operation: (ours wall s, ours driver CPU s, of it GC s, sequential wall s or NaN when not measured,
+    via SMG s or NaN). The run is assembled as every run is (:class:`trainer.app.Job`, the fleet as its engines);
+    the weight update includes the real trainer's checkpoint write, which the sequential baseline (engines only)
+    does not pay."""
     fleet = SimFleet(size, dict.fromkeys(SLOW, latency))
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": size, "offload_rollout": True})
-    out: dict[str, tuple[float, float, float, float]] = {}
+    out: dict[str, Row] = {}
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             async with Job(config, PatternTask(), run_dir=run_dir, engines=fleet.launcher, router=False) as job:
+                if freeze:
+                    gc.collect()
+                    gc.freeze()
                 ours = {
                     "offload": job.manager.offload,
                     "onload_weights": job.manager.onload_weights,
@@ -96,6 +142,9 @@ async def measure(size: int, latency: float, gateway: bool = False) -> dict[str,
                     "onload_kv": job.manager.onload_kv,
                 }
                 measured = {op: await _timed(ours[op]) for op in OPS}
+                releases = [r for asked in fleet.memory_requests().values() for r in asked if "release" in r[0]]
+                if len(releases) != size or any(sorted(tags or ()) != ["kv_cache", "weights"] for _, tags in releases):
+                    raise RuntimeError(f"offload: expected one release with both tags per engine, got {releases}")
                 weights = job.weights[0] if job.weights else ""
                 engines = job.manager.controller.engines
                 clients = [EngineClient(e.url or "", engine_id=e.id, timeout=60.0) for e in engines]
@@ -113,38 +162,79 @@ async def measure(size: int, latency: float, gateway: bool = False) -> dict[str,
 
                 via = await through_gateway([e.url or "" for e in engines], weights) if gateway else {}
                 for op in OPS:
-                    seq, _ = await _timed(lambda op=op: sequential(op))  # type: ignore[misc]
+                    seq = (await _timed(lambda op=op: sequential(op)))[0] if baseline else float("nan")  # type: ignore[misc]
                     out[op] = (*measured[op], seq, via.get(op, float("nan")))
                 for c in clients:
                     await c.close()
     finally:
         fleet.close()
+        if freeze:
+            gc.unfreeze()
     return out
 
 
 async def measure_all(
-    sizes: list[int], latency: float, gateway: bool = False
-) -> list[tuple[int, dict[str, tuple[float, float, float, float]]]]:
-    return [(size, await measure(size, latency, gateway)) for size in sizes]
+    sizes: list[int],
+    latency: float,
+    gateway: bool = False,
+    baseline_max: int = 64,
+    report: Callable[[int, dict[str, Row]], None] | None = None,
+    freeze: bool = False,
+) -> list[tuple[int, dict[str, Row]]]:
+    out = []
+    for size in sizes:
+        out.append((size, await measure(size, latency, gateway, size <= baseline_max, freeze)))
+        if report is not None:
+            report(*out[-1])
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.3, help="L: seconds each slow endpoint takes (0.3)")
-    parser.add_argument("--sizes", default="1,4,16,64", help="engine counts (default 1,4,16,64)")
+    parser.add_argument("--sizes", default="16,64,256,1024", help="engine counts (default 16,64,256,1024)")
+    parser.add_argument(
+        "--baseline-max", type=int, default=64, help="measure the sequential baseline up to this N (64)"
+    )
     parser.add_argument("--gateway", action="store_true", help="also through SMG's RL fan-out (needs smg)")
+    parser.add_argument("--freeze-gc", action="store_true", help="what-if: gc.freeze() once the job started")
     args = parser.parse_args()
     latency = args.latency
-    print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s")
-    head = f"{'N':>4}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} {'CPU/op':>9}"
-    print(head + (f" {'via SMG':>9} {'SMG/ours':>9}" if args.gateway else ""))
-    for size, ops in asyncio.run(measure_all([int(s) for s in args.sizes.split(",")], latency, args.gateway)):
-        for op, (wall, cpu, seq, via) in ops.items():
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    froze = " (what-if: gc.freeze() once the job started)" if args.freeze_gc else ""
+    print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s{froze}")
+    head = (
+        f"{'N':>5}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} "
+        f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7}"
+    )
+    print(head + (f" {'via SMG':>9} {'SMG/ours':>9}" if args.gateway else ""), flush=True)  # flushes the title
+    per_engine: dict[str, float] = {}  # the sequential baseline's seconds per engine at the largest measured N
+    previous: dict[str, tuple[int, float]] = {}
+
+    def report(size: int, ops: dict[str, Row]) -> None:
+        for op, (wall, cpu, gc_s, seq, via) in ops.items():
+            mark = " "
+            if seq == seq:  # measured
+                per_engine[op] = seq / size
+            elif op in per_engine:
+                seq, mark = per_engine[op] * size, "~"  # extrapolated: N x the measured time per engine
+            growth = ""
+            if op in previous:
+                n0, cpu0 = previous[op]
+                growth = f"{(cpu / cpu0) / (size / n0):.2f}"
+            previous[op] = (size, cpu)
             row = (
-                f"{size:>4}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {seq:>10.3f}s {seq / wall:>8.1f}x "
-                f"{cpu * 1000:>7.1f}ms"
+                f"{size:>5}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {mark}{seq:>9.3f}s {seq / wall:>8.1f}x "
+                f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7}"
             )
-            print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""))
+            print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""), flush=True)
+
+    asyncio.run(measure_all(sizes, latency, args.gateway, args.baseline_max, report, args.freeze_gc))
+    print(
+        "growth: (CPU_N / CPU_prev) / (N / N_prev) for the same operation (<= ~1: no worse than linear); "
+        "~: sequential extrapolated from the largest N measured (--baseline-max)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -58,10 +58,11 @@ class ServerAPI(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def release(self, tag: str) -> None:
-        """Release one memory tag (``weights``, ``kv_cache``)."""
+    async def release(self, tags: Sequence[str]) -> None:
+        """Release the memory tags (``weights``, ``kv_cache``) in one request."""
 
-    async def resume_memory(self, tag: str) -> None: ...
+    async def resume_memory(self, tags: Sequence[str]) -> None:
+        """Bring the memory tags back."""
 
     async def close(self) -> None: ...
 
@@ -131,11 +132,11 @@ class SGLangAPI:
     async def resume(self) -> None:
         await self.client.continue_generation()
 
-    async def release(self, tag: str) -> None:
-        await self.client.release_memory_occupation([tag])
+    async def release(self, tags: Sequence[str]) -> None:
+        await self.client.release_memory_occupation(list(tags))  # SGLang's tags: a list, every tag in one call
 
-    async def resume_memory(self, tag: str) -> None:
-        await self.client.resume_memory_occupation([tag])
+    async def resume_memory(self, tags: Sequence[str]) -> None:
+        await self.client.resume_memory_occupation(list(tags))
 
     async def close(self) -> None:
         await self.client.close()

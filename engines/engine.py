@@ -35,6 +35,19 @@ class EngineFailed(LifecycleError):
         super().__init__(f"engine {engine_id} failed in state {state}: {reason}")
 
 
+def _tag_order(tag: str) -> tuple[bool, str]:
+    """Weights before the KV cache (the order a server restores them in), the rest by name."""
+    return (tag != "weights", tag)
+
+
+@dataclass
+class _Batch:
+    """A memory request being gathered: the tags of the commands that join it, and its outcome for them all."""
+
+    tags: list[str]
+    done: asyncio.Future[Outcome]
+
+
 @dataclass
 class Timeouts:
     """Every wait is bounded; each timeout is an outcome (start_failed, request_failed, alive)."""
@@ -72,6 +85,7 @@ class Engine:
         # whoever launches it): reports about this process name it, so a late one about a replaced process is fenced
         self.epoch: int | None = None
         self.reason = ""  # why the last command failed (it travels with the outcome)
+        self._batches: dict[str, _Batch] = {}  # memory requests gathering the tags of one step's commands
 
     def _failed(self, name: str, reason: str) -> Outcome:
         self.reason = reason
@@ -106,9 +120,9 @@ class Engine:
         self.server = self.api_factory(url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
         await self.server.probe("health", self.timeouts.request)
         await asyncio.wait_for(self.server.pause(), self.timeouts.request)
-        for tag in ("weights", "kv_cache"):
+        for tag in ("weights", "kv_cache"):  # one by one: a tag still held is refused, the other resumed
             with contextlib.suppress(EngineError):
-                await self.server.resume_memory(tag)
+                await self.server.resume_memory([tag])
         self.weight_version = await self.served_version()
         return self.weight_version
 
@@ -204,12 +218,37 @@ class Engine:
         return await self._request("pause")
 
     async def release(self, tag: str) -> Outcome:
-        outcome = await self._request("release", tag)
+        """Release one memory tag. The core gives an offload's tags as one command each (``release_weights``,
+        ``release_kv_cache``), handed out together: they travel in ONE request carrying every tag (SGLang's
+        ``tags`` list; miles releases everything in one call). Each command still gets its own outcome and fact."""
+        outcome = await self._memory("release", tag)
         return outcome._replace(facts=(self._fact(MEMORY, op="release", tag=tag, outcome=outcome.name),))
 
     async def resume(self, tag: str) -> Outcome:
-        outcome = await self._request("resume_memory", tag)
+        """Resume one memory tag (tags resumed by commands handed out together travel in one request)."""
+        outcome = await self._memory("resume_memory", tag)
         return outcome._replace(facts=(self._fact(MEMORY, op="resume", tag=tag, outcome=outcome.name),))
+
+    async def _memory(self, method: str, tag: str) -> Outcome:
+        """One request per engine for the tags of the commands started together: the first command waits one
+        turn of the event loop -- the runner starts every command of a core step before any of them resumes
+        (``asyncio.gather``) -- and the others' tags join its request; all of them get its outcome."""
+        batch = self._batches.get(method)
+        if batch is not None:
+            batch.tags.append(tag)
+            return await asyncio.shield(batch.done)  # one sibling cancelled leaves the request to the others
+        batch = self._batches[method] = _Batch([tag], asyncio.get_running_loop().create_future())
+        try:
+            try:
+                await asyncio.sleep(0)  # the siblings of this step start now and join
+            finally:
+                del self._batches[method]
+            outcome = await self._request(method, sorted(batch.tags, key=_tag_order))
+        except BaseException:
+            batch.done.cancel()  # cancelled (the runner undoes every command that was out): the siblings end too
+            raise
+        batch.done.set_result(outcome)
+        return outcome
 
     def _fact(self, event: str, **fields: object) -> Fact:
         """What the server did, for the event log (the runner logs it with the result, in the core's order)."""
@@ -226,7 +265,7 @@ class Engine:
             return self._failed("probe_failed", f"probe failed: {type(exc).__name__}: {exc}")
         return Outcome("probe_ok")
 
-    async def _request(self, method: str, *args: str) -> Outcome:
+    async def _request(self, method: str, *args: object) -> Outcome:
         if self.server is None:
             return self._failed("request_failed", "no server process")
         try:

@@ -63,6 +63,7 @@ class SimEngine:
     update_session: bool = False  # between /begin_weight_update and /end_weight_update (SGLang 0.5.23)
     generate_requests: int = 0
     calls: dict[str, int] = field(default_factory=dict)
+    memory_requests: list[tuple[str, list[str] | None]] = field(default_factory=list)  # (path, tags) as asked
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
 
     async def wait(self, path: str) -> None:
@@ -147,12 +148,14 @@ class SimEngine:
 
     async def release(self, request: web.Request) -> web.Response:
         body = ReleaseMemoryOccupationReqInput.model_validate(await request.json())
+        self.memory_requests.append((request.path, body.tags))
         await self.wait(request.path)
         self.released |= set(body.tags or TAGS)
         return web.json_response({})
 
     async def resume(self, request: web.Request) -> web.Response:
         body = ResumeMemoryOccupationReqInput.model_validate(await request.json())
+        self.memory_requests.append((request.path, body.tags))
         await self.wait(request.path)
         self.released -= set(body.tags or TAGS)
         return web.json_response({})
@@ -266,6 +269,9 @@ class Fleet:
         async def calls(request: web.Request) -> web.Response:
             return web.json_response({str(i): e.calls for i, e in self.engines.items()})
 
+        async def memory(request: web.Request) -> web.Response:
+            return web.json_response({str(i): e.memory_requests for i, e in self.engines.items()})
+
         async def peak(request: web.Request) -> web.Response:
             return web.json_response(self.inflight.peak)
 
@@ -279,6 +285,7 @@ class Fleet:
         app.router.add_post("/slots/{i}/hang", hang)
         app.router.add_get("/slots/{i}/watch", watch)
         app.router.add_get("/calls", calls)
+        app.router.add_get("/memory", memory)
         app.router.add_get("/peak", peak)
         app.router.add_post("/peak/reset", reset_peak)
         return app

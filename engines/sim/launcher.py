@@ -40,6 +40,12 @@ class SimFleet:
             data: dict[str, dict[str, int]] = json.loads(resp.read())
         return data
 
+    def memory_requests(self) -> dict[str, list[tuple[str, list[str] | None]]]:
+        """Per slot, every memory request its server was asked, in order: (path, the body's ``tags``)."""
+        with urllib.request.urlopen(f"{self.control}/memory", timeout=10) as resp:
+            data: dict[str, list[list[Any]]] = json.loads(resp.read())
+        return {slot: [(path, tags) for path, tags in asked] for slot, asked in data.items()}
+
     def peak(self, *, reset: bool = False) -> dict[str, int]:
         """Per slow path, the most requests the fleet answered at once (since the last reset)."""
         with urllib.request.urlopen(f"{self.control}/peak", timeout=10) as resp:

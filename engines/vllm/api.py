@@ -86,8 +86,9 @@ class VLLMAPI:
     async def resume(self) -> None:
         await self.client.resume()
 
-    async def release(self, tag: str) -> None:
-        """vLLM's sleep (level 1) releases weights and KV cache at once; the second tag finds them released. Only
+    async def release(self, tags: Sequence[str]) -> None:
+        """vLLM's sleep (level 1) releases weights and KV cache at once: one ``/sleep`` whatever the tags, and a
+        later release finds them released. Only
         where the config allows offloading with vLLM (--rollout-device cuda): its CPU platform releases nothing.
         Kept here, not asked: vLLM 0.32's ``/is_sleeping`` also says true while the server is merely *paused* --
         and an offload always follows a drain's pause, so asking would skip the sleep and release nothing."""
@@ -95,9 +96,10 @@ class VLLMAPI:
             await self.client.sleep(1, "keep")  # "keep": what drain froze stays frozen
             self.released = {"weights", "kv_cache"}
 
-    async def resume_memory(self, tag: str) -> None:
-        await self.client.wake_up([tag])
-        self.released.discard(tag)
+    async def resume_memory(self, tags: Sequence[str]) -> None:
+        for tag in tags:  # one ``/wake_up`` per tag, weights first, as vLLM restores them (its client's rule)
+            await self.client.wake_up([tag])
+            self.released.discard(tag)
 
     async def close(self) -> None:
         await self.client.close()

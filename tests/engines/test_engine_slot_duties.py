@@ -13,6 +13,7 @@ from typing import Any
 
 from engines.api import SGLangAPI
 from engines.engine import Engine
+from engines.errors import EngineHTTPError
 from engines.launcher import LocalLauncher
 from engines.process import ServerProcess
 
@@ -40,6 +41,7 @@ class RecordingClient:
         self.holds = holds
         self.calls: list[str] = []
         self.closed = False
+        self.refuse = False
 
     async def begin_weight_update(self, **kw: Any) -> None:
         self.calls.append("begin_weight_update")
@@ -56,6 +58,15 @@ class RecordingClient:
 
     async def destroy_weights_update_group(self, **kw: Any) -> None:
         self.calls.append("destroy_weights_update_group")
+
+    async def release_memory_occupation(self, tags: list[str] | None, **kw: Any) -> None:
+        self.calls.append(f"release_memory_occupation {tags}")
+        await asyncio.sleep(0.01)  # a request takes a while: siblings started later must not send their own
+        if self.refuse:
+            raise EngineHTTPError("engine-0", "/release_memory_occupation", 400, "refused")
+
+    async def resume_memory_occupation(self, tags: list[str] | None, **kw: Any) -> None:
+        self.calls.append(f"resume_memory_occupation {tags}")
 
     async def close(self) -> None:
         self.closed = True
@@ -112,3 +123,69 @@ def test_leaving_the_weight_update_group_reaches_the_server() -> None:
     asyncio.run(_engine(UnkillableLauncher(), client).leave_group(5.0))
     assert client.calls == ["destroy_weights_update_group"]
     asyncio.run(_engine(UnkillableLauncher(), None).leave_group(5.0))  # no server: already out, no error
+
+
+async def _offload(engine: Engine) -> list[Any]:
+    """What the runner does with an offload's two commands for one engine: both started at once (gather)."""
+    return list(await asyncio.gather(engine.release("weights"), engine.release("kv_cache")))
+
+
+def test_an_offloads_two_release_commands_go_out_as_one_request_carrying_both_tags() -> None:
+    """miles releases everything in one call: the core's release_weights and release_kv_cache commands, handed
+    out together, reach the server as ONE /release_memory_occupation with both tags; each command still has its
+    own outcome and its own fact (the event log names each tag)."""
+    client = RecordingClient("1")
+    outcomes = asyncio.run(_offload(_engine(UnkillableLauncher(), client)))
+    assert client.calls == ["release_memory_occupation ['weights', 'kv_cache']"]
+    assert [o.name for o in outcomes] == ["done", "done"]
+    assert [dict(o.facts[0].fields)["tag"] for o in outcomes] == ["weights", "kv_cache"]
+
+    client = RecordingClient("1")  # commands given in the other order: weights still first on the wire
+    engine = _engine(UnkillableLauncher(), client)
+
+    async def reversed_order() -> None:
+        await asyncio.gather(engine.release("kv_cache"), engine.release("weights"))
+
+    asyncio.run(reversed_order())
+    assert client.calls == ["release_memory_occupation ['weights', 'kv_cache']"]
+
+    client = RecordingClient("1")  # one after another (not one step's commands): a request each
+    engine = _engine(UnkillableLauncher(), client)
+
+    async def one_by_one() -> None:
+        await engine.release("weights")
+        await engine.release("kv_cache")
+        await engine.resume("weights")
+
+    asyncio.run(one_by_one())
+    assert client.calls == [
+        "release_memory_occupation ['weights']",
+        "release_memory_occupation ['kv_cache']",
+        "resume_memory_occupation ['weights']",
+    ]
+
+
+def test_a_refused_joint_release_fails_both_commands() -> None:
+    client = RecordingClient("1")
+    client.refuse = True
+    outcomes = asyncio.run(_offload(_engine(UnkillableLauncher(), client)))
+    assert len(client.calls) == 1
+    assert [o.name for o in outcomes] == ["request_failed", "request_failed"]
+    assert all("refused" in o.reason for o in outcomes)
+    assert [dict(o.facts[0].fields)["outcome"] for o in outcomes] == ["request_failed", "request_failed"]
+
+
+def test_a_joint_release_cancelled_ends_every_command_it_carried() -> None:
+    """The runner cancels what is out when its caller gives up: no sibling command is left waiting for ever."""
+    client = RecordingClient("1")
+    engine = _engine(UnkillableLauncher(), client)
+
+    async def cancelled() -> list[Any]:
+        tasks = [asyncio.ensure_future(engine.release(t)) for t in ("weights", "kv_cache")]
+        await asyncio.sleep(0.001)  # the request is out
+        tasks[0].cancel()
+        return list(await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5.0))
+
+    results = asyncio.run(cancelled())
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+    assert engine._batches == {}

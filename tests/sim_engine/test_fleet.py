@@ -149,6 +149,16 @@ def _fleet_step(fleet: SimFleet, tmp_path: Path, log: Path) -> dict[str, dict[st
 
     with events.to_jsonl(log):
         asyncio.run(scenario())
+    # what each server was asked, counted at the server: ONE release per engine carrying both tags (as miles
+    # releases everything in one call), then each onload's tag alone
+    asked = fleet.memory_requests()
+    assert len(asked) == 16
+    for slot, requests in asked.items():
+        assert requests == [
+            ("/release_memory_occupation", ["weights", "kv_cache"]),
+            ("/resume_memory_occupation", ["weights"]),
+            ("/resume_memory_occupation", ["kv_cache"]),
+        ], (slot, requests)
     return peaks
 
 
@@ -165,10 +175,10 @@ def test_fleet_operations_fan_out_to_every_engine_and_the_log_stays_deterministi
         finally:
             fleet.close()
         # a fleet walked one engine after another would peak at 1 (the baseline below shows the count can);
-        # offload releases both tags of every engine at once: 32 requests
+        # offload releases both tags of every engine at once, in one request per engine: 16 requests
         assert peaks == {
             "init": {"/update_weights_from_disk": 16},
-            "offload": {"/release_memory_occupation": 32},
+            "offload": {"/release_memory_occupation": 16},
             "onload_weights": {"/resume_memory_occupation": 16},
             "update_weights": {"/update_weights_from_disk": 16},
             "onload_kv": {"/resume_memory_occupation": 16},

@@ -515,10 +515,10 @@ def test_an_offload_after_a_drain_really_sleeps_though_is_sleeping_says_true_whi
             try:
                 replay.force["/is_sleeping"] = ["is_sleeping.true"] * 4  # what the paused server answers
                 await api.pause()
-                await api.release("weights")
-                await api.release("kv_cache")
-                await api.resume_memory("weights")
-                await api.resume_memory("kv_cache")
+                await api.release(["weights", "kv_cache"])  # an offload: both tags in one release
+                await api.release(["kv_cache"])  # already asleep: nothing more is asked
+                await api.resume_memory(["weights"])
+                await api.resume_memory(["kv_cache"])
             finally:
                 await api.close()
             return [c.path for c in replay.captured]
