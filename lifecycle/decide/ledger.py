@@ -6,7 +6,7 @@ that a test, the explorer and a production assertion can all ask of the same dat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 
@@ -49,6 +49,10 @@ class EffectLedger:
         append = self._entries.append
         for effect in effects:
             append(LedgerEntry(machine, instance, seq, trigger, src, dst, effect, status))
+
+    def extend(self, entries: Iterable[LedgerEntry]) -> None:
+        """Append entries already built (the runner's, a step's at once)."""
+        self._entries.extend(entries)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -40,7 +40,7 @@ from lifecycle.decide.core import (
 from lifecycle.decide.core.plan import ERROR
 from lifecycle.decide.errors import IllegalTransition, LifecycleError
 from lifecycle.decide.events import COMMITTED, DEFAULT_LOG, FENCED, STARTED, EventLog, bind_context, utc_now
-from lifecycle.decide.ledger import EffectLedger
+from lifecycle.decide.ledger import EffectLedger, LedgerEntry
 from lifecycle.decide.names import OperationName
 from lifecycle.decide.runtime import LifecycleMachine
 from lifecycle.decide.spec import MachineSpec
@@ -159,11 +159,12 @@ class Runner:
         if not self._checked:
             self.check()
         async with self._lock:
-            result = self.core.step(self.state, event)
-            why = {}
-            if isinstance(event, Outcome) and event.reason and event.group is not None and event.engine is not None:
-                why[instance_name(event.group, event.engine)] = event.reason
-            commands = self._apply(result, why)
+            with self.log.batch():  # the step's lines go out in one write, before its commands do
+                result = self.core.step(self.state, event)
+                why = {}
+                if isinstance(event, Outcome) and event.reason and event.group is not None and event.engine is not None:
+                    why[instance_name(event.group, event.engine)] = event.reason
+                commands = self._apply(result, why)
         if result.refused is not None:
             return result.refused
         while commands:
@@ -173,20 +174,22 @@ class Runner:
                 await asyncio.shield(self._cancelled(commands))
                 raise
             async with self._lock:
-                results = tuple(zip(commands, outcomes, strict=True))
-                done = self.core.step(self.state, Completed(results, self.clock()))
-                self._record(commands, outcomes)
-                commands = self._apply(done, {c.instance: o.reason for c, o in results if o.reason})
+                with self.log.batch():
+                    results = tuple(zip(commands, outcomes, strict=True))
+                    done = self.core.step(self.state, Completed(results, self.clock()))
+                    self._record(commands, outcomes)
+                    commands = self._apply(done, {c.instance: o.reason for c, o in results if o.reason})
         return None
 
     async def _cancelled(self, commands: tuple[Command, ...]) -> None:
         """Every command left out is reported as an error, so the core undoes what it was for."""
         async with self._lock:
             while commands:
-                results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
-                done = self.core.step(self.state, Completed(results, self.clock()))
-                self._record(commands, [o for _, o in results])
-                commands = self._apply(done, {c.instance: o.reason for c, o in results})
+                with self.log.batch():
+                    results = tuple((c, Outcome(ERROR, reason=f"{c.instance}: {c.effect} cancelled")) for c in commands)
+                    done = self.core.step(self.state, Completed(results, self.clock()))
+                    self._record(commands, [o for _, o in results])
+                    commands = self._apply(done, {c.instance: o.reason for c, o in results})
 
     async def _carry_out(self, cmd: Command) -> Outcome:
         handler = self.handlers.get(cmd.handler)
@@ -222,57 +225,70 @@ class Runner:
         ``why`` (instance -> reason) is the news that caused the step; it travels with that instance's moves
         in the event log, so a ``mark_unhealthy`` says what the probe, the request or the death was."""
         self.state = result.state
-        if result.commits and self.log.enabled:  # before the moves: the engines they route must hold it
+        log = self.log
+        if result.commits and log.enabled:  # before the moves: the engines they route must hold it
             served = self.pending or self.committed
-            self.log.emit(COMMITTED, weight_version=served[1] if served else None)
+            log.emit(COMMITTED, weight_version=served[1] if served else None)
         if result.commits and self.pending is not None:  # the core committed the update: these are served now
             self.committed, self.pending = self.pending, None
-        commands, moves, blocked = result.commands, result.moves, result.blocked
-        pending = {(c.machine, c.instance, c.effect): c for c in commands}
-        for k, move in enumerate((*moves, None)):
-            for f in result.fenced:
-                if f.after == k and self.log.enabled:
-                    fields = {"machine": f.machine, "instance": f.instance, "state": f.state, "trigger": f.trigger}
-                    self.log.emit(FENCED, **fields, news=f.news, epoch=f.epoch, current_epoch=f.current)
-            for b in blocked:  # a guard's refusal, logged by the machine itself (lifecycle.blocked), in order
-                if b.after == k and self.machine(b.machine, b.instance).state == b.state:
-                    self.machine(b.machine, b.instance).fire(b.trigger)
-            if move is None:
-                break
-            m = self.machine(move.machine, move.instance)
-            if m.state != move.src:
-                raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
-            reason = why.get(move.instance) if why else None
-            if reason:
-                with bind_context(reason=reason):
-                    fired = m.fire(move.trigger)
-            else:
-                fired = m.fire(move.trigger)
-            if fired.dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
-                raise LifecycleError(f"{move.instance}: {move.trigger} went to {fired.dst}, the core said {move.dst}")
-            labels = []
-            for effect in move.effects:
-                cmd = pending.pop((move.machine, move.instance, effect), None)
-                if cmd is None:
-                    labels.append(effect)
+        commands, moves, blocked, fenced = result.commands, result.moves, result.blocked, result.fenced
+        pending = {(c.machine, c.instance, c.effect): c for c in commands} if commands else {}
+        machines, issued, watchers = self._machines, self._issued, self._watchers
+        labels: list[LedgerEntry] = []
+        try:
+            for k, move in enumerate((*moves, None)):
+                if fenced or blocked:
+                    self._interleave(result, k)
+                if move is None:
+                    break
+                m = machines.get(move.instance) or self.machine(move.machine, move.instance)
+                if m.state != move.src:
+                    raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
+                reason = why.get(move.instance) if why else None
+                if reason:
+                    with bind_context(reason=reason):
+                        dst = m.replay(move.trigger)
                 else:
-                    self._issued[cmd] = (m.seq, move.trigger, move.src, move.dst)
+                    dst = m.replay(move.trigger)
+                if dst != move.dst:  # the transitions machine and the core disagree: a bug, never silent
+                    raise LifecycleError(f"{move.instance}: {move.trigger} went to {dst}, the core said {move.dst}")
+                for effect in move.effects:
+                    cmd = pending.pop((move.machine, move.instance, effect), None)
+                    if cmd is None:  # a label or a coupling: no work to wait for, recorded with its move
+                        labels.append(
+                            LedgerEntry(move.machine, move.instance, m.seq, move.trigger, move.src, move.dst, effect)
+                        )
+                    else:
+                        issued[cmd] = (m.seq, move.trigger, move.src, move.dst)
+                for fn in watchers:
+                    fn(move)
+        finally:  # what was moved is ledgered, even when a later move fails
             if labels:
-                self.ledger.record(move.machine, move.instance, m.seq, move.trigger, move.src, move.dst, tuple(labels))
-            for fn in self._watchers:
-                fn(move)
+                self.ledger.extend(labels)
         return commands
+
+    def _interleave(self, result: Result, k: int) -> None:
+        """The fenced news and the guards' refusals the core placed before move ``k`` (logged in order)."""
+        for f in result.fenced:
+            if f.after == k and self.log.enabled:
+                fields = {"machine": f.machine, "instance": f.instance, "state": f.state, "trigger": f.trigger}
+                self.log.emit(FENCED, **fields, news=f.news, epoch=f.epoch, current_epoch=f.current)
+        for b in result.blocked:  # a guard's refusal, logged by the machine itself (lifecycle.blocked), in order
+            if b.after == k and self.machine(b.machine, b.instance).state == b.state:
+                self.machine(b.machine, b.instance).fire(b.trigger)
 
     def _record(self, commands: tuple[Command, ...], outcomes: list[Outcome]) -> None:
         """Each command's effect, now that its work has run (or failed), under the move that issued it."""
+        entries = []
         for cmd, outcome in zip(commands, outcomes, strict=True):
             m = self.machine(cmd.machine, cmd.instance)
             seq, trigger, src, dst = self._issued.pop(cmd, (m.seq, "", m.state, m.state))
             status = "failed" if outcome.name == ERROR or outcome.name in FAILED_RESULTS else "done"
-            self.ledger.record(cmd.machine, cmd.instance, seq, trigger, src, dst, (cmd.effect,), status)
+            entries.append(LedgerEntry(cmd.machine, cmd.instance, seq, trigger, src, dst, cmd.effect, status))
             if outcome.facts and self.log.enabled:  # what the I/O did, in the core's order (deterministic logs)
                 for fact in outcome.facts:
                     self.log.emit(fact.event, **dict(fact.fields))
+        self.ledger.extend(entries)
 
     def weights(self, cmd: Command) -> tuple[str, str] | None:
         """The weights an engine's ``transfer_weights`` loads, as the core's command names them (committed, or
