@@ -117,11 +117,11 @@ def timed_layer(timer: Timer) -> Iterator[None]:
     ledger) and the ends of its bursts (``EventLog.flush``: the held JSONL lines written; the batch's
     start, which holds them). All are synchronous: thread CPU time inside them is their own."""
     from lifecycle.decide.core import Core
-    from lifecycle.decide.events import EventLog, _Batch
+    from lifecycle.decide.events import EventLog, LogBatch
     from lifecycle.decide.runner import Runner
 
     originals = {"step": Core.step, "_apply": Runner._apply, "_record": Runner._record}
-    flush, enter = EventLog.flush, _Batch.__enter__
+    flush, enter = EventLog.flush, LogBatch.__enter__
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -143,12 +143,12 @@ def timed_layer(timer: Timer) -> Iterator[None]:
     Runner._apply = wrap("Runner._apply", originals["_apply"])  # type: ignore[method-assign]
     Runner._record = wrap("Runner._record", originals["_record"])  # type: ignore[method-assign]
     EventLog.flush = wrap("EventLog.flush", flush)  # type: ignore[method-assign]
-    _Batch.__enter__ = wrap("EventLog.batch", enter)  # type: ignore[method-assign]
+    LogBatch.__enter__ = wrap("EventLog.batch", enter)  # type: ignore[method-assign]
     try:
         yield
     finally:
         Core.step, Runner._apply, Runner._record = originals.values()  # type: ignore[method-assign]
-        EventLog.flush, _Batch.__enter__ = flush, enter  # type: ignore[method-assign]
+        EventLog.flush, LogBatch.__enter__ = flush, enter  # type: ignore[method-assign]
 
 
 @contextmanager

@@ -234,7 +234,7 @@ def _context_reader() -> Callable[[dict[str, Any]], None]:
 merge_context = _context_reader()
 
 
-class _Batch:
+class LogBatch:
     """:meth:`EventLog.batch`'s context manager (a class: it is entered on every step of the runner)."""
 
     __slots__ = ("_log",)
@@ -265,7 +265,7 @@ class EventLog:
         self._sinks: list[Sink] = list(sinks or [])
         self._timestamps = timestamps
         self._depth = 0
-        self._batch = _Batch(self)
+        self._batch = LogBatch(self)
         self._retarget()
 
     def _retarget(self) -> None:
@@ -292,7 +292,7 @@ class EventLog:
         if callable(close):
             close()  # a held sink writes what it holds first
 
-    def batch(self) -> _Batch:
+    def batch(self) -> LogBatch:
         """``with log.batch():`` -- the events inside are written to the JSONL sinks with one ``write(2)`` when
         the outermost batch ends (normally or by an exception). Synchronous code only: never across an
         ``await``, so the log on disk is never behind while the process waits."""

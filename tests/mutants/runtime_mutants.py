@@ -175,8 +175,12 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "ledger_records_before_work",
         "the ledger records an effect when its move fires, before the work is done or even attempted",
         RUNNER,
-        "                if cmd is None:\n                    labels.append(effect)",
-        "                labels.append(effect)\n                if cmd is None:\n                    pass",
+        "                    if cmd is None:  # a label or a coupling: no work to wait for, recorded with its move\n",
+        "                    labels.append(\n"
+        "                        LedgerEntry(move.machine, move.instance, m.seq, move.trigger, move.src, move.dst,"
+        " effect)\n"
+        "                    )\n"
+        "                    if cmd is None:  # the mutant: every effect ledgered when its move fires\n",
         (f"{T_RUNNER}::test_the_ledger_records_work_when_it_has_run_and_a_failure_as_failed",),
     ),
     RuntimeMutant(
