@@ -16,7 +16,7 @@ out the commands it returns and reports their results back. Each rule is written
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core.model import (
@@ -423,6 +423,100 @@ class _Effects(NamedTuple):
     drop: frozenset[str]  # memory tags resumed
 
 
+T = TypeVar("T")
+
+
+class _Items(Generic[T]):
+    """A tuple field of the state that a step changes item by item (an engine group).
+
+    The changes go to a list, copied from the tuple once; the tuple is built again only when something reads the
+    whole group, not at every change -- rebuilding it per engine move made a fleet operation over N engines cost
+    O(N^2) (issue 32, P7). Reads of one item never build it.
+    """
+
+    __slots__ = ("frozen", "items")
+
+    def __init__(self, frozen: tuple[T, ...]) -> None:
+        self.frozen: tuple[T, ...] | None = frozen  # the whole, as a tuple (None: changed since it was built)
+        self.items: list[T] | None = None  # the working copy, once something changed
+
+    def get(self) -> tuple[T, ...]:
+        if self.frozen is None:
+            assert self.items is not None
+            self.frozen = tuple(self.items)
+        return self.frozen
+
+    def put(self, i: int, item: T) -> None:
+        items = self.items
+        if items is None:
+            assert self.frozen is not None
+            items = self.items = list(self.frozen)
+        items[i] = item
+        self.frozen = None
+
+
+_SCAN = 16  # up to this many commands out, a result is crossed off by a scan (list.remove), above through an index
+
+
+class _Awaiting:
+    """The commands out, while a step adds them and crosses off the ones whose results came back.
+
+    A tuple rebuilt per command (``(*awaiting, cmd)``, and a list copy per result) made a step that hands out or
+    hears back from N engines cost O(N^2) (issue 32, P7). Here a result crosses off the first equal command still
+    out (exactly what ``list.remove`` did) through an index built once, a new command is appended, and the tuple is
+    built once when something reads the whole: O(N + k) for k changes.
+    """
+
+    __slots__ = ("frozen", "items", "where")
+
+    def __init__(self, frozen: tuple[Command, ...]) -> None:
+        self.frozen: tuple[Command, ...] | None = frozen
+        self.items: list[Command | None] | None = None  # the working copy; None: crossed off
+        self.where: dict[Command, list[int]] | None = None  # per command, where its copies still out are, in order
+
+    def get(self) -> tuple[Command, ...]:
+        if self.frozen is None:
+            assert self.items is not None
+            self.frozen = tuple([c for c in self.items if c is not None])
+            self.items = self.where = None  # the next change starts from the tuple (positions moved)
+        return self.frozen
+
+    def _working(self) -> list[Command | None]:
+        if self.items is None:
+            assert self.frozen is not None
+            self.items = list(self.frozen)
+        self.frozen = None
+        return self.items
+
+    def append(self, cmd: Command) -> None:
+        items = self._working()
+        if self.where is not None:
+            self.where.setdefault(cmd, []).append(len(items))
+        items.append(cmd)
+
+    def remove(self, cmd: Command) -> None:
+        """Cross off the first command equal to ``cmd`` still out; none: nothing changes."""
+        if self.where is None:
+            out = self.items if self.items is not None else self.frozen
+            assert out is not None
+            if len(out) <= _SCAN:  # the few commands a small job has out (the checker's): a scan beats an index
+                if cmd in out:
+                    self._working().remove(cmd)  # no tombstones yet: the index is what makes them
+                return
+            where: dict[Command, list[int]] = {}
+            for j, c in enumerate(self._working()):
+                if c is not None:
+                    where.setdefault(c, []).append(j)
+            self.where = where
+        at = self.where.get(cmd)
+        if not at:
+            return
+        items = self._working()
+        items[at.pop(0)] = None
+        if not at:
+            del self.where[cmd]
+
+
 def _awaits(awaiting: tuple[Command, ...], lane: str) -> bool:
     """A command of ``lane`` is out (a plain loop: this runs on every step, a generator costs twice as much)."""
     for c in awaiting:  # noqa: SIM110
@@ -435,7 +529,10 @@ class _Tx:
     """One step in progress: the state so far, and the moves and commands it produced."""
 
     __slots__ = (
-        *JobState._fields,
+        *(name for name in JobState._fields if name not in ("engines", "evals", "awaiting")),
+        "_awaiting",
+        "_engines",
+        "_evals",
         "blocked",
         "commands",
         "commits",
@@ -454,14 +551,15 @@ class _Tx:
 
     def __init__(self, core: Core, state: JobState, now: float) -> None:
         # the state's fields as attributes: a step changes many of them, and rebuilding a 17-field tuple
-        # on every change would cost more than the step itself (the checker takes ~10^6 steps)
+        # on every change would cost more than the step itself (the checker takes ~10^6 steps); the engine groups
+        # and the commands out are working copies (_Items, _Awaiting), changed in place, built once per read
         (
             self.rollout,
             self.trainer,
             self.monitor,
             self.fleet,
-            self.engines,
-            self.evals,
+            engines,
+            evals,
             self.lock,
             self.committed,
             self.dirty,
@@ -470,11 +568,12 @@ class _Tx:
             self.rollout_program,
             self.trainer_op,
             self.trainer_program,
-            self.awaiting,
+            awaiting,
             self.failed,
             self.sync,
             self.ahead,
         ) = state
+        self._engines, self._evals, self._awaiting = _Items(engines), _Items(evals), _Awaiting(awaiting)
         self.s = self  # the step reads "the state so far" as self.s, like a JobState
         self.core = core
         self.now = now
@@ -513,27 +612,55 @@ class _Tx:
             self.ahead,
         )
 
+    @property
+    def engines(self) -> tuple[EngineState, ...]:
+        return self._engines.get()
+
+    @engines.setter
+    def engines(self, engines: tuple[EngineState, ...]) -> None:
+        self._engines = _Items(engines)
+
+    @property
+    def evals(self) -> tuple[EngineState, ...]:
+        return self._evals.get()
+
+    @evals.setter
+    def evals(self, evals: tuple[EngineState, ...]) -> None:
+        self._evals = _Items(evals)
+
+    @property
+    def awaiting(self) -> tuple[Command, ...]:
+        return self._awaiting.get()
+
+    @awaiting.setter
+    def awaiting(self, awaiting: tuple[Command, ...]) -> None:
+        self._awaiting = _Awaiting(awaiting)
+
     def upd(self, **values: Any) -> _Tx:
         for name, value in values.items():
             setattr(self, name, value)
         return self
 
     def group(self, group: str) -> tuple[EngineState, ...]:
+        """The whole group (built if it changed since the last read: read one engine with :meth:`engine`)."""
         return self.engines if group == ROLLOUT else self.evals
+
+    def engine(self, group: str, i: int) -> EngineState:
+        items = self._engines if group == ROLLOUT else self._evals
+        working = items.items
+        if working is not None:
+            return working[i]
+        assert items.frozen is not None
+        return items.frozen[i]
 
     def state_of(self, part: str, group: str | None = None, i: int | None = None) -> str:
         if part == "engine":
             assert group is not None and i is not None
-            return self.s.group(group)[i].state
+            return self.engine(group, i).state
         return str(getattr(self.s, part))
 
     def set_engine(self, group: str, i: int, e: EngineState) -> None:
-        engines = self.group(group)
-        new = (*engines[:i], e, *engines[i + 1 :])
-        if group == ROLLOUT:
-            self.engines = new
-        else:
-            self.evals = new
+        (self._engines if group == ROLLOUT else self._evals).put(i, e)
 
     def set_lane(self, lane: str, *, op: str | None = None, program: tuple[str, ...] | None = None) -> None:
         if lane == "rollout":
@@ -586,7 +713,7 @@ class _Tx:
             return None
         fx = self.core.effects_of(machine, out.effects)
         if group is not None and i is not None:
-            e = self.s.group(group)[i]
+            e = self.engine(group, i)
             dest: Any = out.dest  # a name from the engine spec (the typed names are checked against the specs)
             if fx.launch:  # a new process: a new generation, holding nothing (and in no process group)
                 new = EngineState(dest, False, False, fx.add, e.restarts, epoch=e.epoch + 1)
@@ -622,7 +749,7 @@ class _Tx:
         where = (group, i) if group is not None and i is not None else self.subject
         if where is None:
             return False
-        e = self.s.group(where[0])[where[1]]
+        e = self.engine(*where)
         if self.epoch == e.epoch:
             return False
         instance = instance_name(group, i) if group is not None and i is not None else INSTANCE[part]
@@ -637,7 +764,7 @@ class _Tx:
         )
         cmd = Command(cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane, weights, via)
         self.commands.append(cmd)
-        self.upd(awaiting=(*self.s.awaiting, cmd))
+        self._awaiting.append(cmd)
 
     # -- what coupled effects do (the dispatch table's ``do``) -----------------------------------------------------
     def report_failure(self, at: At) -> None:
@@ -670,7 +797,7 @@ class _Tx:
         """The monitor's verdict marks the engine its event is about."""
         if self.subject is not None:
             g, j = self.subject
-            if self.s.group(g)[j].state in self.core.markable:
+            if self.engine(g, j).state in self.core.markable:
                 self.fire("engine", "mark_unhealthy", g, j)
 
     def probe_evals(self) -> None:
@@ -698,7 +825,7 @@ class _Tx:
             return  # the eval fleet restarts its own engines at its next pin
         if self.s.rollout == "StartingServers":
             self.fire("rollout", "servers_failed")
-        state = self.s.group(group)[i].state
+        state = self.engine(group, i).state
         if isinstance(self.core.c["engine"].table.get((state, "recover")), Blocked):
             self.fire("engine", "recover", group, i, log=True)  # on the record: why it is not recovered
         if not isinstance(self.fire("engine", "fail", group, i), Step):
@@ -706,7 +833,7 @@ class _Tx:
 
     def left_group(self, group: str, i: int) -> None:
         """A member's process left (died, was stopped, restarted): the weight-update group is stale."""
-        self.set_engine(group, i, self.s.group(group)[i]._replace(joined=False))
+        self.set_engine(group, i, self.engine(group, i)._replace(joined=False))
         if self.s.sync == "Connected":
             self.fire("sync", "membership_changed")
 
@@ -1052,7 +1179,7 @@ class _Tx:
             return
         if o.group is None or o.engine is None or not 0 <= o.engine < len(self.s.group(o.group)):
             return
-        e = self.s.group(o.group)[o.engine]
+        e = self.engine(o.group, o.engine)
         self.subject = (o.group, o.engine)
         self.epoch, self.heard = o.epoch, o.name  # fire() fences what this news would move, if it is stale
         try:
@@ -1101,10 +1228,7 @@ class _Tx:
 
     def completed(self, c: Completed) -> None:
         for cmd, result in c.results:
-            awaiting = list(self.s.awaiting)
-            if cmd in awaiting:
-                awaiting.remove(cmd)
-            self.upd(awaiting=tuple(awaiting))
+            self._awaiting.remove(cmd)
             self.lane = cmd.lane
             self.result(cmd, result)
 
@@ -1115,7 +1239,7 @@ class _Tx:
             return
         if cmd.machine == "engine" and cmd.group is not None and cmd.engine is not None:
             group, i = cmd.group, cmd.engine
-            state = self.s.group(group)[i].state
+            state = self.engine(group, i).state
             self.subject = (group, i)
             if cmd.effect == "launch_engine":
                 if state == "Starting":
@@ -1132,8 +1256,8 @@ class _Tx:
                     )
                 elif state == "Stopping":
                     self.fire("engine", "confirm_dead", group, i)
-                    if self.s.group(group)[i].kept:  # a disowned process is gone: the slot gets a new one
-                        self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False))
+                    if self.engine(group, i).kept:  # a disowned process is gone: the slot gets a new one
+                        self.set_engine(group, i, self.engine(group, i)._replace(kept=False))
                         self.fire("engine", "start", group, i)
                 elif state == "Recovering":
                     self.relaunch(group, i)
@@ -1142,7 +1266,7 @@ class _Tx:
             elif cmd.effect == "transfer_weights" and state in core.updating_engine:
                 if o.name == "loaded":
                     if isinstance(self.fire("engine", "finish_update", group, i), Step):
-                        self.set_engine(group, i, self.s.group(group)[i]._replace(fresh=True))
+                        self.set_engine(group, i, self.engine(group, i)._replace(fresh=True))
                 else:  # refused or unanswered: it must not serve with the weights it holds
                     self.fire("engine", "mark_unhealthy", group, i)
             elif o.name in ("request_failed", "probe_failed") and state in core.markable:
@@ -1197,7 +1321,7 @@ class _Tx:
             )  # building the rollout function, the monitor, ...: it cannot go on
             return
         group, i = cmd.group, cmd.engine
-        state = self.s.group(group)[i].state
+        state = self.engine(group, i).state
         if cmd.effect == "launch_engine" and state == "Starting":
             self.fire("engine", "start_failed", group, i)
         elif cmd.effect == "adopt_engine" and state == "Adopting":  # it could not be read: not adopted
@@ -1225,16 +1349,16 @@ class _Tx:
         initial commit, like a fresh engine's load), anything else (loaded first), or nothing reachable."""
         if answer == "adopted":
             self.fire("engine", "adopted", group, i)
-            self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False, fresh=True))
+            self.set_engine(group, i, self.engine(group, i)._replace(kept=False, fresh=True))
         elif answer == "behind":
             self.fire("engine", "adopted_behind", group, i)
-            self.set_engine(group, i, self.s.group(group)[i]._replace(kept=False))
+            self.set_engine(group, i, self.engine(group, i)._replace(kept=False))
         else:
             self.fire("engine", "disown", group, i)
 
     def relaunch(self, group: str, i: int) -> None:
         """A recovered engine's old process is gone: start it again within the budget, or give up."""
-        e = self.s.group(group)[i]
+        e = self.engine(group, i)
         delay, times = next_delay(e.restarts, self.now, self.core.config)
         self.set_engine(group, i, e._replace(restarts=times))
         if delay is None:
