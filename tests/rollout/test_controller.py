@@ -10,6 +10,7 @@ weights files: these tests are about the rollout side.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,7 +251,9 @@ def test_lock_released_when_the_update_is_cancelled(rig: Rig) -> None:
 
     async def cancel_mid_update() -> None:
         task = asyncio.ensure_future(rig.runner.operate("update_weights"))
+        deadline = time.monotonic() + 30  # bounded; polled in this task, so the cancel lands as the load starts
         while rig.state() != "UpdatingWeights":
+            assert time.monotonic() < deadline, rig.state()
             await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
