@@ -21,12 +21,14 @@ minutes.
 through the gateway instead of straight to the engines (README, "The gateway"). SMG fans out at most
 ``--rl-fanout-concurrency`` (32) calls at once.
 
-``--freeze-gc``: ``gc.freeze()`` once the job has started -- what the driver would pay if its start-up heap (~420k
-objects at 1,024 engines: the imports, the engines' clients, the machines) left the collector's full
-collections, which a fleet operation's in-flight requests trigger. Not what the job does today; a what-if.
+The job is measured as every job runs: :class:`trainer.app.Job` freezes its start-up heap (~420k objects at 1,024
+engines: the imports, the engines' clients, the machines) once it has started (``gc.freeze()``), so the
+collector's full collections, which a fleet operation's in-flight requests trigger, do not walk it; the title
+line prints how many objects it froze. ``--unfrozen``: ``gc.unfreeze()`` once the job has started -- what the
+driver paid before (issue 32's first measurement: 190-445 ms of GC per operation at 1,024); a what-if.
 
 Run: python benchmarks/bench_fleet.py [--latency 0.3] [--sizes 16,64,256,1024] [--baseline-max 64] [--gateway]
-[--freeze-gc]
+[--unfrozen]
 """
 
 from __future__ import annotations
@@ -119,8 +121,11 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
 Row = tuple[float, float, float, float, float]  # ours wall s, driver CPU s, of it GC s, sequential wall s, via SMG s
 
 
+FROZEN: dict[int, int] = {}  # per N: the objects the job froze at its start (gc.get_freeze_count())
+
+
 async def measure(
-    size: int, latency: float, gateway: bool = False, baseline: bool = True, freeze: bool = False
+    size: int, latency: float, gateway: bool = False, baseline: bool = True, unfrozen: bool = False
 ) -> dict[str, Row]:
     """Per operation: (ours wall s, ours driver CPU s, of it GC s, sequential wall s or NaN when not measured,
     via SMG s or NaN). The run is assembled as every run is (:class:`trainer.app.Job`, the fleet as its engines);
@@ -132,9 +137,9 @@ async def measure(
     try:
         with tempfile.TemporaryDirectory() as run_dir:
             async with Job(config, PatternTask(), run_dir=run_dir, engines=fleet.launcher, router=False) as job:
-                if freeze:
-                    gc.collect()
-                    gc.freeze()
+                FROZEN[size] = gc.get_freeze_count()
+                if unfrozen:
+                    gc.unfreeze()
                 ours = {
                     "offload": job.manager.offload,
                     "onload_weights": job.manager.onload_weights,
@@ -168,8 +173,6 @@ async def measure(
                     await c.close()
     finally:
         fleet.close()
-        if freeze:
-            gc.unfreeze()
     return out
 
 
@@ -179,11 +182,11 @@ async def measure_all(
     gateway: bool = False,
     baseline_max: int = 64,
     report: Callable[[int, dict[str, Row]], None] | None = None,
-    freeze: bool = False,
+    unfrozen: bool = False,
 ) -> list[tuple[int, dict[str, Row]]]:
     out = []
     for size in sizes:
-        out.append((size, await measure(size, latency, gateway, size <= baseline_max, freeze)))
+        out.append((size, await measure(size, latency, gateway, size <= baseline_max, unfrozen)))
         if report is not None:
             report(*out[-1])
     return out
@@ -197,12 +200,14 @@ def main() -> None:
         "--baseline-max", type=int, default=64, help="measure the sequential baseline up to this N (64)"
     )
     parser.add_argument("--gateway", action="store_true", help="also through SMG's RL fan-out (needs smg)")
-    parser.add_argument("--freeze-gc", action="store_true", help="what-if: gc.freeze() once the job started")
+    parser.add_argument(
+        "--unfrozen", action="store_true", help="what-if: gc.unfreeze() once the job started (the driver before)"
+    )
     args = parser.parse_args()
     latency = args.latency
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    froze = " (what-if: gc.freeze() once the job started)" if args.freeze_gc else ""
-    print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s{froze}")
+    what_if = " (what-if: gc.unfreeze() once the job started)" if args.unfrozen else ""
+    print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s{what_if}")
     head = (
         f"{'N':>5}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} "
         f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7}"
@@ -212,6 +217,7 @@ def main() -> None:
     previous: dict[str, tuple[int, float]] = {}
 
     def report(size: int, ops: dict[str, Row]) -> None:
+        print(f"{size:>5}  (the job froze {FROZEN.get(size, 0):,} objects at its start)", flush=True)
         for op, (wall, cpu, gc_s, seq, via) in ops.items():
             mark = " "
             if seq == seq:  # measured
@@ -229,7 +235,7 @@ def main() -> None:
             )
             print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""), flush=True)
 
-    asyncio.run(measure_all(sizes, latency, args.gateway, args.baseline_max, report, args.freeze_gc))
+    asyncio.run(measure_all(sizes, latency, args.gateway, args.baseline_max, report, args.unfrozen))
     print(
         "growth: (CPU_N / CPU_prev) / (N / N_prev) for the same operation (<= ~1: no worse than linear); "
         "~: sequential extrapolated from the largest N measured (--baseline-max)",

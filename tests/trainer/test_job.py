@@ -8,6 +8,7 @@ exception is what the caller sees.
 from __future__ import annotations
 
 import asyncio
+import gc
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sin
             await job.train(samples)
             await job.update_weights(1)
             pids = [await e.launcher.server_pid() for e in job.manager.controller.engines]
-            seen.update(pids=pids, url=job.exporter.url if job.exporter else None)
+            seen.update(pids=pids, url=job.exporter.url if job.exporter else None, frozen=gc.get_freeze_count())
             assert all(pid is not None and _alive(pid) for pid in pids), pids
             raise Boom("the user's reward broke")
 
@@ -79,3 +80,6 @@ def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sin
     with pytest.raises(urllib.error.URLError):  # the exporter is closed: nothing listens there any more
         urllib.request.urlopen(url)
     assert not job.log.enabled, "a sink is still attached to the job's event log"
+    # the start-up heap left the collector's reach while the job ran (issue 32, P7), and is collectable again after
+    frozen = seen["frozen"]
+    assert isinstance(frozen, int) and frozen > 0 and gc.get_freeze_count() == 0
