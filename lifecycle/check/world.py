@@ -87,11 +87,36 @@ class World(NamedTuple):
         return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean)
 
 
-class Node(NamedTuple):
-    """A state of the exploration: the job as the core has it, and the world around it."""
+class Node:
+    """A state of the exploration: the job as the core has it, and the world around it. Not a tuple: its hash is
+    remembered. The search looks each node up several times (seen yet? its predecessors, the graph checks) and a
+    job state is a deep tuple of ~100 fields that Python hashes anew on every lookup."""
 
-    job: JobState
-    world: World
+    __slots__ = ("_hash", "job", "world")
+
+    def __init__(self, job: JobState, world: World) -> None:
+        self.job = job
+        self.world = world
+        self._hash: int | None = None
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.job, self.world))
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Node):
+            return NotImplemented
+        return self.world == other.world and self.job == other.job
+
+    def __repr__(self) -> str:
+        return f"Node(job={self.job!r}, world={self.world!r})"
+
+    def __reduce__(self) -> tuple[type[Node], tuple[JobState, World]]:
+        return Node, (self.job, self.world)
 
     def key(self) -> Node:
         """Identical engines are interchangeable: sort them (symmetry reduction), renaming every reference."""
@@ -205,7 +230,8 @@ class Checker:
 
     def key(self, n: Node) -> Node:
         """:meth:`Node.key` of a node this checker made: its job is normal already (normalised per decision)."""
-        return Node(*_sorted(n.job, n.world, normal_job=True))
+        job, world = _sorted(n.job, n.world, normal_job=True)
+        return n if job is n.job and world is n.world else Node(job, world)
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
