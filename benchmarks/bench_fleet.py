@@ -6,10 +6,16 @@ L, as a real server spends seconds in them. For each N the rollout manager runs 
 engine carrying both tags), onload weights, a weight update and onload KV (each one operation of the core: its
 engine commands go out at once and come back in slot order), and the same calls are made one engine after
 another with the project's own client -- the sequential baseline, in the same run. Printed per operation: its
-wall time in units of L (goal <= 1.2 L at N = 64 and 1,024), the speed-up over the baseline, the lifecycle's own
-CPU per operation (driver process time; goal <= 100 ms at 1,024), of it the time the cyclic garbage collector
-took, and the CPU's growth against the previous N: ``(CPU_N / CPU_prev) / (N / N_prev)`` -- at most about 1 is
-no worse than linear.
+wall time in units of L (goal <= 1.2 L at N = 64 and 1,024), the speed-up over the baseline, the driver's whole
+CPU per operation (process time), of it the time the cyclic garbage collector took (wall clock), the lifecycle
+layer's own CPU in it (the goal's figure: <= 100 ms at 1,024), and the growth of both against the previous N:
+``(CPU_N / CPU_prev) / (N / N_prev)`` -- at most about 1 is no worse than linear.
+
+The layer is timed as P3 times it (``layer_timing.timed_layer``, every call counted): the core's decision
+(``Core.step``) and the record (the runner's ``_apply``/``_record``, ``EventLog.flush``, the batch's start),
+thread CPU inside the outermost calls, a garbage collection that runs inside one taken out. The rest of the
+driver's CPU is the HTTP client (aiohttp: one request per engine an offload or onload, four an update), the
+event loop, the runner's dispatch of the commands, the trainer's checkpoint write and the garbage collector.
 
 The sequential baseline walks the fleet one engine at a time, so it costs N x (L + one call) per operation: it is
 measured for N <= ``--baseline-max`` (64: ~20 s an operation at L = 0.3) and, above it, extrapolated from the
@@ -35,16 +41,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from engines.client import EngineClient
 from engines.sim.launcher import SimFleet
 from lifecycle import LifecycleConfig
 from rollout.pattern import PatternTask
 from trainer.app import Job
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # layer_timing, also when a test loads this file by path
+from layer_timing import Timer, timed_layer
 
 SLOW = ("/update_weights_from_disk", "/release_memory_occupation", "/resume_memory_occupation")
 OPS = ("offload", "onload_weights", "update_weights", "onload_kv")
@@ -69,14 +81,16 @@ class Collector:
 
 
 COLLECTOR = Collector()
+LAYER = Timer()  # the lifecycle layer's calls, while :func:`timed_layer` is on (the rollout manager's operations)
 
 
-async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, float]:
-    """(wall s, driver CPU s, of it the garbage collector's s)."""
+async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, float, float]:
+    """(wall s, driver CPU s, of it the garbage collector's s, of it the lifecycle layer's CPU s)."""
     COLLECTOR.reset()
+    layer = LAYER.cpu
     wall, cpu = time.perf_counter(), time.process_time()
     await fn()
-    return time.perf_counter() - wall, time.process_time() - cpu, COLLECTOR.reset()
+    return time.perf_counter() - wall, time.process_time() - cpu, COLLECTOR.reset(), LAYER.cpu - layer
 
 
 async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
@@ -107,7 +121,7 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
                     params = {"selector": "engine=sglang"}
                     answer.append(await fan._call("POST", route, body=body, send_body=True, params=params))
 
-                out[op], _, _ = await _timed(fan_out)
+                out[op], _, _, _ = await _timed(fan_out)
                 done = fan._json(route, answer[-1])
                 if done.get("succeeded") != len(urls):  # a 207: some engines failed the call
                     raise RuntimeError(f"{route}: {done.get('succeeded')} of {len(urls)} engines answered: {done}")
@@ -118,7 +132,7 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
     return out
 
 
-Row = tuple[float, float, float, float, float]  # ours wall s, driver CPU s, of it GC s, sequential wall s, via SMG s
+Row = tuple[float, float, float, float, float, float]  # ours wall s, driver CPU s, GC s, layer CPU s, sequential, SMG
 
 
 FROZEN: dict[int, int] = {}  # per N: the objects the job froze at its start (gc.get_freeze_count())
@@ -127,10 +141,10 @@ FROZEN: dict[int, int] = {}  # per N: the objects the job froze at its start (gc
 async def measure(
     size: int, latency: float, gateway: bool = False, baseline: bool = True, unfrozen: bool = False
 ) -> dict[str, Row]:
-    """Per operation: (ours wall s, ours driver CPU s, of it GC s, sequential wall s or NaN when not measured,
-    via SMG s or NaN). The run is assembled as every run is (:class:`trainer.app.Job`, the fleet as its engines);
-    the weight update includes the real trainer's checkpoint write, which the sequential baseline (engines only)
-    does not pay."""
+    """Per operation: (ours wall s, ours driver CPU s, of it GC s, of it the lifecycle layer's CPU s, sequential
+    wall s or NaN when not measured, via SMG s or NaN). The run is assembled as every run is
+    (:class:`trainer.app.Job`, the fleet as its engines); the weight update includes the real trainer's
+    checkpoint write, which the sequential baseline (engines only) does not pay."""
     fleet = SimFleet(size, dict.fromkeys(SLOW, latency))
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": size, "offload_rollout": True})
     out: dict[str, Row] = {}
@@ -146,7 +160,9 @@ async def measure(
                     "update_weights": lambda: job.trainer.update_weights(1),
                     "onload_kv": job.manager.onload_kv,
                 }
-                measured = {op: await _timed(ours[op]) for op in OPS}
+                LAYER.by_machine.clear()  # per N: the parts of the layer over its four operations
+                with timed_layer(LAYER, every_call=True):  # a fleet operation runs outside a loop step
+                    measured = {op: await _timed(ours[op]) for op in OPS}
                 releases = [r for asked in fleet.memory_requests().values() for r in asked if "release" in r[0]]
                 if len(releases) != size or any(sorted(tags or ()) != ["kv_cache", "weights"] for _, tags in releases):
                     raise RuntimeError(f"offload: expected one release with both tags per engine, got {releases}")
@@ -167,7 +183,7 @@ async def measure(
 
                 via = await through_gateway([e.url or "" for e in engines], weights) if gateway else {}
                 for op in OPS:
-                    seq = (await _timed(lambda op=op: sequential(op)))[0] if baseline else float("nan")  # type: ignore[misc]
+                    seq = (await _timed(functools.partial(sequential, op)))[0] if baseline else float("nan")
                     out[op] = (*measured[op], seq, via.get(op, float("nan")))
                 for c in clients:
                     await c.close()
@@ -210,35 +226,43 @@ def main() -> None:
     print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s{what_if}")
     head = (
         f"{'N':>5}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} "
-        f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7}"
+        f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7} {'layer':>9} {'growth':>7}"
     )
     print(head + (f" {'via SMG':>9} {'SMG/ours':>9}" if args.gateway else ""), flush=True)  # flushes the title
     per_engine: dict[str, float] = {}  # the sequential baseline's seconds per engine at the largest measured N
-    previous: dict[str, tuple[int, float]] = {}
+    previous: dict[str, tuple[int, float, float]] = {}
 
     def report(size: int, ops: dict[str, Row]) -> None:
         print(f"{size:>5}  (the job froze {FROZEN.get(size, 0):,} objects at its start)", flush=True)
-        for op, (wall, cpu, gc_s, seq, via) in ops.items():
+        for op, (wall, cpu, gc_s, layer, seq, via) in ops.items():
             mark = " "
             if seq == seq:  # measured
                 per_engine[op] = seq / size
             elif op in per_engine:
                 seq, mark = per_engine[op] * size, "~"  # extrapolated: N x the measured time per engine
-            growth = ""
+            growth = layer_growth = ""
             if op in previous:
-                n0, cpu0 = previous[op]
+                n0, cpu0, layer0 = previous[op]
                 growth = f"{(cpu / cpu0) / (size / n0):.2f}"
-            previous[op] = (size, cpu)
+                layer_growth = f"{(layer / layer0) / (size / n0):.2f}"
+            previous[op] = (size, cpu, layer)
             row = (
                 f"{size:>5}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {mark}{seq:>9.3f}s {seq / wall:>8.1f}x "
-                f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7}"
+                f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7} {layer * 1000:>7.1f}ms {layer_growth:>7}"
             )
             print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""), flush=True)
+        parts = ", ".join(
+            f"{name} {cpu * 1000:.1f} ms ({int(calls)} calls)"
+            for name, (cpu, calls) in sorted(LAYER.by_machine.items(), key=lambda kv: -kv[1][0])
+        )
+        print(f"{size:>5}  the layer's CPU by part, the four operations together: {parts}", flush=True)
 
     asyncio.run(measure_all(sizes, latency, args.gateway, args.baseline_max, report, args.unfrozen))
     print(
-        "growth: (CPU_N / CPU_prev) / (N / N_prev) for the same operation (<= ~1: no worse than linear); "
-        "~: sequential extrapolated from the largest N measured (--baseline-max)",
+        "layer: the lifecycle layer's own CPU in the operation (the core's decision and the record, GC taken out; "
+        "goal <= 100 ms at 1,024); growth: (CPU_N / CPU_prev) / (N / N_prev) for the same operation, the driver's "
+        "and the layer's (<= ~1: no worse than linear); ~: sequential extrapolated from the largest N measured "
+        "(--baseline-max)",
         flush=True,
     )
 

@@ -36,15 +36,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
+import functools
 import io
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -54,101 +55,11 @@ from structlog.contextvars import get_contextvars
 from lifecycle.cli.args import config_from_args
 from lifecycle.decide.runtime import LifecycleMachine
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # layer_timing, also when a test loads this file by path
+from layer_timing import Timer, timed_layer
+
 GOAL = 0.005  # P3: the lifecycle layer's CPU per RL step (issue 32)
 EXPORTER_GOAL = 0.01
-
-
-class GcClock:
-    """CPU time spent in the cyclic garbage collector (``gc.callbacks``), to take out of the layer's calls.
-
-    Why: a full collection of this process (torch, Ray, aiohttp: millions of objects) takes ~50-100 ms and
-    runs inside whichever call's allocation trips the threshold; landing in a layer call once, it adds
-    ~10 ms to that run's every step -- the whole process's garbage, not the layer's cost. It is printed apart.
-    """
-
-    def __init__(self) -> None:
-        self.cpu = 0.0
-        self.wall = 0.0
-        self._start = (0.0, 0.0)
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = (time.thread_time(), time.perf_counter())
-        else:
-            self.cpu += time.thread_time() - self._start[0]
-            self.wall += time.perf_counter() - self._start[1]
-
-
-GC = GcClock()
-
-
-class Timer:
-    """Time spent inside the outermost calls of the lifecycle layer made during a step (:func:`timed_layer`):
-    wall and this thread's CPU.
-
-    CPU time (``time.thread_time``) is the layer's own cost: it does not count the moments the OS
-    runs another process (a busy 2-core machine preempts often). Wall time counts them: an upper
-    bound. The layer's calls are synchronous, so its CPU time is its own, not other coroutines'.
-    """
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.cpu = 0.0
-        self.events = 0
-        self.depth = 0
-        self.by_machine: dict[str, list[float]] = {}  # machine -> [cpu seconds, events]
-        self.scrapes = 0
-        self.gc = 0.0  # CPU seconds of garbage collections that ran inside the timed calls (taken out)
-
-    def add(self, machine: str, seconds: float, cpu: float) -> None:
-        self.seconds += seconds
-        self.cpu += cpu
-        self.events += 1
-        entry = self.by_machine.setdefault(machine, [0.0, 0])
-        entry[0] += cpu
-        entry[1] += 1
-
-
-@contextmanager
-def timed_layer(timer: Timer) -> Iterator[None]:
-    """Time every call of the lifecycle layer made during a step: ``Core.step`` (the decision), the
-    runner's ``_apply``/``_record`` (the moves replayed on ``transitions`` machines, the event log, the
-    ledger) and the ends of its bursts (``EventLog.flush``: the held JSONL lines written; the batch's
-    start, which holds them). All are synchronous: thread CPU time inside them is their own."""
-    from lifecycle.decide.core import Core
-    from lifecycle.decide.events import EventLog, LogBatch
-    from lifecycle.decide.runner import Runner
-
-    originals = {"step": Core.step, "_apply": Runner._apply, "_record": Runner._record}
-    flush, enter = EventLog.flush, LogBatch.__enter__
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if timer.depth or "step" not in get_contextvars():
-                return fn(*args, **kwargs)
-            timer.depth += 1
-            t, c, gc_wall, gc_cpu = time.perf_counter(), time.thread_time(), GC.wall, GC.cpu
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                collected = GC.cpu - gc_cpu
-                timer.gc += collected
-                timer.add(name, time.perf_counter() - t - (GC.wall - gc_wall), time.thread_time() - c - collected)
-                timer.depth -= 1
-
-        return timed
-
-    Core.step = wrap("Core.step", originals["step"])  # type: ignore[method-assign]
-    Runner._apply = wrap("Runner._apply", originals["_apply"])  # type: ignore[method-assign]
-    Runner._record = wrap("Runner._record", originals["_record"])  # type: ignore[method-assign]
-    EventLog.flush = wrap("EventLog.flush", flush)  # type: ignore[method-assign]
-    LogBatch.__enter__ = wrap("EventLog.batch", enter)  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Core.step, Runner._apply, Runner._record = originals.values()  # type: ignore[method-assign]
-        EventLog.flush, LogBatch.__enter__ = flush, enter  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -161,14 +72,17 @@ def legacy_record() -> Iterator[None]:
     from lifecycle.decide import events
     from lifecycle.decide.events import EventLog
 
-    merge = events.merge_context
+    def merge(event_dict: dict[str, Any]) -> None:
+        merge_contextvars(None, "info", event_dict)
+
+    reader = events.merge_context
     LifecycleMachine.compiled, EventLog.batching = False, False
-    events.merge_context = lambda event_dict: merge_contextvars(None, "info", event_dict)  # type: ignore[assignment,return-value]
+    events.merge_context = merge
     try:
         yield
     finally:
         LifecycleMachine.compiled, EventLog.batching = True, True
-        events.merge_context = merge
+        events.merge_context = reader
 
 
 @contextmanager
@@ -183,11 +97,12 @@ def both(*managers: Callable[[], Any]) -> Iterator[None]:
 def bare_record() -> Iterator[None]:
     """The baseline: the core still decides (the loop cannot run without it), but nothing is recorded --
     no ``transitions`` machine, no event log, no ledger."""
+    from lifecycle.decide.core import Command, Outcome, Result
     from lifecycle.decide.runner import Runner
 
     apply, record = Runner._apply, Runner._record
 
-    def bare_apply(self: Runner, result: Any, why: Any = None) -> Any:
+    def bare_apply(self: Runner, result: Result, why: Mapping[str, str] | None = None) -> tuple[Command, ...]:
         self.state = result.state
         if result.commits and self.pending is not None:
             self.committed, self.pending = self.pending, None
@@ -197,7 +112,11 @@ def bare_record() -> Iterator[None]:
         return result.commands
 
     Runner._apply = bare_apply  # type: ignore[method-assign]
-    Runner._record = lambda self, commands, outcomes: None  # type: ignore[method-assign,assignment]
+
+    def no_record(self: Runner, commands: tuple[Command, ...], outcomes: list[Outcome]) -> None:
+        pass
+
+    Runner._record = no_record  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -331,7 +250,7 @@ def exporter_overhead(steps: int, rounds: int) -> None:
     without: list[float] = []
     for r in range(rounds):
         port = _free_port()
-        got = one_run(steps, 0, lambda port=port: timed_exporter(timer, port), metrics_port=port)  # type: ignore[misc]
+        got = one_run(steps, 0, functools.partial(timed_exporter, timer, port), metrics_port=port)
         with_exporter += got
         without += one_run(steps, 0, contextlib.nullcontext)
         print(f"round {r + 1}: mean step {sum(got) / len(got) * 1e3:.0f} ms with the exporter", flush=True)
