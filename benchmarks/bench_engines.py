@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -100,7 +101,7 @@ async def p1_ours(phases: list[float], interval: float, timeout: float) -> list[
 
 async def p1_baseline(phase: float, interval: float, timeout: float) -> float:
     """The same death found by miles' sequential poller."""
-    launchers = [LocalLauncher(f"e{i}", lambda i=i: torch_engine_command(seed=i)) for i in range(2)]
+    launchers = [LocalLauncher(f"e{i}", functools.partial(torch_engine_command, seed=i)) for i in range(2)]
     urls = await asyncio.gather(*(lch.launch() for lch in launchers))
     clients = [EngineClient(u, engine_id=f"e{i}", timeout=timeout) for i, u in enumerate(urls)]
     dead = asyncio.Event()
@@ -174,7 +175,7 @@ async def p2_simulated(n: int, latency: float) -> tuple[float, float]:
 
 
 async def p2_real(n: int) -> tuple[float, float]:
-    launchers = [LocalLauncher(f"e{i}", lambda i=i: torch_engine_command(seed=i)) for i in range(n)]
+    launchers = [LocalLauncher(f"e{i}", functools.partial(torch_engine_command, seed=i)) for i in range(n)]
     urls = await asyncio.gather(*(lch.launch() for lch in launchers))
     clients = [EngineClient(u, engine_id=f"e{i}", timeout=10) for i, u in enumerate(urls)]
     concurrent, sequential = await probe_rounds(clients)

@@ -16,6 +16,8 @@ import argparse
 import gc
 import time
 import tracemalloc
+from collections.abc import Callable
+from typing import Any
 
 from transitions import Machine
 
@@ -30,12 +32,14 @@ TO_SERVING = ("start", "ready", "begin_update", "finish_update", "resume")
 class RawModel:
     """The baseline model: guards are methods resolved by name, as transitions users write them."""
 
+    trigger: Callable[[str], bool]  # added by transitions' Machine
+
     def __init__(self, values: dict[str, bool]) -> None:
         for name, value in values.items():
             setattr(self, name, (lambda v: lambda *a, **k: v)(value))
 
 
-def raw_machine_kwargs() -> dict:
+def raw_machine_kwargs() -> dict[str, Any]:
     rows = []
     for t in ENGINE.transitions:
         rows.append(
@@ -91,7 +95,7 @@ def bench_events(n: int) -> tuple[float, float, float]:
     return best_raw / events, best_ours / events, best_logged / events
 
 
-def _measure(build) -> tuple[float, float]:
+def _measure(build: Callable[[], object]) -> tuple[float, float]:
     """Seconds (without tracemalloc, which slows allocation) and bytes retained (with it)."""
     gc.collect()
     t0 = time.perf_counter()

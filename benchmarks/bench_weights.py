@@ -56,8 +56,8 @@ async def measure(root: Path, size: str, repeat: int, bucket_bytes: int) -> dict
         disk, write, load, cast = [], [], [], []
         for r in range(repeat):
             with torch.no_grad():
-                for p in trainer.parameters():
-                    p.add_(0.01)
+                for param in trainer.parameters():
+                    param.add_(0.01)
             t0 = time.perf_counter()
             path = await asyncio.to_thread(trainer.save_pretrained, root / size / f"step-{r}")
             t1 = time.perf_counter()
@@ -70,12 +70,12 @@ async def measure(root: Path, size: str, repeat: int, bucket_bytes: int) -> dict
         t0 = time.perf_counter()
         sender = asyncio.to_thread(WeightGroup, "127.0.0.1", port, 0, 3, timeout=120.0, name="weight_update_group")
         joins = (c.init_weights_update_group("127.0.0.1", port, 1 + k, 3) for k, c in enumerate(clients))
-        group, *_ = await asyncio.gather(sender, *joins)
+        group, _ = await asyncio.gather(sender, asyncio.gather(*joins))
         connect = time.perf_counter() - t0
         for r in range(repeat):
             with torch.no_grad():
-                for p in trainer.parameters():
-                    p.add_(0.01)
+                for param in trainer.parameters():
+                    param.add_(0.01)
             state = {n: p.detach().contiguous() for n, p in trainer.checkpoint_tensors().items()}
             plan = buckets(metas_of(state), bucket_bytes)
             t0 = time.perf_counter()
