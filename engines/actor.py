@@ -45,6 +45,7 @@ class EngineActor:
         # ``lease`` seconds, it kills its server and exits (the lease starts at creation)
         self.lease = lease
         self._deadline = time.monotonic() + lease if lease else None
+        self._crashing = False  # crash() is taking the actor down: its own death is the news, not the server's
         if lease:
             threading.Thread(target=self._expire, name=f"{engine_id}-lease", daemon=True).start()
 
@@ -127,7 +128,12 @@ class EngineActor:
         """Block until the server process exits; the reason."""
         if self.process is None:
             return "never started"
-        return f"exit code {self.process.wait_dead(None)}"  # blocking waitpid: no polling
+        code = self.process.wait_dead(None)  # blocking waitpid: no polling
+        if self._crashing:
+            # crash() killed the server on the actor's way out: answering now would report "exit code -9" before
+            # Ray reports the actor's death (a lost actor read as a dead server). Wait for os._exit, bounded.
+            time.sleep(CALL_TIMEOUT)
+        return f"exit code {code}"
 
     def pause_server(self) -> int:
         """SIGSTOP the server's process group: it hangs (health and generate stall) without dying."""
@@ -141,6 +147,7 @@ class EngineActor:
 
     def crash(self) -> None:
         """The actor process dies (fault: actor/node loss); its server goes with it."""
+        self._crashing = True  # before the kill: watch() must not report the server's exit first
         if self.process is not None:
             self.process.kill()
         os._exit(1)

@@ -259,3 +259,26 @@ def test_torch_engine_command_line():
         "--host", "127.0.0.1", "--port", "8123", "--seed", "4", "--model-size", "small", "--api-key", "k",
         "--weights", "/w.safetensors", "--weight-version", "v1", "--step-delay-s", "0.5",
     ]  # fmt: skip
+
+
+def test_a_crashing_actor_does_not_report_its_server_exit_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``crash()`` (the kill-engine fault: the actor dies, its server with it) SIGKILLs the server, then exits. The
+    watch thread, blocked in waitpid, must not answer "exit code -9" in between: the driver would read a lost actor
+    as a dead server (a fault matrix cell failed on it under load). The actor class runs here, outside Ray, with
+    ``os._exit`` held back so that the test process stays."""
+    import threading
+
+    from engines.actor import EngineActor
+
+    actor = EngineActor.__ray_actor_class__("engine-crash")
+    actor.process = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], engine_id="engine-crash")
+    actor.process.spawn()
+    answers: list[str] = []
+    watcher = threading.Thread(target=lambda: answers.append(actor.watch()), daemon=True)
+    watcher.start()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    actor.crash()
+    assert exits == [1]  # the actor would have exited here; its server was SIGKILLed first
+    watcher.join(2.0)  # long enough for a wrong answer: waitpid returns within milliseconds of the kill
+    assert answers == [], f"the watch answered {answers} while the actor was going down"
