@@ -112,7 +112,8 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "|---|---|",
         *(f"| {ft} | {ft_flags(ft)} |" for ft in FT_CONFIGS),
         "",
-        f"The cells took {total_seconds:.0f} s in all on this machine (times include engine and trainer start-up).",
+        f"The cells took {total_seconds:.0f} s in all on this machine, run two at a time (times include engine and "
+        "trainer start-up, and the slowdown of sharing the cores with the other cell).",
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),

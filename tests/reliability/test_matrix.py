@@ -11,20 +11,31 @@ engine) and sample accounting; from the event log each cell checks that a restar
 never routed before it loaded the weights and that the fault maps to a transition with a reason.
 ``lose-node`` cells run ``lifecycle run --ray-nodes 3`` in a subprocess (a process can start Ray
 only once, and this session already has its local cluster).
+
+The cells run two at a time (:func:`cell_runs`: a cell mostly waits -- on start-ups, a hang's bound, a backoff),
+the in-process ones each in a cell runner process that joins the session's Ray cluster (one ``ray.init`` per
+process); each test then makes its cell's checks, in order, on what the run left behind. A cell that does not end
+within :attr:`CellRunner.TIMEOUT` fails, naming the cell and the end of its runner's log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
+import importlib.util
 import io
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -133,14 +144,14 @@ def _read(run_dir: Path, audit: Path) -> tuple[list[dict[str, Any]], list[dict[s
     return events, rows, done
 
 
-def run_in_process(
-    fault: Fault, ft: str, mode: str, tmp: Path, monkeypatch: pytest.MonkeyPatch, vllm_python: str | None = None
-) -> Run:
+def run_here(fault: Fault, ft: str, mode: str, tmp: Path, vllm_python: str | None = None) -> Run:
+    """The cell's run in this process (a cell runner, :func:`run_in_runner`): the real loop,
+    ``run_loop``, on the Ray cluster this process joined."""
     from engines.engine import Timeouts
     from trainer.app.loop import RunOptions, run_loop
 
     audit = tmp / "audit.jsonl"
-    monkeypatch.setenv(AUDIT_ENV, str(audit))
+    os.environ[AUDIT_ENV] = str(audit)  # this process runs this one cell
     config = LifecycleConfig.from_mapping(cell_config(fault.kind, ft, mode))
     vllm = mode == "vllm"  # real vLLM servers: their own start-up bound, a Hugging Face model they can serve
     opts = RunOptions(
@@ -162,8 +173,125 @@ def run_in_process(
         asyncio.run(run_loop(config, opts, io.StringIO()))
     except Exception as exc:  # the outcome under test: which error, and what it says
         error = exc
-    run = Run(fault, ft, mode, error, time.monotonic() - t0, *_read(tmp / "run", audit))
-    return run
+    seconds, stopped_at = time.monotonic() - t0, time.time()
+    return Run(fault, ft, mode, error, seconds, *_read(tmp / "run", audit), stopped_at=stopped_at)
+
+
+DONE = "matrix-cell-done"  # what a cell runner prints once a cell's result is written
+
+
+def _runner_main(ray_address: str) -> None:
+    """``python test_matrix.py RAY_ADDRESS``: a cell runner. It joins the session's Ray cluster once, then runs the
+    cells whose spec files it reads from stdin one after another by :func:`run_here` -- as the test session itself
+    ran them before, one Ray job, imports warm -- writing each outcome (the error as its class and text: the parent
+    checks both) to the spec's ``result`` file."""
+    from engines.actor import init_local_cluster
+
+    # the DONE lines go to a descriptor of their own; anything else printing to stdout lands in the runner's log
+    # (nobody reads the pipe between cells: a chatty child must not fill it and block)
+    done = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    init_local_cluster(address=ray_address)
+    for line in sys.stdin:
+        spec = json.loads(Path(line.strip()).read_text())
+        fault = Fault(spec["kind"], spec["index"], spec["step"])
+        run = run_here(fault, spec["ft"], spec["mode"], Path(spec["tmp"]), spec["vllm_python"])
+        error: dict[str, str] | None = None
+        if run.error is not None:
+            cls = type(run.error)
+            error = {"module": cls.__module__, "name": cls.__qualname__, "text": str(run.error)}
+        result = {"error": error, "seconds": run.seconds, "stopped_at": run.stopped_at}
+        Path(spec["result"]).write_text(json.dumps(result))
+        print(DONE, file=done, flush=True)
+
+
+def _runner_error(error: dict[str, str] | None) -> BaseException | str | None:
+    """The runner's error as an instance of its own class with its own text (what the checks look at: its type, its
+    message); a class that cannot be rebuilt so comes back as text naming it (and a check of the type fails)."""
+    if error is None:
+        return None
+    with contextlib.suppress(Exception):
+        found: Any = importlib.import_module(error["module"])
+        for part in error["name"].split("."):
+            found = getattr(found, part)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            rebuilt = found.__new__(found)  # its __init__ may take other arguments than the message
+            rebuilt.args = (error["text"],)
+            if str(rebuilt) == error["text"]:
+                return rebuilt
+    return f"{error['module']}.{error['name']}: {error['text']}"
+
+
+class CellRunner:
+    """One cell runner process (:func:`_runner_main`) of a lane of :func:`cell_runs`: a cell at a time."""
+
+    TIMEOUT = 480.0  # a cell that never ends (a hung run) fails, and the runner is replaced (the longest: ~150 s)
+
+    def __init__(self, ray_address: str, where: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+        env.pop("RAY_ADDRESS", None)
+        env.pop(AUDIT_ENV, None)
+        self.log = where / "runner.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), ray_address],
+                env=env,
+                cwd=where,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,  # a killpg on close ends it and any child still in its group
+            )
+
+    def run(self, spec: Path) -> str | None:
+        """Run one cell; None once its result is written, else what went wrong (the runner is then closed)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(f"{spec}\n".encode())
+            self.proc.stdin.flush()
+        except OSError as exc:
+            return self._failed(f"the cell runner took no cell: {exc!r}")
+        out, deadline, fd = b"", time.monotonic() + self.TIMEOUT, self.proc.stdout.fileno()
+        while DONE.encode() not in out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._failed(f"the cell did not end within {self.TIMEOUT:g}s")
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return self._failed(f"the cell runner exited ({self.proc.wait()})")
+                out = out[-1000:] + chunk
+        return None
+
+    def _failed(self, why: str) -> str:
+        self.close()
+        return f"{why}; its log ends: {self.log.read_text(errors='replace')[-3000:]}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of its group is left
+        self.proc.wait()
+
+
+def run_in_runner(fault: Fault, ft: str, mode: str, tmp: Path, runner: CellRunner, vllm_python: str | None) -> Run:
+    """The cell's run in a cell runner (:func:`run_here`: the loop in a process of its own on the session's Ray
+    cluster, so that two cells can run at once -- a run sets its process's audit variable, owns its asyncio loop
+    and its engines); the checks are made here, on what it left in its run directory."""
+    spec, result = tmp / "cell.json", tmp / "cell-result.json"
+    fields = {"kind": fault.kind, "index": fault.index, "step": fault.step, "ft": ft, "mode": mode, "tmp": str(tmp)}
+    spec.write_text(json.dumps({**fields, "vllm_python": vllm_python, "result": str(result)}))
+    failed = runner.run(spec)
+    events, audit, steps = _read(tmp / "run", tmp / "audit.jsonl")
+    if failed is not None or not result.exists():
+        raise RuntimeError(f"no result from the cell runner: {failed}")
+    done = json.loads(result.read_text())
+    error = _runner_error(done["error"])
+    return Run(fault, ft, mode, error, done["seconds"], events, audit, steps, stopped_at=done["stopped_at"])
 
 
 def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
@@ -497,43 +625,167 @@ def check_stopped(run: Run) -> str:
     return f"stops: after {run.stopped_at - injected_at:.1f}s, {name}: {message.splitlines()[-1][:300]}"
 
 
+Cell = tuple[str, str, str]  # (fault kind, mode, FT config)
+
+
+def cell_fault(kind: str) -> Fault:
+    index = ENGINE if KINDS[kind].target == "engine" else 0  # a worker rank, the one router: 0
+    return Fault(kind, index, AT)
+
+
+def cell_id(cell: Cell) -> str:
+    kind, mode, ft = cell
+    return f"{kind}-{ft}" + ("" if mode == "normal" else f"-{mode}")
+
+
+@dataclass(frozen=True)
+class Where:
+    """What the cells run on: the session's Ray cluster, the vLLM environment, the kept-engines cells' Ray head."""
+
+    ray_address: str = ""
+    vllm_python: str | None = None
+    kept_head: str | None = None
+
+
+class Lane:
+    """One of the :data:`CONCURRENT` lanes of :func:`cell_runs`: its cells run one after another, the in-process
+    ones in its cell runner (started on first use, again after one failed)."""
+
+    def __init__(self, where: Where, tmp: Path) -> None:
+        self.where, self.tmp = where, tmp
+        self.runner: CellRunner | None = None
+
+    def run(self, cell: Cell, tmp: Path) -> Run:
+        """One cell's run(s), each in processes of its own: ``lifecycle run`` killed and resumed (``kill-driver``),
+        on a 3-node cluster of its own (``lose-node``), else the loop in the cell runner on the session's cluster."""
+        kind, mode, ft = cell
+        if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
+            return run_killed_and_resumed(ft, tmp, mode, self.where.kept_head if mode == "kept-engines" else None)
+        if kind == "lose-node":
+            return run_subprocess(cell_fault(kind), ft, tmp)
+        if self.runner is None or self.runner.proc.poll() is not None:
+            self.runner = CellRunner(self.where.ray_address, self.tmp)
+        vllm = self.where.vllm_python if mode == "vllm" else None
+        return run_in_runner(cell_fault(kind), ft, mode, tmp, self.runner, vllm)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+CELL_TEST = "test_cell"
+# At most this many cells run at once, and of those at most one on real vLLM servers (two servers a cell, their
+# rollouts CPU-bound: two such cells would starve each other's bounded requests).
+CONCURRENT, HEAVY = 2, ("vllm",)
+
+
+@pytest.fixture(scope="module")
+def cell_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Cell, Future[tuple[Run, Path]]]]:
+    """Every selected cell's run, two at a time (a cell mostly waits: on engine start-ups, a hang's bound, a
+    backoff, a resume), the vLLM cells one at a time beside the others and started first (the longest). A cell's
+    own bounds (requests, probes, the stop-within) are unchanged; its checks run in its test, in order."""
+    cells = [
+        cell_of(item.callspec.params)
+        for item in request.session.items
+        if getattr(item, "originalname", "") == CELL_TEST and hasattr(item, "callspec")
+    ]
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("torch") is None:
+        cells = []  # the cells' tests skip on their own
+    # what the cells need, set up here (fixtures are not for worker threads): only what the selected ones use
+    where = Where()
+    if any(mode == "vllm" for _, mode, _ in cells):
+        try:
+            where = Where(vllm_python=request.getfixturevalue("vllm_python"))
+        except pytest.skip.Exception:  # the vLLM cells' tests skip (or fail under LIFECYCLE_REQUIRE_ALL) themselves
+            cells = [c for c in cells if c[1] != "vllm"]
+    if any(kind not in ("kill-driver", "lose-node") for kind, _, _ in cells):
+        import ray
+
+        request.getfixturevalue("ray_cluster")
+        where = Where(ray.get_runtime_context().gcs_address, where.vllm_python)
+    if any(mode == "kept-engines" for _, mode, _ in cells):
+        where = Where(where.ray_address, where.vllm_python, request.getfixturevalue("kept_head"))
+    cells.sort(key=lambda c: c[1] not in HEAVY)  # stable: the heavy first, each group in the tests' order
+    tmps = {c: tmp_path_factory.mktemp(cell_id(c)) for c in cells}
+    futures: dict[Cell, Future[tuple[Run, Path]]] = {c: Future() for c in cells}
+    pending = list(cells)
+    heavy_running = [False]
+    ready = threading.Condition()
+
+    def take() -> Cell | None:
+        with ready:
+            while pending:
+                for cell in pending:
+                    if not (cell[1] in HEAVY and heavy_running[0]):
+                        pending.remove(cell)
+                        heavy_running[0] |= cell[1] in HEAVY
+                        return cell
+                ready.wait()
+            return None
+
+    def worker(lane: Lane) -> None:
+        try:
+            while (cell := take()) is not None:
+                future = futures[cell]
+                try:
+                    if future.set_running_or_notify_cancel():
+                        future.set_result((lane.run(cell, tmps[cell]), tmps[cell]))
+                except BaseException as exc:  # the cell's test re-raises it
+                    future.set_exception(exc)
+                finally:
+                    with ready:
+                        if cell[1] in HEAVY:
+                            heavy_running[0] = False
+                        ready.notify_all()
+        finally:
+            lane.close()
+
+    lanes = [Lane(where, tmp_path_factory.mktemp(f"lane-{i}")) for i in range(CONCURRENT)]
+    threads = [threading.Thread(target=worker, args=(lane,), name=f"cell-lane-{i}") for i, lane in enumerate(lanes)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield futures
+    finally:
+        for future in futures.values():
+            future.cancel()  # the ones not started (a -x stop): nothing left running after the module
+        with ready:
+            pending.clear()
+            ready.notify_all()
+        for thread in threads:
+            thread.join()
+
+
+def cell_of(params: dict[str, Any]) -> Cell:
+    return (str(params["kind"]), str(params["mode"]), str(params["ft"]))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("kind", "mode", "ft"), CELLS, ids=[f"{k}-{ft}" + ("" if m == "normal" else f"-{m}") for k, m, ft in CELLS]
-)
+@pytest.mark.parametrize(("kind", "mode", "ft"), CELLS, ids=[cell_id(c) for c in CELLS])
 def test_cell(
     kind: str,
     mode: str,
     ft: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
     matrix_results: dict[tuple[str, str, str], CellResult],
+    cell_runs: dict[Cell, Future[tuple[Run, Path]]],
 ) -> None:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
-    index = ENGINE if KINDS[kind].target == "engine" else 0  # a worker rank, the one router: 0
-    fault = Fault(kind, index, AT)
-    if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
-        address = request.getfixturevalue("kept_head") if mode == "kept-engines" else None
-        run = run_killed_and_resumed(ft, tmp_path, mode, address)
-        check_weights_before_routing(run)
-        judged = check_trace(run)
-        check_nothing_lost(run)
-        observed = check_resumed(run, tmp_path / "run")
-        assert observed.startswith(expected(kind, ft, mode).outcome)
-        matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
-        return
-    if kind == "lose-node":
-        run = run_subprocess(fault, ft, tmp_path)
-    else:
-        request.getfixturevalue("ray_cluster")
-        vllm = request.getfixturevalue("vllm_python") if mode == "vllm" else None
-        run = run_in_process(fault, ft, mode, tmp_path, monkeypatch, vllm)
-    outcome = expected(kind, ft, mode).outcome
+    if mode == "vllm":
+        request.getfixturevalue("vllm_python")  # skips without the vLLM environment
+    run, tmp = cell_runs[(kind, mode, ft)].result()
     check_weights_before_routing(run)
     judged = check_trace(run)
     check_nothing_lost(run)  # step 0's rollout ran before the fault (at step 1's start), whatever the outcome
+    if kind == "kill-driver":
+        observed = check_resumed(run, tmp / "run")
+        assert observed.startswith(expected(kind, ft, mode).outcome)
+        matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
+        return
+    outcome = expected(kind, ft, mode).outcome
     observed = check_recovered(run) if outcome == "recovers" else check_stopped(run)
     assert observed.startswith(outcome)
     if mode == "vllm":
@@ -637,3 +889,7 @@ def test_routing_check_catches_serving_before_weights() -> None:
     run.events = [*fine, t("ready", "Starting", "PendingWeights"), t("resume", "Quiesced", "Serving")]
     with pytest.raises(AssertionError, match="routed before it loaded the weights"):
         check_weights_before_routing(run)
+
+
+if __name__ == "__main__":  # a cell runner (CellRunner)
+    _runner_main(sys.argv[1])
