@@ -17,6 +17,12 @@ thread CPU inside the outermost calls, a garbage collection that runs inside one
 driver's CPU is the HTTP client (aiohttp: one request per engine an offload or onload, four an update), the
 event loop, the runner's dispatch of the commands, the trainer's checkpoint write and the garbage collector.
 
+The floor, in the same run: every engine's call at once (``asyncio.gather`` over the project's own clients, no
+lifecycle at all: no core, no record, no trainer). Its wall time in L (``bare/L``), its driver CPU, and ours over it
+(``ours/bare``) say how much of an operation's time is the lifecycle's and how much this machine's HTTP round trips
+cost (the simulated fleet shares the 2 cores with the driver: at 1,024 engines its own request handling is in
+the wall time too). A weight update sends four requests per engine (begin, load, end, version check), the floor one.
+
 The sequential baseline walks the fleet one engine at a time, so it costs N x (L + one call) per operation: it is
 measured for N <= ``--baseline-max`` (64: ~20 s an operation at L = 0.3) and, above it, extrapolated from the
 largest measured N's per-engine time (marked ``~``), which keeps the default run (16, 64, 256, 1,024) to a few
@@ -132,7 +138,8 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
     return out
 
 
-Row = tuple[float, float, float, float, float, float]  # ours wall s, driver CPU s, GC s, layer CPU s, sequential, SMG
+# ours wall s, driver CPU s, GC s, layer CPU s, sequential s, via SMG s, bare fan-out wall s and its driver CPU s
+Row = tuple[float, float, float, float, float, float, float, float]
 
 
 FROZEN: dict[int, int] = {}  # per N: the objects the job froze at its start (gc.get_freeze_count())
@@ -170,21 +177,28 @@ async def measure(
                 engines = job.manager.controller.engines
                 clients = [EngineClient(e.url or "", engine_id=e.id, timeout=60.0) for e in engines]
 
+                async def call(c: EngineClient, op: str) -> None:
+                    if op == "offload":
+                        await c.release_memory_occupation(["weights", "kv_cache"])
+                    elif op == "onload_weights":
+                        await c.resume_memory_occupation(["weights"])
+                    elif op == "update_weights":
+                        await c.update_weights_from_disk(weights, weight_version="b")
+                    else:
+                        await c.resume_memory_occupation(["kv_cache"])
+
                 async def sequential(op: str) -> None:
                     for c in clients:  # the baseline: one engine after another, as a for-loop over the fleet
-                        if op == "offload":
-                            await c.release_memory_occupation(["weights", "kv_cache"])
-                        elif op == "onload_weights":
-                            await c.resume_memory_occupation(["weights"])
-                        elif op == "update_weights":
-                            await c.update_weights_from_disk(weights, weight_version="b")
-                        else:
-                            await c.resume_memory_occupation(["kv_cache"])
+                        await call(c, op)
+
+                async def bare(op: str) -> None:  # the floor: every engine's call at once, no lifecycle at all
+                    await asyncio.gather(*(call(c, op) for c in clients))
 
                 via = await through_gateway([e.url or "" for e in engines], weights) if gateway else {}
                 for op in OPS:
                     seq = (await _timed(functools.partial(sequential, op)))[0] if baseline else float("nan")
-                    out[op] = (*measured[op], seq, via.get(op, float("nan")))
+                    floor = (await _timed(functools.partial(bare, op)))[:2]
+                    out[op] = (*measured[op], seq, via.get(op, float("nan")), *floor)
                 for c in clients:
                     await c.close()
     finally:
@@ -226,7 +240,8 @@ def main() -> None:
     print(f"P7: one fleet operation vs N engines, every slow endpoint answering after L = {latency:g} s{what_if}")
     head = (
         f"{'N':>5}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} "
-        f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7} {'layer':>9} {'growth':>7}"
+        f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7} {'layer':>9} {'growth':>7} {'bare/L':>6} {'bare CPU':>9} "
+        f"{'ours/bare':>6}"
     )
     print(head + (f" {'via SMG':>9} {'SMG/ours':>9}" if args.gateway else ""), flush=True)  # flushes the title
     per_engine: dict[str, float] = {}  # the sequential baseline's seconds per engine at the largest measured N
@@ -234,7 +249,7 @@ def main() -> None:
 
     def report(size: int, ops: dict[str, Row]) -> None:
         print(f"{size:>5}  (the job froze {FROZEN.get(size, 0):,} objects at its start)", flush=True)
-        for op, (wall, cpu, gc_s, layer, seq, via) in ops.items():
+        for op, (wall, cpu, gc_s, layer, seq, via, bare, bare_cpu) in ops.items():
             mark = " "
             if seq == seq:  # measured
                 per_engine[op] = seq / size
@@ -248,7 +263,8 @@ def main() -> None:
             previous[op] = (size, cpu, layer)
             row = (
                 f"{size:>5}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {mark}{seq:>9.3f}s {seq / wall:>8.1f}x "
-                f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7} {layer * 1000:>7.1f}ms {layer_growth:>7}"
+                f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7} {layer * 1000:>7.1f}ms {layer_growth:>7} "
+                f"{bare / latency:>6.2f} {bare_cpu * 1000:>7.1f}ms {wall / bare:>6.2f}"
             )
             print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""), flush=True)
         parts = ", ".join(
