@@ -21,7 +21,8 @@ The floor, in the same run: every engine's call at once (``asyncio.gather`` over
 lifecycle at all: no core, no record, no trainer). Its wall time in L (``bare/L``), its driver CPU, and ours over it
 (``ours/bare``) say how much of an operation's time is the lifecycle's and how much this machine's HTTP round trips
 cost (the simulated fleet shares the 2 cores with the driver: at 1,024 engines its own request handling is in
-the wall time too). A weight update sends four requests per engine (begin, load, end, version check), the floor one.
+the wall time too: its CPU during ours and during the floor is printed, ``fleet CPU`` and ``(bare)``). A weight
+update sends four requests per engine (begin, load, end, version check), the floor one.
 
 The sequential baseline walks the fleet one engine at a time, so it costs N x (L + one call) per operation: it is
 measured for N <= ``--baseline-max`` (64: ~20 s an operation at L = 0.3) and, above it, extrapolated from the
@@ -49,6 +50,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -90,13 +92,30 @@ COLLECTOR = Collector()
 LAYER = Timer()  # the lifecycle layer's calls, while :func:`timed_layer` is on (the rollout manager's operations)
 
 
-async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, float, float]:
-    """(wall s, driver CPU s, of it the garbage collector's s, of it the lifecycle layer's CPU s)."""
+FLEET: list[int] = []  # the simulated fleet's process id, while one runs
+
+
+def _fleet_cpu() -> float:
+    """CPU seconds the simulated fleet's process has used (Linux /proc; 0 elsewhere): its own request handling
+    shares this machine's cores with the driver."""
+    try:
+        with open(f"/proc/{FLEET[-1]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (IndexError, OSError, ValueError):
+        return 0.0
+
+
+async def _timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, float, float, float, float]:
+    """(wall s, driver CPU s, of it the garbage collector's s, of it the lifecycle layer's CPU s, the simulated
+    fleet's CPU s)."""
     COLLECTOR.reset()
     layer = LAYER.cpu
+    fleet = _fleet_cpu()
     wall, cpu = time.perf_counter(), time.process_time()
     await fn()
-    return time.perf_counter() - wall, time.process_time() - cpu, COLLECTOR.reset(), LAYER.cpu - layer
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu, COLLECTOR.reset(), LAYER.cpu - layer, _fleet_cpu() - fleet
 
 
 async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
@@ -127,7 +146,7 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
                     params = {"selector": "engine=sglang"}
                     answer.append(await fan._call("POST", route, body=body, send_body=True, params=params))
 
-                out[op], _, _, _ = await _timed(fan_out)
+                out[op] = (await _timed(fan_out))[0]
                 done = fan._json(route, answer[-1])
                 if done.get("succeeded") != len(urls):  # a 207: some engines failed the call
                     raise RuntimeError(f"{route}: {done.get('succeeded')} of {len(urls)} engines answered: {done}")
@@ -138,8 +157,9 @@ async def through_gateway(urls: list[str], weights: str) -> dict[str, float]:
     return out
 
 
-# ours wall s, driver CPU s, GC s, layer CPU s, sequential s, via SMG s, bare fan-out wall s and its driver CPU s
-Row = tuple[float, float, float, float, float, float, float, float]
+# ours wall s, driver CPU s, GC s, layer CPU s, sequential s, via SMG s, bare fan-out wall s and its driver CPU s,
+# the simulated fleet's CPU s during ours and during the bare fan-out
+Row = tuple[float, float, float, float, float, float, float, float, float, float]
 
 
 FROZEN: dict[int, int] = {}  # per N: the objects the job froze at its start (gc.get_freeze_count())
@@ -153,6 +173,7 @@ async def measure(
     (:class:`trainer.app.Job`, the fleet as its engines); the weight update includes the real trainer's
     checkpoint write, which the sequential baseline (engines only) does not pay."""
     fleet = SimFleet(size, dict.fromkeys(SLOW, latency))
+    FLEET.append(fleet.process.pid)
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": size, "offload_rollout": True})
     out: dict[str, Row] = {}
     try:
@@ -197,12 +218,14 @@ async def measure(
                 via = await through_gateway([e.url or "" for e in engines], weights) if gateway else {}
                 for op in OPS:
                     seq = (await _timed(functools.partial(sequential, op)))[0] if baseline else float("nan")
-                    floor = (await _timed(functools.partial(bare, op)))[:2]
-                    out[op] = (*measured[op], seq, via.get(op, float("nan")), *floor)
+                    floor = await _timed(functools.partial(bare, op))
+                    wall, cpu, gc_s, layer, fleet_s = measured[op]
+                    out[op] = (wall, cpu, gc_s, layer, seq, via.get(op, float("nan")), *floor[:2], fleet_s, floor[4])
                 for c in clients:
                     await c.close()
     finally:
         fleet.close()
+        FLEET.clear()
     return out
 
 
@@ -241,7 +264,7 @@ def main() -> None:
     head = (
         f"{'N':>5}  {'operation':<15} {'ours':>8} {'ours/L':>7} {'sequential':>11} {'speed-up':>9} "
         f"{'CPU/op':>9} {'of it GC':>9} {'growth':>7} {'layer':>9} {'growth':>7} {'bare/L':>6} {'bare CPU':>9} "
-        f"{'ours/bare':>6}"
+        f"{'ours/bare':>9} {'fleet CPU':>9} {'(bare)':>9}"
     )
     print(head + (f" {'via SMG':>9} {'SMG/ours':>9}" if args.gateway else ""), flush=True)  # flushes the title
     per_engine: dict[str, float] = {}  # the sequential baseline's seconds per engine at the largest measured N
@@ -249,7 +272,7 @@ def main() -> None:
 
     def report(size: int, ops: dict[str, Row]) -> None:
         print(f"{size:>5}  (the job froze {FROZEN.get(size, 0):,} objects at its start)", flush=True)
-        for op, (wall, cpu, gc_s, layer, seq, via, bare, bare_cpu) in ops.items():
+        for op, (wall, cpu, gc_s, layer, seq, via, bare, bare_cpu, fleet_s, bare_fleet) in ops.items():
             mark = " "
             if seq == seq:  # measured
                 per_engine[op] = seq / size
@@ -264,7 +287,8 @@ def main() -> None:
             row = (
                 f"{size:>5}  {op:<15} {wall:>7.3f}s {wall / latency:>7.2f} {mark}{seq:>9.3f}s {seq / wall:>8.1f}x "
                 f"{cpu * 1000:>7.1f}ms {gc_s * 1000:>7.1f}ms {growth:>7} {layer * 1000:>7.1f}ms {layer_growth:>7} "
-                f"{bare / latency:>6.2f} {bare_cpu * 1000:>7.1f}ms {wall / bare:>6.2f}"
+                f"{bare / latency:>6.2f} {bare_cpu * 1000:>7.1f}ms {wall / bare:>9.2f} "
+                f"{fleet_s * 1000:>7.0f}ms {bare_fleet * 1000:>7.0f}ms"
             )
             print(row + (f" {via:>8.3f}s {via / wall:>8.2f}x" if args.gateway else ""), flush=True)
         parts = ", ".join(
