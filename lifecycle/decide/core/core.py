@@ -338,11 +338,6 @@ class Core:
                 tx.news(event)
             if tx.refused is not None:
                 return Result(state, (), (), tx.refused, tuple(tx.blocked))
-            if not tx.moves and not tx.commands and not tx.blocked and tx.state() == state:
-                # Nothing moved: ``state`` is what an earlier step left, its programs run as far as they can, so
-                # running them again would find nothing to do. Most news changes nothing (two steps in three of
-                # the checker's largest exploration; the loop's probes): skip the programs and the rebuild.
-                return Result(state, fenced=tuple(tx.fenced))
             tx.run_programs()
             return Result(
                 tx.state(), tuple(tx.moves), tuple(tx.commands), None, tuple(tx.blocked), tx.commits, tuple(tx.fenced)
