@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,8 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kept")
-    out: dict[str, Path] = {}
-    for name, interval in (("uninterrupted", 1), ("at-checkpoint", 1), ("after-checkpoint", 2), ("mid-update", 1)):
+
+    def one(name: str, interval: int) -> Path:
         run_dir = base / name
         inject = ("--inject", f"kill-driver:0@{KILL_AT}") if name.endswith("checkpoint") else ()
         # mid-update: the update of step 1 pushes version 2 (the checkpoint after step 0 holds version 1)
@@ -100,8 +101,14 @@ def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathF
             assert resumed.returncode == 0, resumed.stderr[-3000:]
         else:
             assert first.returncode == 0, first.stderr[-3000:]
-        out[name] = run_dir
-    return out
+        return run_dir
+
+    # four independent jobs (each its own run directory, so its own actor names and ledger) on the one head,
+    # two at a time: each driver mostly waits on its engines and its imports
+    plan = (("uninterrupted", 1), ("at-checkpoint", 1), ("after-checkpoint", 2), ("mid-update", 1))
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="kept-run") as pool:
+        futures = {name: pool.submit(one, name, interval) for name, interval in plan}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def _resumed_part(run_dir: Path) -> list[dict[str, Any]]:

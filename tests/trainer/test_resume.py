@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,19 @@ def _final_state_sha(run_dir: Path) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
     pytest.importorskip("ray")
     base = tmp_path_factory.mktemp("resume")
-    plain = base / "uninterrupted"
-    assert _start(plain).returncode == 0
-    killed = base / "killed"
-    died = _start(killed, "--inject", f"kill-driver:0@{KILL_AT}")
-    resumed = _lifecycle("--resume", str(killed), "--quiet", cwd=base)
+    plain, killed = base / "uninterrupted", base / "killed"
+
+    def killed_and_resumed() -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+        died = _start(killed, "--inject", f"kill-driver:0@{KILL_AT}")
+        return died, _lifecycle("--resume", str(killed), "--quiet", cwd=base)
+
+    # the two jobs are independent processes (each its own Ray), so they run side by side: two at a time
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="resume-run") as pool:
+        uninterrupted = pool.submit(_start, plain)
+        interrupted = pool.submit(killed_and_resumed)
+        first = uninterrupted.result()
+        died, resumed = interrupted.result()
+    assert first.returncode == 0, first.stderr[-3000:]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return plain, killed, died
 
