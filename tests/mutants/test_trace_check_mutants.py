@@ -79,41 +79,50 @@ def _run(tree: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def replay_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+RunResult = tuple[subprocess.CompletedProcess[str], Path]
+CI_TEST = (CASES[0].mutant, "ci-test")  # the --ci-test run (on the first case's mutant), beside the cases' runs
+
+
+def _replay_data(root: Path) -> str:
     """Two saved rollouts of the real tree, for the replay case."""
-    root = tmp_path_factory.mktemp("saved")
     template = str(root / "data" / "{rollout_id}.json")
     run = _run(ROOT, ["--steps", "2", "--save-debug-rollout-data", template, "--run-dir", str(root / "run")])
     assert run.returncode == 0, run.stderr[-2000:]
     return template
 
 
-RunResult = tuple[subprocess.CompletedProcess[str], Path]
-
-
 @pytest.fixture(scope="module")
-def runs(
-    replay_data: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[tuple[str, bool], Future[RunResult]]]:
-    """Every case's run on its mutant's tree and on the real one, two at a time (each is a ``lifecycle run`` of its
-    own: its Ray, engines and gateway mostly wait), keyed by (mutant, mutated)."""
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, bool | str], Future[RunResult]]]:
+    """Every case's run on its mutant's tree and on the real one, and the ``--ci-test`` run, two at a time (each is a
+    ``lifecycle run`` of its own: its Ray, engines and gateway mostly wait), keyed by (mutant, mutated). The replay
+    case's saved rollouts are made first, in the same pool; the replay runs, submitted last, wait for them."""
     root = tmp_path_factory.mktemp("trace-runs")
 
-    def one(case: Case, mutated: bool) -> RunResult:
+    def one(case: Case, mutated: bool, replay_data: Future[str]) -> RunResult:
         where = root / f"{case.mutant}-{'mutant' if mutated else 'real'}"
         tree = mutated_copy(BY_NAME[case.mutant], where / "tree") if mutated else ROOT
-        argv = [a.replace("{data}", replay_data) for a in case.argv]
+        argv = [a.replace("{data}", replay_data.result()) if "{data}" in a else a for a in case.argv]
         return _run(tree, [*argv, "--run-dir", str(where / "run")]), where / "run" / "events.jsonl"
 
+    def ci_test() -> RunResult:
+        where = root / "ci-test"
+        case = CASES[0]
+        tree = mutated_copy(BY_NAME[case.mutant], where / "tree")
+        return _run(tree, [*case.argv, "--ci-test", "--run-dir", str(where / "run")]), where / "run" / "events.jsonl"
+
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trace-run") as pool:
-        yield {(c.mutant, m): pool.submit(one, c, m) for c in CASES for m in (True, False)}
+        replay_data = pool.submit(_replay_data, tmp_path_factory.mktemp("saved"))
+        futures: dict[tuple[str, bool | str], Future[RunResult]] = {
+            (c.mutant, m): pool.submit(one, c, m, replay_data) for c in CASES for m in (True, False)
+        }
+        futures[CI_TEST] = pool.submit(ci_test)
+        yield futures
 
 
 @pytest.mark.slow  # a tree copy and a real run (its own Ray cluster) per mutant
 @pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
 def test_trace_check_names_the_invariant_a_runtime_mutant_breaks(
-    case: Case, runs: dict[tuple[str, bool], Future[RunResult]], capsys: pytest.CaptureFixture[str]
+    case: Case, runs: dict[tuple[str, bool | str], Future[RunResult]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     run, log = runs[(case.mutant, True)].result()
     assert log.is_file(), f"{case.mutant}: the run wrote no event log (exit {run.returncode}):\n{run.stderr[-2000:]}"
@@ -126,7 +135,7 @@ def test_trace_check_names_the_invariant_a_runtime_mutant_breaks(
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.mutant for c in CASES])
 def test_the_same_run_on_the_real_tree_passes_trace_check(
-    case: Case, runs: dict[tuple[str, bool], Future[RunResult]], capsys: pytest.CaptureFixture[str]
+    case: Case, runs: dict[tuple[str, bool | str], Future[RunResult]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The control: each scenario without its mutant breaks nothing (the check is specific, not noisy)."""
     run, log = runs[(case.mutant, False)].result()
@@ -135,12 +144,13 @@ def test_the_same_run_on_the_real_tree_passes_trace_check(
 
 
 @pytest.mark.slow
-def test_under_ci_test_the_live_monitor_stops_the_run_at_the_violation(tmp_path: Path) -> None:
+def test_under_ci_test_the_live_monitor_stops_the_run_at_the_violation(
+    runs: dict[tuple[str, bool | str], Future[RunResult]],
+) -> None:
     """--ci-test: the first violation the live monitor logs ends the run, exit 2 naming the invariant."""
     case = CASES[0]
-    tree = mutated_copy(BY_NAME[case.mutant], tmp_path / "tree")
-    run = _run(tree, [*case.argv, "--ci-test", "--run-dir", str(tmp_path / "run")])
+    run, log = runs[CI_TEST].result()
     assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
     assert f"invariant {case.invariant} violated" in run.stderr, run.stderr[-2000:]
-    steps = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = (log.parent / "metrics.jsonl").read_text().splitlines()
     assert len(steps) < 4  # it stopped at the step that showed the violation, not at the end
