@@ -472,7 +472,10 @@ def ray_head(temp_dir: str, *, num_cpus: int = 4, timeout: float = 120.0) -> Ite
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
+    # no drain at SIGTERM: Ray's default (up to 30 s) waits for the raylet this process-group kill has already
+    # stopped, so the head never exited within the 10 s below and every stop ended in the SIGKILL after them
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     env.pop("RAY_ADDRESS", None)
     cmd = [str(ray_cli), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}"]
     cmd += ["--include-dashboard=false", f"--temp-dir={temp_dir}"]
