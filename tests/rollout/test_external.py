@@ -58,7 +58,16 @@ def _start(port: int = 0) -> ServerProcess:
 
 @pytest.fixture
 def servers() -> Iterator[list[ServerProcess]]:
-    procs = [_start(), _start()]
+    procs = [ServerProcess(torch_engine_command(port=0, seed=0), engine_id=f"outside-{i}") for i in range(2)]
+    for p in procs:  # both start at once (their torch imports overlap), then each is waited for as _start does
+        p.spawn()
+    try:
+        for p in procs:
+            p.wait_ready(60.0)
+    except BaseException:
+        for p in procs:
+            p.close()
+        raise
     yield procs
     for p in procs:
         if p.alive:
