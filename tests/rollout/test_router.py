@@ -92,8 +92,11 @@ class CheckingRunner(Runner):
 
 
 class Rig:
-    def __init__(self, flags: dict[str, Any], tmp: Path, *, vllm_python: str | None = None) -> None:
-        """``vllm_python``: real vLLM servers (``--rollout-backend vllm``) on tiny Llama checkpoints."""
+    def __init__(
+        self, flags: dict[str, Any], tmp: Path, *, vllm_python: str | None = None, timeouts: Timeouts | None = None
+    ) -> None:
+        """``vllm_python``: real vLLM servers (``--rollout-backend vllm``) on tiny Llama checkpoints; ``timeouts``:
+        the engines' bounds (default: the slot's own, or a 300 s start-up for vLLM)."""
         self.vllm = vllm_python is not None
         self.config = LifecycleConfig.from_mapping({**flags, **({"rollout_backend": "vllm"} if self.vllm else {})})
         self.tmp = tmp
@@ -110,7 +113,7 @@ class Rig:
             TASK,
             runner=self.runner,
             launcher_factory=launchers,
-            timeouts=Timeouts(startup=300.0) if self.vllm else None,
+            timeouts=timeouts or (Timeouts(startup=300.0) if self.vllm else None),
             router=True,
             log_dir=str(tmp),
         )
@@ -285,7 +288,9 @@ def test_smgs_own_verdict_on_a_stalled_serving_engine_is_news_the_lifecycle_acts
     is marked not_ready by SMG first (1 s checks, against the lifecycle monitor's 5 s); SMG only tells: the
     lifecycle marks the engine Unhealthy with SMG's verdict as the reason, removes it from SMG, recovers it (rollout
     FT) and registers it again once it holds the committed weights -- and SMG routes to it again."""
-    rig = Rig({**ROLLOUT_FT, "gateway_health_check": True}, tmp_path)
+    # the stalled engine's in-flight requests end at the request bound, then go on elsewhere: 10 s, not the default
+    # 30 s, which the whole generate waited out -- still far beyond SMG's verdict (~3 s) and a healthy engine's answer
+    rig = Rig({**ROLLOUT_FT, "gateway_health_check": True}, tmp_path, timeouts=Timeouts(request=10.0))
     rig.runner.rig = None  # SMG may disagree for the moment it takes to tell: the news, not the settled check
     try:
         rig.run(rig.manager.init(rig.weights(0)))
