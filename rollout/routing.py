@@ -32,7 +32,16 @@ from engines.vllm.client import VLLMClient
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.events import GATEWAY, EventLog
 
-OnUnhealthy = Callable[[str, str], Awaitable[None]]
+
+class OnUnhealthy(Protocol):
+    """Report that a request to an engine failed: (engine id, reason, the generation -- ``Engine.epoch`` -- of the
+    process the request was sent to, read when it was sent). A failure that comes back after the engine's process
+    was replaced is about the old one: the core fences it (a rollout function that does not know the generation
+    passes none, and its report is taken as about the current process)."""
+
+    def __call__(self, engine_id: str, reason: str, epoch: int | None = None, /) -> Awaitable[None]: ...
+
+
 # the gateway's verdict on an engine: (engine id, reason, the generation of the process it was published as)
 OnVerdict = Callable[[str, str, int | None], Awaitable[None]]
 OnRouterDeath = Callable[[str], Awaitable[None]]
@@ -101,12 +110,13 @@ class LocalRouting:
         async def shard(engine: Engine, batch: list[GenRequest]) -> None:
             if engine.client is None:
                 return
+            epoch = engine.epoch  # the process the batch goes to: by the time it fails, it may have been replaced
             try:
                 answers = await engine.client.generate_batch(
                     [r.text for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
                 )
             except EngineError as exc:
-                await on_unhealthy(engine.id, f"generate failed: {exc}")
+                await on_unhealthy(engine.id, f"generate failed: {exc}", epoch)
                 return
             for r, answer in zip(batch, answers, strict=True):
                 done[r.index] = Answer(answer, engine.id)
@@ -298,12 +308,15 @@ class RouterRouting:
             if not todo or not await self._members_ready():
                 break
             by_url = {url: engine_id for engine_id, url in self._urls.items()}
+            epochs = {engine_id: e.epoch for engine_id, e in self._engines.items()}  # the processes this try reaches
             versions = {e.weight_version for e in self._engines.values()}  # Serving engines hold one (committed)
             served = {"weight_version": versions.pop() if len(versions) == 1 else None}
             failures = [f for f in await asyncio.gather(*(one(r) for r in todo)) if f is not None]
             named = {engine_id: error for engine_id, error in failures if engine_id}
             for engine_id in sorted(named, key=_slot_order):
-                await on_unhealthy(engine_id, f"generate through the router failed: {named[engine_id]}")
+                await on_unhealthy(
+                    engine_id, f"generate through the router failed: {named[engine_id]}", epochs.get(engine_id)
+                )
             unnamed = [error for engine_id, error in failures if not engine_id]
             if unnamed:
                 await self._diagnose(unnamed[0], on_unhealthy)
@@ -313,11 +326,13 @@ class RouterRouting:
         """A failure the router does not pin on an engine (a timeout): probe the members, bounded, and report
         the ones that do not answer -- the lifecycle marks them, the next try goes to the others."""
         engines = [self._engines[e] for e in self.members() if e in self._engines]
+        epochs = [engine.epoch for engine in engines]  # the processes probed
         timeout = min(10.0, self.router.request_timeout)
         outcomes = await asyncio.gather(*(engine.probe(timeout) for engine in engines))
-        for engine, outcome in zip(engines, outcomes, strict=True):
+        for engine, epoch, outcome in zip(engines, epochs, outcomes, strict=True):
             if outcome.name != "probe_ok":
-                await on_unhealthy(engine.id, f"generate through the router failed ({error}); {outcome.reason}")
+                reason = f"generate through the router failed ({error}); {outcome.reason}"
+                await on_unhealthy(engine.id, reason, epoch)
 
     async def kill(self) -> None:
         """SIGKILL the router process (the ``kill-router`` fault): a real death its watcher reports."""

@@ -28,7 +28,7 @@ def _engine(i: int) -> Any:
     return SimpleNamespace(id=f"engine-{i}", client=CountingClient(), **fields)
 
 
-async def _never_unhealthy(engine_id: str, reason: str) -> None:
+async def _never_unhealthy(engine_id: str, reason: str, epoch: int | None = None) -> None:
     raise AssertionError(f"{engine_id}: {reason}")
 
 
