@@ -82,10 +82,13 @@ class Routing(Protocol):
 
 @dataclass
 class LocalRouting:
-    """In-process membership: the published engines, in slot order."""
+    """In-process membership: the published engines, in slot order. Withdrawing an engine also cancels the batch
+    in flight to it (a hung engine the lifecycle has just marked), so its prompts go to the others at once instead
+    of waiting out the request timeout."""
 
     name: str = "local"
     _members: dict[str, Engine] = field(default_factory=dict)
+    _inflight: dict[str, set[asyncio.Future[Any]]] = field(default_factory=dict)  # engine id -> batches out to it
 
     def members(self) -> list[str]:
         return sorted(self._members, key=_slot_order)
@@ -98,6 +101,8 @@ class LocalRouting:
 
     async def withdraw(self, engine: Engine) -> Outcome:
         self._members.pop(engine.id, None)
+        for request in self._inflight.pop(engine.id, ()):
+            request.cancel()  # its prompts are not answered: the generate's next try sends them to the others
         return Outcome("done")
 
     async def generate(
@@ -111,13 +116,25 @@ class LocalRouting:
             if engine.client is None:
                 return
             epoch = engine.epoch  # the process the batch goes to: by the time it fails, it may have been replaced
-            try:
-                answers = await engine.client.generate_batch(
+            request = asyncio.ensure_future(
+                engine.client.generate_batch(
                     [r.text for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
                 )
+            )
+            out = self._inflight.setdefault(engine.id, set())
+            out.add(request)  # only while it waits on the engine: a report is never cut short
+            try:
+                answers = await request
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the generate itself is cancelled
+                return  # withdrawn while it waited (the engine was marked or stopped): tried again on the others
             except EngineError as exc:
                 await on_unhealthy(engine.id, f"generate failed: {exc}", epoch)
                 return
+            finally:
+                out.discard(request)
             for r, answer in zip(batch, answers, strict=True):
                 done[r.index] = Answer(answer, engine.id)
 

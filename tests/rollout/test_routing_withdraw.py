@@ -85,3 +85,72 @@ def test_withdrawing_unregisters_the_engine_at_the_router_itself() -> None:
     asyncio.run(run())
     assert router.listed == {"http://127.0.0.1:30001"}  # what the router routes to, not only our books
     assert routing.members() == ["engine-1"]
+
+
+class HungClient:
+    """An engine that never answers (hung): its batch waits until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.cancelled = 0
+
+    async def generate_batch(self, texts: list[str], **kw: Any) -> list[Any]:
+        self.waiting += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        raise AssertionError("a hung engine answered")
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(2000):  # bounded: 2,000 turns of the event loop
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never happened")
+
+
+def test_withdrawing_an_engine_cancels_its_batch_out_and_its_prompts_go_to_the_others() -> None:
+    """A hung engine the lifecycle marks is withdrawn while the rollout's batch waits on it: the batch is cancelled
+    and its prompts go to the other engine at once, instead of waiting out the request timeout."""
+    routing = LocalRouting()
+    hung, serving = _engine(0), _engine(1)
+    hung.client = HungClient()
+    requests = [GenRequest(k, f"p{k}", {}) for k in range(4)]
+
+    async def run() -> dict[int, Any]:
+        for e in (hung, serving):
+            assert (await routing.publish(e)).name == "done"
+        generate = asyncio.ensure_future(routing.generate(requests, _never_unhealthy, logprobs=False))
+        await _until(lambda: hung.client.waiting == 1)
+        assert (await routing.withdraw(hung)).name == "done"
+        return await asyncio.wait_for(generate, 10)  # without the cancel: waits for the hung engine for ever
+
+    answers = asyncio.run(run())
+    assert hung.client.cancelled == 1
+    assert sorted(answers) == [0, 1, 2, 3] and {a.engine for a in answers.values()} == {"engine-1"}
+    assert len(serving.client.prompts) == 4  # two in the first try, the hung engine's two in the next
+
+
+def test_a_cancelled_generate_stays_cancelled() -> None:
+    """The withdrawal's cancel is the routing's own: a generate that is itself cancelled (the run stops) is not
+    turned into a retry or an answer."""
+    routing = LocalRouting()
+    hung = _engine(0)
+    hung.client = HungClient()
+
+    async def run() -> None:
+        assert (await routing.publish(hung)).name == "done"
+        generate = asyncio.ensure_future(routing.generate([GenRequest(0, "p", {})], _never_unhealthy, logprobs=False))
+        await _until(lambda: hung.client.waiting == 1)
+        generate.cancel()
+        try:
+            await generate
+        except asyncio.CancelledError:
+            return
+        raise AssertionError("the cancelled generate returned")
+
+    asyncio.run(run())
+    assert hung.client.cancelled == 1 and hung.client.waiting == 1  # not retried
