@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -430,9 +431,20 @@ def mutated_copy(mutant: RuntimeMutant, dest: Path) -> Path:
     return dest
 
 
-def run_tests(tree: Path, tests: list[str], *, timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
+def child_environ() -> dict[str, str]:
+    """This process's environment for a child, less pytest's per-test variable. Read it on the test session's
+    thread and hand it to a pool's worker: a worker reading os.environ races pytest setting and removing
+    PYTEST_CURRENT_TEST between tests (a KeyError in CI)."""
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def run_tests(
+    tree: Path, tests: list[str], *, timeout: float = 900.0, environ: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The fast suite's tests ``tests`` on ``tree`` (its packages shadow the installed ones)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**(child_environ() if environ is None else environ), "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     contracts = ROOT.parent / "shared" / "contracts"
     if "LIFECYCLE_CONTRACTS" not in env and contracts.is_dir():
         env["LIFECYCLE_CONTRACTS"] = str(contracts)
@@ -440,10 +452,12 @@ def run_tests(tree: Path, tests: list[str], *, timeout: float = 900.0) -> subpro
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def kill(mutant: RuntimeMutant, tests: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def kill(
+    mutant: RuntimeMutant, tests: list[str] | None = None, environ: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as tmp:
         tree = mutated_copy(mutant, Path(tmp))
-        return run_tests(tree, list(tests if tests is not None else mutant.killers))
+        return run_tests(tree, list(tests if tests is not None else mutant.killers), environ=environ)
 
 
 def markdown_table() -> str:

@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from .runtime_mutants import MUTANTS, ROOT, RuntimeMutant, kill, markdown_table
+from .runtime_mutants import MUTANTS, ROOT, RuntimeMutant, child_environ, kill, markdown_table
 
 
 def test_there_are_at_least_twelve_runtime_mutants_in_runtime_modules() -> None:
@@ -45,8 +45,9 @@ def kills(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[subproces
         for item in request.session.items
         if getattr(item, "originalname", "") == KILL_TEST and hasattr(item, "callspec")
     ]
+    environ = child_environ()  # read here: see child_environ
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="mutant") as pool:
-        yield {m.name: pool.submit(kill, m) for m in chosen}
+        yield {m.name: pool.submit(kill, m, None, environ) for m in chosen}
 
 
 @pytest.mark.slow  # each mutant copies the tree and starts a pytest of its own

@@ -10,10 +10,9 @@ explorer catch, and leave an event log that looks like a correct run of a differ
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from lifecycle.cli import main
 from lifecycle.observe.monitor import JUDGED
 
-from .runtime_mutants import BY_NAME, ROOT, mutated_copy
+from .runtime_mutants import BY_NAME, ROOT, child_environ, mutated_copy
 
 FT = ["--use-fault-tolerance", "--ft-components", "rollout"]
 
@@ -73,8 +72,8 @@ def test_every_case_names_a_real_mutant_and_an_invariant_the_monitor_judges() ->
         assert case.mutant in BY_NAME and case.invariant in JUDGED
 
 
-def _run(tree: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "RAY_DEDUP_LOGS": "0"}
+def _run(tree: Path, argv: list[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {**environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "RAY_DEDUP_LOGS": "0"}
     cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--quiet", *argv]
     return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
 
@@ -83,10 +82,10 @@ RunResult = tuple[subprocess.CompletedProcess[str], Path]
 CI_TEST = (CASES[0].mutant, "ci-test")  # the --ci-test run (on the first case's mutant), beside the cases' runs
 
 
-def _replay_data(root: Path) -> str:
+def _replay_data(root: Path, environ: Mapping[str, str]) -> str:
     """Two saved rollouts of the real tree, for the replay case."""
     template = str(root / "data" / "{rollout_id}.json")
-    run = _run(ROOT, ["--steps", "2", "--save-debug-rollout-data", template, "--run-dir", str(root / "run")])
+    run = _run(ROOT, ["--steps", "2", "--save-debug-rollout-data", template, "--run-dir", str(root / "run")], environ)
     assert run.returncode == 0, run.stderr[-2000:]
     return template
 
@@ -97,21 +96,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, b
     ``lifecycle run`` of its own: its Ray, engines and gateway mostly wait), keyed by (mutant, mutated). The replay
     case's saved rollouts are made first, in the same pool; the replay runs, submitted last, wait for them."""
     root = tmp_path_factory.mktemp("trace-runs")
+    environ = child_environ()  # read here, not in the pool: see child_environ
 
     def one(case: Case, mutated: bool, replay_data: Future[str]) -> RunResult:
         where = root / f"{case.mutant}-{'mutant' if mutated else 'real'}"
         tree = mutated_copy(BY_NAME[case.mutant], where / "tree") if mutated else ROOT
         argv = [a.replace("{data}", replay_data.result()) if "{data}" in a else a for a in case.argv]
-        return _run(tree, [*argv, "--run-dir", str(where / "run")]), where / "run" / "events.jsonl"
+        return _run(tree, [*argv, "--run-dir", str(where / "run")], environ), where / "run" / "events.jsonl"
 
     def ci_test() -> RunResult:
         where = root / "ci-test"
         case = CASES[0]
         tree = mutated_copy(BY_NAME[case.mutant], where / "tree")
-        return _run(tree, [*case.argv, "--ci-test", "--run-dir", str(where / "run")]), where / "run" / "events.jsonl"
+        run = _run(tree, [*case.argv, "--ci-test", "--run-dir", str(where / "run")], environ)
+        return run, where / "run" / "events.jsonl"
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="trace-run") as pool:
-        replay_data = pool.submit(_replay_data, tmp_path_factory.mktemp("saved"))
+        replay_data = pool.submit(_replay_data, tmp_path_factory.mktemp("saved"), environ)
         futures: dict[tuple[str, bool | str], Future[RunResult]] = {
             (c.mutant, m): pool.submit(one, c, m, replay_data) for c in CASES for m in (True, False)
         }

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -222,13 +222,21 @@ def _runner_error(error: dict[str, str] | None) -> BaseException | str | None:
     return f"{error['module']}.{error['name']}: {error['text']}"
 
 
+def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
+    """A child's environment: ``environ`` (read on the session's thread), else this process's, less pytest's
+    per-test variable (a child is no test of this session)."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
 class CellRunner:
     """One cell runner process (:func:`_runner_main`) of a lane of :func:`cell_runs`: a cell at a time."""
 
     TIMEOUT = 480.0  # a cell that never ends (a hung run) fails, and the runner is replaced (the longest: ~150 s)
 
-    def __init__(self, ray_address: str, where: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    def __init__(self, ray_address: str, where: Path, environ: Mapping[str, str]) -> None:
+        env = {**environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
         env.pop("RAY_ADDRESS", None)
         env.pop(AUDIT_ENV, None)
         self.log = where / "runner.log"
@@ -294,7 +302,7 @@ def run_in_runner(fault: Fault, ft: str, mode: str, tmp: Path, runner: CellRunne
     return Run(fault, ft, mode, error, done["seconds"], events, audit, steps, stopped_at=done["stopped_at"])
 
 
-def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
+def run_subprocess(fault: Fault, ft: str, tmp: Path, environ: Mapping[str, str] | None = None) -> Run:
     """``lifecycle run --ray-nodes 3``: a head and 2 worker nodes, engines on the workers."""
     audit = tmp / "audit.jsonl"
     cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *_flags(cell_config(fault.kind, ft))]
@@ -309,7 +317,7 @@ def run_subprocess(fault: Fault, ft: str, tmp: Path) -> Run:
         str(tmp / "run"),
     ]
     cmd += ["--rollout-function", "matrix_audit:factory", "--quiet"]
-    env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env = {**_environ(environ), AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
@@ -328,7 +336,13 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-def run_killed_and_resumed(ft: str, tmp: Path, mode: str = "normal", ray_address: str | None = None) -> Run:
+def run_killed_and_resumed(
+    ft: str,
+    tmp: Path,
+    mode: str = "normal",
+    ray_address: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Run:
     """``lifecycle run --save`` SIGKILLs itself (the fault), then ``lifecycle run --resume`` finishes the job; in
     the *kept-engines* mode both drivers join one Ray head that outlives them, and the resume adopts the engines."""
     audit = tmp / "audit.jsonl"
@@ -337,7 +351,7 @@ def run_killed_and_resumed(ft: str, tmp: Path, mode: str = "normal", ray_address
     flags += ["--inject", f"kill-driver:0@{DRIVER_AT}", "--run-dir", str(tmp / "run")]
     flags += ["--rollout-function", "matrix_audit:factory", "--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
     joined = ["--ray-address", ray_address] if ray_address else []
-    env = {**os.environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env = {**_environ(environ), AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
     env["RAY_AUTH_MODE"] = "disabled"  # the private head's setting (engines.actor.ray_head)
     fault = Fault("kill-driver", 0, DRIVER_AT)
@@ -654,17 +668,21 @@ class Lane:
     def __init__(self, where: Where, tmp: Path) -> None:
         self.where, self.tmp = where, tmp
         self.runner: CellRunner | None = None
+        # read here, on the test session's thread: a lane's thread reading os.environ races pytest setting and
+        # removing PYTEST_CURRENT_TEST between tests (a KeyError in CI)
+        self.environ = _environ(None)
 
     def run(self, cell: Cell, tmp: Path) -> Run:
         """One cell's run(s), each in processes of its own: ``lifecycle run`` killed and resumed (``kill-driver``),
         on a 3-node cluster of its own (``lose-node``), else the loop in the cell runner on the session's cluster."""
         kind, mode, ft = cell
         if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
-            return run_killed_and_resumed(ft, tmp, mode, self.where.kept_head if mode == "kept-engines" else None)
+            kept = self.where.kept_head if mode == "kept-engines" else None
+            return run_killed_and_resumed(ft, tmp, mode, kept, self.environ)
         if kind == "lose-node":
-            return run_subprocess(cell_fault(kind), ft, tmp)
+            return run_subprocess(cell_fault(kind), ft, tmp, self.environ)
         if self.runner is None or self.runner.proc.poll() is not None:
-            self.runner = CellRunner(self.where.ray_address, self.tmp)
+            self.runner = CellRunner(self.where.ray_address, self.tmp, self.environ)
         vllm = self.where.vllm_python if mode == "vllm" else None
         return run_in_runner(cell_fault(kind), ft, mode, tmp, self.runner, vllm)
 
