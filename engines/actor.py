@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -46,6 +47,10 @@ class EngineActor:
         self.lease = lease
         self._deadline = time.monotonic() + lease if lease else None
         self._crashing = False  # crash() is taking the actor down: its own death is the news, not the server's
+        # the server's parent-death signal fires when the thread that spawned it ends, and the threads Ray runs
+        # calls on are its own: a thread of ours that lives as long as the actor spawns it, so however the actor
+        # dies (SIGKILL, OOM, a lost worker) its server dies too, never orphaned with its port and memory
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{engine_id}-spawner")
         if lease:
             threading.Thread(target=self._expire, name=f"{engine_id}-lease", daemon=True).start()
 
@@ -94,8 +99,11 @@ class EngineActor:
             self.process.wait_dead(10.0)
         full = {**os.environ, **env} if env else None
         self.epoch = epoch
-        self.process = ServerProcess(command, engine_id=self.engine_id, url=url, health_path=health_path, env=full)
-        return self.process.start(timeout)
+        self.process = ServerProcess(
+            command, engine_id=self.engine_id, url=url, health_path=health_path, env=full, die_with_parent=True
+        )
+        self._spawner.submit(self.process.spawn).result()
+        return self.process.wait_ready(timeout)
 
     def info(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (dead, its parent not yet reaped it)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
         return False
-    return True
+    return fields[0] not in ("Z", "X")
 
 
 def _launcher(keep: Keep, engine_id: str = "engine-0") -> RayLauncher:
@@ -169,3 +170,33 @@ def test_a_ledger_that_cannot_be_read_names_the_file_and_the_fix(tmp_path: Path,
     with pytest.raises(LedgerError, match="engine ledger cannot be read") as err:
         EngineLedger.read(path, "ns")
     assert str(path) in str(err.value) and "delete the file" in str(err.value)
+
+
+def test_a_server_dies_with_its_actor_however_the_actor_dies() -> None:
+    """The actor process is SIGKILLed (an OOM kill, a lost worker): nothing of it runs to kill its server, and the
+    lease thread died with it, so only the kernel can: the server is spawned with a parent-death signal tied to a
+    thread that lives as long as the actor. Without it the server is orphaned for good, holding its port and memory."""
+    import signal
+
+    keep = Keep(f"job-{uuid.uuid4().hex[:8]}", lease=60)
+
+    async def scenario() -> None:
+        launcher = _launcher(keep)
+        launcher.epoch = 1
+        await launcher.launch()
+        for _ in range(20):  # calls on the actor's other threads end nothing: the server lives on
+            await launcher.info()
+        info = await launcher.info()
+        server, actor = info["server_pid"], info["actor_pid"]
+        assert server is not None and _alive(server)
+        launcher._renewal.cancel()  # type: ignore[union-attr]
+        os.kill(actor, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # a bound on the test: the kernel's signal is immediate
+        while _alive(server) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        alive = _alive(server)
+        if alive:
+            os.killpg(server, signal.SIGKILL)  # leave nothing behind for the next test
+        assert not alive, "the server outlived its SIGKILLed actor"
+
+    asyncio.run(scenario())
