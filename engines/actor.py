@@ -193,21 +193,27 @@ class RayLauncher:
         self.options = dict(options or {})
         self.actor: Any = None
         self._alive = False
+        self._creating = asyncio.Lock()  # one actor per slot: a second caller waits for the first's, never kills it
 
-    def _ensure_actor(self) -> Any:
-        if self.actor is None:
+    async def _ensure_actor(self) -> Any:
+        if self.actor is not None:
+            return self.actor
+        async with self._creating:
+            if self.actor is not None:
+                return self.actor
             options = self.options or engine_placement(self.engine_id)
             keep = self.keep
             if keep is None:
                 self.actor = EngineActor.options(name=None, **options).remote(self.engine_id)  # type: ignore[attr-defined]
             else:  # outlives this driver: found again by name; exits unless the lease is renewed
-                self.actor = self._named_actor(keep, options)
+                self.actor = await self._named_actor(keep, options)
                 self._renew()
         return self.actor
 
-    def _named_actor(self, keep: Keep, options: dict[str, Any]) -> Any:
+    async def _named_actor(self, keep: Keep, options: dict[str, Any]) -> Any:
         """The slot's detached actor; a previous one still holding the name (a hung or foreign process the new
-        driver disowned) is killed first -- bounded: Ray frees a killed actor's name within moments."""
+        driver disowned) is killed first -- bounded: Ray frees a killed actor's name within moments. The waits
+        and the name lookup leave the event loop free (the other slots' launches and the renewals go on)."""
         name = keep.actor_name(self.engine_id)
         detached = {"name": name, "namespace": keep.namespace, "lifetime": "detached"}
         deadline = time.monotonic() + CALL_TIMEOUT
@@ -218,11 +224,12 @@ class RayLauncher:
             except ValueError:  # the name is taken
                 if not killed:
                     with contextlib.suppress(ValueError):
-                        ray.kill(ray.get_actor(name, namespace=keep.namespace), no_restart=True)
+                        holder = await asyncio.to_thread(ray.get_actor, name, namespace=keep.namespace)
+                        ray.kill(holder, no_restart=True)
                     killed = True
                 if time.monotonic() > deadline:
                     raise EngineStartError(self.engine_id, f"the name {name} stays taken by another actor") from None
-                time.sleep(0.2)
+                await asyncio.sleep(0.2)
 
     def _renew(self) -> None:
         """Renew the actor's lease every third of it, for as long as this driver (its event loop) lives."""
@@ -273,7 +280,7 @@ class RayLauncher:
         return str(who["url"])
 
     async def launch(self) -> str:
-        actor = self._ensure_actor()
+        actor = await self._ensure_actor()
         try:
             url = await actor.start.remote(
                 list(self.command()),
@@ -335,7 +342,7 @@ class RayLauncher:
             return f"actor died: {type(exc).__name__}"
 
     async def info(self) -> dict[str, Any]:
-        return dict(await asyncio.wait_for(self._ensure_actor().info.remote(), CALL_TIMEOUT))
+        return dict(await asyncio.wait_for((await self._ensure_actor()).info.remote(), CALL_TIMEOUT))
 
     def crash(self) -> None:
         """Fault hook: the actor process dies (fire and forget); Ray reports the death to ``watch``."""
@@ -344,7 +351,7 @@ class RayLauncher:
 
     async def pause_server(self) -> int:
         """Fault hook: the server hangs (SIGSTOP), the actor lives; the server pid."""
-        return int(await asyncio.wait_for(self._ensure_actor().pause_server.remote(), CALL_TIMEOUT))
+        return int(await asyncio.wait_for((await self._ensure_actor()).pause_server.remote(), CALL_TIMEOUT))
 
     async def server_pid(self) -> int | None:
         """The server process id (same machine: a local multi-node cluster), for a synchronous kill."""

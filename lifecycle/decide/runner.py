@@ -90,7 +90,9 @@ class Runner:
         self.ledger = ledger if ledger is not None else EffectLedger()
         self.clock = clock
         self.handlers: dict[str, Handler] = {}
-        self.reasons: dict[str, str] = {}  # instance -> why it was last marked or failed (for error messages)
+        # instance -> the reason of the news or result that last moved it (for error messages); news that moved
+        # nothing (fenced, or about an engine already marked) leaves it, so a failure quotes what marked it
+        self.reasons: dict[str, str] = {}
         self.errors: list[BaseException] = []  # exceptions handlers raised (the core saw an "error" result)
         # Data the shells share, kept in step with the core's moves: the weights every current engine holds
         # (the initial ones, then each committed update) and the trainer's new ones while an update is out.
@@ -151,8 +153,6 @@ class Runner:
 
     async def report(self, outcome: Outcome) -> None:
         """News from a shell (a death, a probe verdict, a failed request)."""
-        if outcome.reason and outcome.group is not None and outcome.engine is not None:
-            self.reasons[instance_name(outcome.group, outcome.engine)] = outcome.reason
         await self.submit(outcome._replace(now=self.clock()))
 
     async def submit(self, event: Event) -> Refusal | None:
@@ -206,8 +206,6 @@ class Runner:
         if outcome.facts:
             done = utc_now()
             outcome = outcome._replace(facts=tuple(f.done_at(done) for f in outcome.facts))
-        if outcome.reason:
-            self.reasons[cmd.instance] = outcome.reason
         return outcome
 
     # -- the record: machines, event log, ledger ----------------
@@ -246,6 +244,7 @@ class Runner:
                     raise IllegalTransition(move.machine, move.instance, m.state, move.trigger, m.spec.allowed(m.state))
                 reason = why.get(move.instance) if why else None
                 if reason:
+                    self.reasons[move.instance] = reason  # only news that moved it: a fenced report names nothing
                     with bind_context(reason=reason):
                         dst = m.replay(move.trigger)
                 else:

@@ -113,3 +113,24 @@ def test_an_operation_the_core_refuses_raises_unless_allowed():
         asyncio.run(runner.operate("generate_done"))
     refusal = asyncio.run(runner.operate("train", allow=frozenset({"blocked"})))
     assert refusal is not None and refusal.blocked_by == ("trains",)
+
+
+def test_the_reason_an_engine_is_named_for_is_the_news_that_moved_it_not_the_latest():
+    """An engine's failure quotes what marked it: news that moves nothing (a probe verdict after its death, a late
+    report about a replaced process) must not overwrite it, or the error blames the wrong thing."""
+    from lifecycle.decide.core import ROLLOUT
+
+    runner, _ = _runner(ROLLOUT_ONLY)
+
+    async def scenario() -> None:
+        await runner.operate("init")
+        await runner.report(Outcome("died", ROLLOUT, 1, "exit code -9"))
+        marked = runner.state.engines[1].state
+        assert marked not in ("Serving", "Quiesced"), marked  # the death moved it
+        await runner.report(Outcome("threshold_reached", ROLLOUT, 1, "3 failed probes"))  # moves nothing now
+        assert runner.state.engines[1].state == marked
+        epoch = runner.epoch(ROLLOUT, 1)
+        await runner.report(Outcome("request_failed", ROLLOUT, 1, "late news", epoch=epoch - 1))  # fenced
+
+    asyncio.run(scenario())
+    assert runner.reasons["engine-1"] == "exit code -9"
