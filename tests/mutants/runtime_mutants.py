@@ -267,6 +267,14 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         (f"{T_WITHDRAW}::test_a_withdrawn_engine_gets_no_more_requests_in_process",),
     ),
     RuntimeMutant(
+        "local_withdraw_leaves_batch_waiting",
+        "in-process routing withdraws a hung engine but leaves the batch out to it: the rollout waits on it for ever",
+        ROUTING,
+        "            request.cancel()  # its prompts are not answered",
+        "            pass  # its prompts are not answered",
+        (f"{T_WITHDRAW}::test_withdrawing_an_engine_cancels_its_batch_out_and_its_prompts_go_to_the_others",),
+    ),
+    RuntimeMutant(
         "router_withdraw_forgets_router",
         "withdrawing drops the engine from the shell's books but never unregisters it at the gateway (SMG)",
         ROUTING,
