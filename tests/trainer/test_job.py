@@ -44,6 +44,21 @@ def test_the_parts_exist_only_once_the_job_has_started(tmp_path: Path) -> None:
             getattr(job, part)
 
 
+def test_a_job_leaves_an_embedders_own_frozen_heap_frozen(tmp_path: Path) -> None:
+    """A process that froze its heap before the job (its own collector policy) still has it frozen after the job
+    closes: the job's unfreeze would be all or none, so it is none."""
+    job = Job(LifecycleConfig.from_mapping({"rollout_num_gpus": 1}), PatternTask(), run_dir=tmp_path, events=None)
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        job._freeze()
+        job._unfreeze()
+        assert gc.get_freeze_count() >= before, "the job unfroze the embedder's heap"
+    finally:
+        gc.unfreeze()
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sinks(tmp_path: Path) -> None:
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 2})

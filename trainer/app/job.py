@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # Ray: imported when the job starts
 
 
 _FROZEN_JOBS = 0  # jobs of this process that froze the heap and have not closed (Job._freeze)
+_EMBEDDER_FROZE = False  # the process had frozen its own heap before the first of them: never unfreeze it
 
 
 def engine_command(seed: int, checkpoint: str | Path | None) -> Callable[[], list[str]]:
@@ -312,8 +313,11 @@ class Job:
         collector to run full collections, each walking that whole heap: 190-445 ms of a fleet operation's CPU at
         N = 1,024 (issue 32, P7). ``gc.freeze()`` puts it in the permanent generation that no collection walks;
         the collect before it keeps start-up's garbage out of it. Undone when the last frozen job closes, so what
-        the job held is collectable again (a process that runs many jobs -- the tests -- does not keep it)."""
-        global _FROZEN_JOBS
+        the job held is collectable again (a process that runs many jobs -- the tests -- does not keep it), unless
+        the process froze its own heap first: an embedder's freeze is its own policy, and unfreezing is all or none."""
+        global _FROZEN_JOBS, _EMBEDDER_FROZE
+        if not _FROZEN_JOBS:
+            _EMBEDDER_FROZE = gc.get_freeze_count() > 0
         gc.collect()
         gc.freeze()
         self._froze = True
@@ -345,7 +349,7 @@ class Job:
         if self._froze:
             self._froze = False
             _FROZEN_JOBS -= 1
-            if not _FROZEN_JOBS:  # another job of this process still runs: its heap stays frozen
+            if not _FROZEN_JOBS and not _EMBEDDER_FROZE:  # another job still runs, or the embedder froze: stays
                 gc.unfreeze()
 
     # -- the step verbs, in miles' order: generate, train, update_weights (eval, checkpoint) ------------
