@@ -222,10 +222,10 @@ def _runner_error(error: dict[str, str] | None) -> BaseException | str | None:
     return f"{error['module']}.{error['name']}: {error['text']}"
 
 
-def _environ(environ: Mapping[str, str] | None) -> dict[str, str]:
-    """A child's environment: ``environ`` (read on the session's thread), else this process's, less pytest's
-    per-test variable (a child is no test of this session)."""
-    env = dict(os.environ if environ is None else environ)
+def _child_environ() -> dict[str, str]:
+    """This process's environment for a cell's processes, less pytest's per-test variable (a child is no test of
+    this session). Read on the session's thread: see :class:`Lane`."""
+    env = dict(os.environ)
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 
@@ -302,7 +302,7 @@ def run_in_runner(fault: Fault, ft: str, mode: str, tmp: Path, runner: CellRunne
     return Run(fault, ft, mode, error, done["seconds"], events, audit, steps, stopped_at=done["stopped_at"])
 
 
-def run_subprocess(fault: Fault, ft: str, tmp: Path, environ: Mapping[str, str] | None = None) -> Run:
+def run_subprocess(fault: Fault, ft: str, tmp: Path, environ: Mapping[str, str]) -> Run:
     """``lifecycle run --ray-nodes 3``: a head and 2 worker nodes, engines on the workers."""
     audit = tmp / "audit.jsonl"
     cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *_flags(cell_config(fault.kind, ft))]
@@ -317,7 +317,7 @@ def run_subprocess(fault: Fault, ft: str, tmp: Path, environ: Mapping[str, str] 
         str(tmp / "run"),
     ]
     cmd += ["--rollout-function", "matrix_audit:factory", "--quiet"]
-    env = {**_environ(environ), AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env = {**environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
@@ -339,9 +339,9 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
 def run_killed_and_resumed(
     ft: str,
     tmp: Path,
-    mode: str = "normal",
-    ray_address: str | None = None,
-    environ: Mapping[str, str] | None = None,
+    mode: str,
+    ray_address: str | None,
+    environ: Mapping[str, str],
 ) -> Run:
     """``lifecycle run --save`` SIGKILLs itself (the fault), then ``lifecycle run --resume`` finishes the job; in
     the *kept-engines* mode both drivers join one Ray head that outlives them, and the resume adopts the engines."""
@@ -351,7 +351,7 @@ def run_killed_and_resumed(
     flags += ["--inject", f"kill-driver:0@{DRIVER_AT}", "--run-dir", str(tmp / "run")]
     flags += ["--rollout-function", "matrix_audit:factory", "--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
     joined = ["--ray-address", ray_address] if ray_address else []
-    env = {**_environ(environ), AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+    env = {**environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)
     env["RAY_AUTH_MODE"] = "disabled"  # the private head's setting (engines.actor.ray_head)
     fault = Fault("kill-driver", 0, DRIVER_AT)
@@ -670,7 +670,7 @@ class Lane:
         self.runner: CellRunner | None = None
         # read here, on the test session's thread: a lane's thread reading os.environ races pytest setting and
         # removing PYTEST_CURRENT_TEST between tests (a KeyError in CI)
-        self.environ = _environ(None)
+        self.environ = _child_environ()
 
     def run(self, cell: Cell, tmp: Path) -> Run:
         """One cell's run(s), each in processes of its own: ``lifecycle run`` killed and resumed (``kill-driver``),
