@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import structlog
 import structlog.contextvars
@@ -383,20 +385,113 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return events
 
 
-def cut_torn_tail(path: str | os.PathLike[str]) -> bytes:
+def open_regular(path: str | os.PathLike[str], mode: str = "rb") -> BinaryIO:
+    """``path`` opened, if it is a regular file (through a symlink or not): what a run wrote and a resume reads
+    back. A FIFO would block the reader for ever and a device (``/dev/zero``) never ends, so anything else is one
+    :class:`~lifecycle.decide.jsonio.JSONFileError`. Opened without blocking first, checked on the open file
+    (no window between the check and the read)."""
+    try:
+        fd = os.open(path, (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK)
+    except IsADirectoryError:
+        raise jsonio.JSONFileError(path, "is a directory, not a file") from None
+    except OSError as exc:
+        raise jsonio.JSONFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise jsonio.JSONFileError(path, f"is {_kind(os.fstat(fd).st_mode)}, not a file a run wrote")
+        os.set_blocking(fd, True)
+        return cast(BinaryIO, os.fdopen(fd, mode, closefd=True))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (a named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
+
+
+def cut_torn_tail(path: str | os.PathLike[str], *, max_line_bytes: int = jsonio.MAX_LINE_BYTES) -> bytes:
     """Before a new writer continues a log a killed one left (a resumed run): remove a torn last line, so the
-    next event starts on a line of its own; returns what was cut (never a whole line: only an unended one)."""
+    next event starts on a line of its own; returns what was cut (never a whole line: only an unended one).
+
+    Only the tail is read (at most one line's bound), and only from a regular file: a log of any length costs the
+    same, and a FIFO, a device or a line longer than any event is one
+    :class:`~lifecycle.decide.jsonio.JSONFileError` naming the file."""
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return b""
-    data = p.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return b""
-    cut = data[data.rfind(b"\n") + 1 :]
-    with p.open("r+b") as f:
-        f.truncate(len(data) - len(cut))
+    with open_regular(p, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return b""
+        start = max(0, size - max_line_bytes - 1)
+        f.seek(start)
+        tail = f.read(size - start)
+        if tail.endswith(b"\n"):
+            return b""
+        newline = tail.rfind(b"\n")
+        if newline < 0 and start > 0:
+            problem = f"ends in a line longer than {max_line_bytes:,} bytes: not an event log"
+            raise jsonio.JSONFileError(p, problem)
+        cut = tail[newline + 1 :]
+        f.truncate(size - len(cut))
         os.fsync(f.fileno())
     return cut
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    """What a resume checks against the log of the job it continues: the highest generation (epoch) it records
+    per engine instance, and the last job checkpoint it records (``(resume_at, weight_version)``)."""
+
+    epochs: dict[str, int]
+    checkpointed: tuple[int, str] | None
+
+
+def log_facts(path: str | os.PathLike[str], *, max_line_bytes: int = jsonio.MAX_LINE_BYTES) -> LogFacts:
+    """The :class:`LogFacts` of the event log at ``path`` (none where there is no log), read line by line from a
+    regular file, each line bounded. Only lines that can hold such a fact are parsed; one that does not parse
+    (the torn last line of a killed writer) tells nothing and is passed over -- validating the log is
+    ``trace check``'s, this only gathers what it records."""
+    epochs: dict[str, int] = {}
+    checkpointed: tuple[int, str] | None = None
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return LogFacts(epochs, checkpointed)
+    marker = CHECKPOINTED.encode()
+    with open_regular(p) as f:
+        number = 0
+        while raw := f.readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                problem = f"has a line longer than {max_line_bytes:,} bytes: not an event log"
+                raise jsonio.JSONFileError(p, problem, number)
+            if b'"epoch' not in raw and marker not in raw:
+                continue
+            try:
+                e = jsonio.loads(raw, source=p, line=number, allow_nan=True)
+            except jsonio.JSONFileError:
+                continue
+            if not isinstance(e, dict):
+                continue
+            instance = e.get("instance")
+            for key in ("epoch", "current_epoch"):  # a fenced event names the generation the core counted too
+                value = e.get(key)
+                if isinstance(instance, str) and isinstance(value, int) and not isinstance(value, bool):
+                    epochs[instance] = max(epochs.get(instance, value), value)
+            if e.get("event") == CHECKPOINTED:
+                at, version = e.get("resume_at"), e.get("weight_version")
+                if isinstance(at, int) and not isinstance(at, bool) and isinstance(version, str):
+                    checkpointed = (at, version)
+    return LogFacts(epochs, checkpointed)
 
 
 def is_torn_line(raw: bytes) -> bool:
