@@ -304,10 +304,11 @@ class Runner:
         now = self.clock()
         return [[round(now - t, 3) for t in e.restarts] for e in self.state.engines]
 
-    def keep(self, epochs: tuple[int | None, ...]) -> None:
+    def keep(self, epochs: tuple[int | None, ...], floor: int = 0) -> None:
         """A resumed job's rollout slots whose processes a previous driver left running (its engine ledger's
-        generations; None: none): the core adopts those instead of launching them (before the first operation)."""
-        self.state = self.core.with_kept(self.state, epochs)
+        generations; None: none): the core adopts those instead of launching them (before the first operation).
+        ``floor``: the highest generation the run directory ever used; every new process's lies above it."""
+        self.state = self.core.with_kept(self.state, epochs, floor)
 
     def restore_restart_ages(self, ages: list[list[float]]) -> None:
         """A resumed job's engines keep the restart budget they had spent (before its first operation)."""

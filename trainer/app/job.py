@@ -36,7 +36,7 @@ from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import ROLLOUT, instance_name
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.events import EventLog, JsonlSink
+from lifecycle.decide.events import EventLog, JsonlSink, log_facts
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.runner import Runner
 from lifecycle.observe.monitor import MonitorSink
@@ -301,7 +301,8 @@ class Job:
         self.weights = weights
         if self.resume is not None and self.engine_ledger is not None:  # adopt what the dead driver's ledger names
             ids = [instance_name(ROLLOUT, i) for i in range(len(self.runner.state.engines))]
-            self.runner.keep(self.engine_ledger.epochs(ids))
+            logged = {} if self.events is None else (await asyncio.to_thread(log_facts, self.events)).epochs
+            self.runner.keep(*self.engine_ledger.generations(ids, logged))
         await manager.init(weights)
         _feed_policy_source(manager, weights)
 

@@ -309,17 +309,18 @@ class Core:
             engines=tuple(e._replace(restarts=r) for e, r in zip(state.engines, restarts, strict=True))
         )
 
-    def with_kept(self, state: JobState, epochs: tuple[int | None, ...]) -> JobState:
+    def with_kept(self, state: JobState, epochs: tuple[int | None, ...], floor: int = 0) -> JobState:
         """A resumed job's rollout slots as the run directory's engine ledger left them: the generation each
         slot's process had (None: no process of it may still run). A slot with one is adopted, not launched
-        (``keeps_engines``); the others start at the ledger's latest generation, so no epoch is ever reused."""
+        (``keeps_engines``); the others start at the latest generation ever used in the run directory (the
+        ledger's, or ``floor``: what the event log records, whichever is higher), so no epoch is ever reused."""
         if len(epochs) != len(state.engines):
             raise ValueError(f"ledger entries for {len(epochs)} engines, but the job has {len(state.engines)}")
         if any(e.state != "Init" for e in state.engines):
             raise ValueError("kept engines are adopted before the first operation, not after")
         if any(k is not None for k in epochs) and not self.p["keeps_engines"]:
             raise ValueError("this job keeps no engines (--detach-engines, with --save): none can be adopted")
-        floor = max((k for k in epochs if k is not None), default=0)
+        floor = max([floor, *(k for k in epochs if k is not None)])
         return state._replace(
             engines=tuple(
                 e._replace(epoch=floor if k is None else k, kept=k is not None)
