@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 
 from engines.models.checkpoint import remove_leftovers, write_directory
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.errors import ConfigError, bounded_repr
+from lifecycle.decide.events import LogFacts, log_facts, open_regular
 from lifecycle.decide.jsonio import JSONFileError, iter_lines, loads, read_json, read_text
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
@@ -78,6 +79,54 @@ def _check_facts(checkpoint: JobCheckpoint, config: LifecycleConfig) -> None:
     ranks = checkpoint.rng.get("ranks")
     if not isinstance(ranks, list) or not ranks or not all(isinstance(r, Mapping) for r in ranks):
         raise ConfigError(FLAG, str(checkpoint.path), "records no RNG state per trainer worker", INTACT)
+    for rank, state in enumerate(ranks):
+        problem = _rng_problem(state)
+        if problem:
+            raise ConfigError(
+                FLAG, str(checkpoint.path), f"records a malformed RNG state for rank {rank}: {problem}", INTACT
+            )
+
+
+def _rng_problem(state: Mapping[str, Any]) -> str:
+    """Why one worker's RNG state is not what ``TrainerWorker.rng_state`` returns ("" where it is): torch's CPU
+    generator state (bytes of its own size) and Python's ``random.getstate()`` (version 3, 625 words, a gauss)."""
+    unknown = sorted(set(state) - {"torch", "python"})
+    if unknown:
+        return f"unknown generators {unknown}"
+    if "torch" in state:
+        t, size = state["torch"], torch.get_rng_state().numel()
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1 or t.numel() != size:
+            got = f"{t.dtype} of shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            return f"torch's is {got}, not {size} bytes"
+    if "python" in state:
+        py = state["python"]
+        if not (
+            isinstance(py, list | tuple)
+            and len(py) == 3
+            and py[0] == 3
+            and isinstance(py[1], list | tuple)
+            and len(py[1]) == 625
+            and all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w < 2**32 for w in py[1])
+            and (py[2] is None or isinstance(py[2], float))
+        ):
+            return "Python's is not random.getstate()'s (version 3, 625 words, a gauss)"
+    return ""
+
+
+def check_step(checkpoint: JobCheckpoint) -> None:
+    """The step and the weight version, by the rules that wrote them: the directory is ``job-<step>`` and
+    ``latest`` names it (a step that disagrees with its own directory was edited), and a version is the decimal
+    form of the whole number a loop pushed (``update_weights(version: int)``; "0": the initial weights)."""
+    where = checkpoint.path
+    match = NAME.match(where.name) if where is not None else None
+    if where is not None and (match is None or int(match.group(1)) != checkpoint.step):
+        raise _refuse(where / MANIFEST, f"records step {checkpoint.step}, but it is {where.name}", INTACT)
+    if checkpoint.step < 0:
+        raise _refuse(where or "state.json", f"records step {checkpoint.step}: a step is 0 or more", INTACT)
+    version = checkpoint.weight_version
+    if not (version.isascii() and version.isdigit() and str(int(version)) == version):
+        problem = f"records weight version {version[:40]!r}, not the whole number a weight update pushed"
+        raise _refuse(where / MANIFEST if where is not None else "state.json", problem, INTACT)
 
 
 # Where a job's checkpoints go and come from is not part of the job: a resumed run sets --load, and may save
@@ -275,13 +324,34 @@ def load_job_checkpoint(
         raise _refuse(tensors_path, f"cannot be read as safetensors ({exc})", INTACT) from None
     try:
         state = {k: _restore(v, tensors, str(manifest_path)) for k, v in manifest["state"].items()}
-        step, version = int(manifest["step"]), str(manifest["weight_version"])
+        step, version = manifest["step"], manifest["weight_version"]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _refuse(manifest_path, f"is malformed ({exc})", INTACT) from None
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(version, str):  # as they were written
+        problem = f"records step {bounded_repr(step)} and weight version {bounded_repr(version)}: not an int and a str"
+        raise _refuse(manifest_path, problem, INTACT)
     job_id = recorded_id if isinstance(recorded_id, str) else None
     checkpoint = JobCheckpoint(step, version, state["trainer"], state["lifecycle"], state["rng"], where, job_id)
+    check_step(checkpoint)
     _check_facts(checkpoint, config)
     return checkpoint
+
+
+def check_against_log(checkpoint: JobCheckpoint, facts: LogFacts, log: Path) -> None:
+    """The checkpoint a resume continues from, against what the job's own event log recorded: a weight version
+    older than one the log says was checkpointed would have the resumed run commit versions backwards -- the
+    log's own rule (``weight_version_never_goes_backwards``), applied before anything starts, not after."""
+    last = facts.checkpointed
+    version = checkpoint.weight_version
+    if last is None or not (last[1].isdigit() and version.isdigit()) or int(version) >= int(last[1]):
+        return
+    where = checkpoint.path / MANIFEST if checkpoint.path is not None else "state.json"
+    raise _refuse(
+        where,
+        f"records weight version {checkpoint.weight_version}, but {log} says version {last[1]} was checkpointed "
+        f"(at step {last[0]}): the checkpoint is older than the log it continues",
+        INTACT,
+    )
 
 
 def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[int]]:
@@ -292,6 +362,9 @@ def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[
     superseded: list[bytes] = []  # as they were, whatever they hold: nothing of the dead driver's is lost
     steps: list[int] = []
     try:
+        if path.exists() or path.is_symlink():
+            with open_regular(path):
+                pass  # a FIFO would block the read below for ever, a device never ends
         lines = list(iter_lines(path)) if path.exists() else []
     except JSONFileError as exc:
         raise ConfigError(FLAG, str(exc), exc.problem, "move that file aside (one row of JSON per step)") from None
@@ -323,3 +396,34 @@ def continue_metrics(path: Path, step: int) -> tuple[list[dict[str, Any]], list[
     tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
     os.replace(tmp, path)
     return kept, steps
+
+
+def check_run_files(
+    run_dir: Path, checkpoint: JobCheckpoint, config: LifecycleConfig, flag: str = "--resume"
+) -> LogFacts:
+    """What a resume reads back from its run directory besides the checkpoint, checked before anything is written
+    or started: ``events.jsonl`` and ``metrics.jsonl`` are regular files whose lines are bounded, the
+    checkpoint is not older than the log says, and (``--detach-engines``) ``engines.json`` is a ledger as the
+    driver writes it. Returns the log's facts. Each problem is one ConfigError naming the file and the fix."""
+    from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger, LedgerError
+
+    events = run_dir / "events.jsonl"
+    try:
+        facts = log_facts(events)
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.exists() or metrics.is_symlink():
+            with open_regular(metrics):
+                pass
+    except JSONFileError as exc:
+        where = f"{exc.path}:{exc.line}" if exc.line is not None else exc.path
+        fix = "move that file aside, or restore the one the run wrote (a regular file of JSON lines)"
+        raise ConfigError(flag, where, exc.problem, fix) from None
+    try:
+        check_against_log(checkpoint, facts, events)
+        if config.detach_engines:
+            EngineLedger.read(run_dir / LEDGER, KEEP_NAMESPACE)
+    except ConfigError as exc:
+        raise ConfigError(flag, exc.value, exc.problem, exc.fix) from None
+    except LedgerError as exc:
+        raise ConfigError(flag, str(exc.path), f"is not an engine ledger ({exc.problem})", exc.fix) from None
+    return facts

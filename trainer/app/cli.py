@@ -416,7 +416,7 @@ def _resume(ns: argparse.Namespace) -> int:
         _check_ray_address(ns.ray_address)
     _check_metrics(ns.metrics_port, ns.metrics_host)
     from trainer.app.loop import RunOptions, run
-    from trainer.job_state import LATEST, load_job_checkpoint
+    from trainer.job_state import LATEST, check_run_files, load_job_checkpoint
 
     assert config.load is not None
     opts = RunOptions.from_manifest(
@@ -450,6 +450,7 @@ def _resume(ns: argparse.Namespace) -> int:
         if not ns.quiet:
             print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
         return 0
+    check_run_files(run_dir, checkpoint, config)  # the log, the metrics, the engine ledger: as they were written
     _check_run_dir(run_dir)
     os.chdir(manifest.cwd)
     try:  # last: importing the run's rollout function runs its module's code, only once all else is checked

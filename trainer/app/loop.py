@@ -44,7 +44,7 @@ from trainer.app.job import initial_weights as initial_weights  # re-exported: t
 from trainer.app.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
 from trainer.backend import BackendSpec
 from trainer.grpo import grpo_backend
-from trainer.job_state import JobCheckpoint, continue_metrics, load_job_checkpoint
+from trainer.job_state import JobCheckpoint, check_run_files, continue_metrics, load_job_checkpoint
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -269,6 +269,8 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     resume = opts.resume
     if resume is None and config.load is not None:  # API callers: read and check it before anything starts
         resume = load_job_checkpoint(config.load, config, opts.job_settings())
+    if resume is not None:  # what the run directory holds besides the checkpoint, before anything is written
+        check_run_files(run_dir, resume, config, flag="RunOptions.resume" if opts.resume is not None else "--load")
     start = resume.step if resume is not None else 0
     # a resumed (or --load) job keeps its identity, which each of its checkpoints records
     job_id = resume.job_id if resume is not None and resume.job_id else uuid.uuid4().hex
