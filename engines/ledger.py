@@ -29,8 +29,8 @@ FORMAT = 1
 KEEP_NAMESPACE = "rl-lifecycle"  # the Ray namespace of every kept (detached) engine actor
 MAX_BYTES = 16 * 1024 * 1024  # ~100 bytes an engine: far above any fleet
 LEDGER_FIX = (
-    "its engines cannot be adopted -- delete the file to relaunch every engine (kept ones run out their lease "
-    "and exit; new ones get generations above every one the event log records), or restore it"
+    "delete the file to relaunch every engine (kept ones run out their lease and exit; new ones get generations "
+    "above every one the event log records), or restore the ledger the driver wrote"
 )
 
 
@@ -51,7 +51,9 @@ class LedgerError(LifecycleError):
 
     def __init__(self, path: Path, problem: str, fix: str) -> None:
         self.path, self.problem, self.fix = path, problem, fix
-        super().__init__(f"{path}: the engine ledger cannot be read ({problem}); {fix}")
+        super().__init__(
+            f"{path}: the engine ledger cannot be read ({problem}); its engines cannot be adopted -- {fix}"
+        )
 
 
 def _unreadable(path: Path, problem: str) -> LedgerError:
