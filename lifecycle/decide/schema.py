@@ -25,6 +25,12 @@ from typing import Any, Union, get_args, get_origin, get_type_hints, is_typeddic
 from lifecycle.decide.jsonio import JSONFileError
 
 _SHOWN = 40  # characters of a wrong value quoted in an error
+_KINDS: tuple[tuple[Any, str], ...] = (
+    (str, "a string"),
+    ((int, float), "a number"),
+    (list, "a list"),
+    (dict, "an object"),
+)
 
 
 @dataclass(frozen=True)
@@ -66,17 +72,7 @@ def found(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return f"{json.dumps(value)} (true/false)"
-    kind = (
-        "a string"
-        if isinstance(value, str)
-        else "a number"
-        if isinstance(value, int | float)
-        else "a list"
-        if isinstance(value, list)
-        else "an object"
-        if isinstance(value, dict)
-        else type(value).__name__
-    )
+    kind = next((word for t, word in _KINDS if isinstance(value, t)), type(value).__name__)
     text = json.dumps(value, default=str, ensure_ascii=False)
     if len(text) > _SHOWN:
         text = text[: _SHOWN - 1] + "…"

@@ -76,7 +76,8 @@ class GraphJSON(TypedDict):
     machines: dict[str, MachineJSON]
 
 
-_CHECK_GRAPH = checker(GraphJSON)
+_CHECK_GRAPH = checker(GraphJSON)  # what load_json checks an export against: the type graph_document returns
+_REWRITE = "write the reference again with `lifecycle graph --format json -o FILE` (on the commit to compare with)"
 
 
 def guard_text(guard: GuardJSON) -> str:
@@ -205,11 +206,10 @@ def load_json(path: str | Path) -> GraphJSON:
             f"the file is not a {SCHEMA} export (schema: {found!r})",
             "write one with `lifecycle graph --format json -o FILE`",
         )
-    wrong = _CHECK_GRAPH(data)  # typed as graph_document types what it writes: GraphJSON is the one definition
+    wrong = _CHECK_GRAPH(data)
     if wrong is not None:
-        raise ConfigError(
-            "--compare", str(p), str(SchemaError(p, wrong, what=f"not a {SCHEMA} export", fix=_REWRITE)), _REWRITE
-        )
+        problem = SchemaError(p, wrong, what=f"not a {SCHEMA} export", fix=_REWRITE).problem
+        raise ConfigError("--compare", str(p), problem, _REWRITE)
     config: ConfigJSON = data["config"]
     if config["preset"] not in PRESET_FLAGS:  # the export is compared under its own values: they must make a config
         try:
@@ -221,9 +221,6 @@ def load_json(path: str | Path) -> GraphJSON:
             )
             raise ConfigError("--compare", str(p), problem, _REWRITE) from None
     return data  # type: ignore[return-value]
-
-
-_REWRITE = "write the reference again with `lifecycle graph --format json -o FILE` (on the commit to compare with)"
 
 
 def edge_ids_guarded_by(machine: MachineJSON, predicate: str) -> set[str]:

@@ -151,3 +151,38 @@ def test_a_graph_export_matches_the_type_its_writer_declares() -> None:
     doc["machines"]["engine"]["edges"][0]["guards"] = "rollout_ft"
     wrong = checker(GraphJSON)(doc)
     assert wrong is not None and wrong.field == "machines.engine.edges[0].guards"
+
+
+def _written_kinds() -> dict[str, str]:
+    """Every event kind the project's code writes (``log.emit(KIND, ...)``, ``Fact.of(KIND, ...)``,
+    ``self._fact(KIND, ...)``), found in its source: kind -> where."""
+    import ast
+
+    from lifecycle.decide import faults
+
+    names = {k: v for mod in (ev, faults) for k, v in vars(mod).items() if k.isupper() and isinstance(v, str)}
+    found: dict[str, str] = {}
+    for package in ("lifecycle", "engines", "rollout", "trainer"):
+        for path in sorted((TESTS.parent / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+                    continue
+                if node.func.attr not in ("emit", "_fact") and not (
+                    node.func.attr == "of" and isinstance(node.func.value, ast.Name) and node.func.value.id == "Fact"
+                ):
+                    continue
+                first = node.args[0]
+                where = f"{path.relative_to(TESTS.parent)}:{node.lineno}"
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found[first.value] = where
+                elif isinstance(first, ast.Name) and first.id in names:
+                    found[names[first.id]] = where
+    return found
+
+
+def test_every_kind_the_project_writes_has_a_schema() -> None:
+    """A new kind of event without its TypedDict would be read unchecked: it fails here, naming where it is
+    written."""
+    written = _written_kinds()
+    assert {BLOCKED, STARTED, "engine.detached", "fault.injected"} <= set(written)  # the scan finds them
+    assert {k: w for k, w in written.items() if k not in EVENT_SCHEMAS} == {}
