@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.decide.errors import LifecycleError, bounded_repr
-from lifecycle.decide.events import open_regular
-from lifecycle.decide.jsonio import JSONFileError, loads
+from lifecycle.decide.jsonio import JSONFileError, loads, open_regular
 
 LEDGER = "engines.json"
 FORMAT = 1

@@ -28,8 +28,8 @@ from safetensors.torch import load_file, save_file
 from engines.models.checkpoint import remove_leftovers, write_directory
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError, bounded_repr
-from lifecycle.decide.events import LogFacts, log_facts, open_regular
-from lifecycle.decide.jsonio import JSONFileError, iter_lines, loads, read_json, read_text
+from lifecycle.decide.events import LogFacts, log_facts
+from lifecycle.decide.jsonio import JSONFileError, iter_lines, loads, open_regular, read_json, read_text
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
 LATEST = "latest"  # SAVE/latest: names the newest job checkpoint

@@ -13,6 +13,7 @@ from lifecycle.cli.args import add_debug_argument, no_subcommand
 from lifecycle.cli.trace_check import add_check_parser
 from lifecycle.decide.config import nonblank
 from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.schema import SchemaError
 from lifecycle.observe.outputs import check_output
 from lifecycle.observe.timeline import load_events, output_path, write_page
 from lifecycle.observe.trace import Event, diff, line, load, torn_tail
@@ -45,7 +46,7 @@ def _no_subcommand(p: argparse.ArgumentParser) -> int:
 def _read(path: str, read: Callable[[str], list[Event]], *, flag: str = "trace", verb: str = "shown") -> list[Event]:
     """Read a log with ``read``; every way it can be unreadable is one ``ConfigError`` naming the file. Every
     subcommand comes here, and ``read`` goes through :func:`lifecycle.decide.events.read_jsonl` (bounded, line
-    by line)."""
+    by line, regular files only, each event checked against its kind's schema)."""
     if not os.path.exists(path):
         raise ConfigError(flag, path, "the event log does not exist", "pass an events.jsonl file")
     if os.path.isdir(path):
@@ -59,6 +60,8 @@ def _read(path: str, read: Callable[[str], list[Event]], *, flag: str = "trace",
         raise ConfigError(flag, path, "a directory, not an event log", "pass its events.jsonl file") from None
     except OSError as exc:
         raise ConfigError(flag, path, f"cannot read it ({exc.strerror or exc})", "check the path") from None
+    except SchemaError as exc:  # a line's field typed otherwise than its writer types it
+        raise ConfigError(flag, path, str(exc), exc.fix) from None
     except ValueError as exc:
         raise ConfigError(flag, path, str(exc), "pass an events.jsonl written by lifecycle run") from None
     if torn:

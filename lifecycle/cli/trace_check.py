@@ -8,7 +8,7 @@ from typing import Any
 from lifecycle.check.invariants import INVARIANTS
 from lifecycle.cli.args import add_debug_argument
 from lifecycle.decide.config import LifecycleConfig, nonblank
-from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.errors import ConfigError, bounded_repr
 from lifecycle.decide.events import STARTED
 from lifecycle.observe.monitor import JUDGED, EventMonitor, Violation
 from lifecycle.observe.trace import Event, line
@@ -64,7 +64,16 @@ def cmd_check(ns: argparse.Namespace, load: Any) -> int:
             "pass --config FILE with the run's settings (logs written by lifecycle run carry it)",
         )
     monitor = EventMonitor(config, only=ns.invariant)
-    found = monitor.feed_all(events) + monitor.finish()
+    try:
+        found = monitor.feed_all(events) + monitor.finish()
+    except ConfigError as exc:  # the config of a lifecycle.started line (the reader typed it; its values are here)
+        raise ConfigError(
+            "trace check",
+            ns.file,
+            f"the config of its {STARTED} event (event {monitor.index + 1}) is not one this version accepts "
+            f"({exc.flag}: {exc.problem}, got {bounded_repr(exc.value)})",
+            "pass --config FILE with the run's settings, or check the log with the version that wrote it",
+        ) from None
     judged = sorted(monitor.only)
     if not found:
         print(f"ok: {len(events)} events, no violation of {len(judged)} invariants ({', '.join(judged)})")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,13 +28,15 @@ from datetime import UTC, datetime
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, TypedDict
 
 import structlog
 import structlog.contextvars
 from structlog.contextvars import bound_contextvars, merge_contextvars
 
 from lifecycle.decide import jsonio
+from lifecycle.decide.faults import FAULT_FIRED, FAULT_INJECTED
+from lifecycle.decide.schema import Mismatch, SchemaError, checker
 
 TRANSITION = "lifecycle.transition"
 BLOCKED = "lifecycle.blocked"
@@ -55,6 +56,217 @@ CHECKPOINTED = "job.checkpointed"  # a job checkpoint is complete on disk (step,
 RESUMED = "job.resumed"  # a new driver continues the job of this log from a checkpoint (--resume / --load)
 ROLLOUT_SOURCE = "rollout.source"  # where a rollout's samples come from: "replay" or "rollout_fn"
 VOLATILE_KEYS = frozenset({"ts", "timestamp", "done_at"})  # done_at: when a fact's I/O was done (the runner's stamp)
+
+DETACHED = "engine.detached"  # an external engine let go (its owner must restart it): url, reason, fix
+ROUTER_STARTED = "router.started"  # a router (the gateway) process started, or was restarted
+WEIGHT_BUCKET = "weight_sync.bucket"  # one bucket of a broadcast weight update sent
+
+
+# -- what each kind of event holds: the one definition its writer is typed with and every reader checks --------
+# Each field an event holds is typed; one it lacks is left to the readers, which take every field with .get()
+# (a log of an older writer, a test's hand-written lines). A field no schema names is left alone.
+class EventFields(TypedDict, total=False):
+    """Every event: its kind, its time, and the context bound around it (:func:`bind_context`)."""
+
+    event: str
+    ts: str
+    step: int
+    rollout_id: int
+    reason: str  # the news that moved an engine (the runner binds it)
+    done_at: str  # when a fact's I/O was done
+
+
+class TransitionEvent(EventFields, total=False):
+    machine: str
+    instance: str
+    seq: int
+    src: str
+    dst: str
+    trigger: str
+    guards: dict[str, bool]
+    effects: list[str]
+
+
+class BlockedEvent(EventFields, total=False):
+    machine: str
+    instance: str
+    state: str
+    trigger: str
+    guards: dict[str, bool]
+    blocked_by: list[str]
+
+
+class FencedEvent(EventFields, total=False):
+    machine: str
+    instance: str
+    state: str
+    trigger: str
+    news: str
+    epoch: int
+    current_epoch: int
+
+
+class StartedEvent(EventFields, total=False):
+    config: dict[str, Any]  # LifecycleConfig.to_dict(): `trace check` builds the config from it
+    engines: int
+    evals: int
+
+
+class ViolatedEvent(EventFields, total=False):
+    invariant: str
+    problem: str
+    at: int
+    events: list[str]
+    instance: str
+
+
+class CommittedEvent(EventFields, total=False):
+    weight_version: str | None
+
+
+Version = str | int | None  # as a server reported it (a foreign server may say a number, or nothing)
+
+
+class ProbeEvent(EventFields, total=False):
+    instance: str
+    by: str
+    outcome: str
+    seconds: float
+    stale: bool
+    epoch: int
+
+
+class WeightsEvent(EventFields, total=False):
+    instance: str
+    epoch: int
+    weight_version: Version
+    transfer: str
+    outcome: str
+
+
+class MemoryEvent(EventFields, total=False):
+    instance: str
+    epoch: int
+    op: str
+    tag: str
+    outcome: str
+
+
+class GatewayEvent(EventFields, total=False):
+    instance: str
+    router: str
+    status: str | None
+    weight_version: Version
+    epoch: int
+
+
+class AdoptedEvent(EventFields, total=False):
+    instance: str
+    epoch: int
+    server_pid: int | None
+    weight_version: Version
+    updating: bool
+    outcome: str
+
+
+class RoutedEvent(EventFields, total=False):
+    instance: str
+    router: str
+
+
+class CheckpointedEvent(EventFields, total=False):
+    resume_at: int
+    weight_version: str
+    path: str
+
+
+class ResumedEvent(EventFields, total=False):
+    resume_at: int
+    weight_version: str
+    checkpoint: str
+    discarded_steps: list[int]
+    torn_bytes: int
+
+
+class SourceEvent(EventFields, total=False):
+    source: str  # and its rollout_id (typed with the context)
+
+
+class DetachedEvent(EventFields, total=False):
+    instance: str
+    url: str
+    fix: str  # and the reason (typed with the context)
+
+
+class RouterStartedEvent(EventFields, total=False):
+    router: str
+    restarts: int
+    pid: int
+
+
+class WeightBucketEvent(EventFields, total=False):
+    index: int
+    of: int
+    tensors: int
+
+
+class FaultEvent(EventFields, total=False):
+    """The injector's record: which fault, where, and details of its own (a pid, the actor's info, ...)."""
+
+    fault: str
+    target: str
+    state: str | None
+    state_before: str | None
+    pid: int | None
+
+
+EVENT_SCHEMAS: dict[str, type] = {
+    TRANSITION: TransitionEvent,
+    BLOCKED: BlockedEvent,
+    FENCED: FencedEvent,
+    STARTED: StartedEvent,
+    VIOLATED: ViolatedEvent,
+    COMMITTED: CommittedEvent,
+    PROBE: ProbeEvent,
+    WEIGHTS: WeightsEvent,
+    MEMORY: MemoryEvent,
+    GATEWAY: GatewayEvent,
+    ADOPTED: AdoptedEvent,
+    ROUTED: RoutedEvent,
+    CHECKPOINTED: CheckpointedEvent,
+    RESUMED: ResumedEvent,
+    ROLLOUT_SOURCE: SourceEvent,
+    DETACHED: DetachedEvent,
+    ROUTER_STARTED: RouterStartedEvent,
+    WEIGHT_BUCKET: WeightBucketEvent,
+    FAULT_INJECTED: FaultEvent,
+    FAULT_FIRED: FaultEvent,
+}
+_CHECKS = {kind: checker(cls) for kind, cls in EVENT_SCHEMAS.items()}
+_ANY_EVENT = checker(EventFields)  # a kind this version does not know (written later, or by an older version)
+EVENT_FIX = (
+    "this line is not what lifecycle run writes (the log was edited, or written by another tool): use the run's "
+    "own events.jsonl, or remove the line"
+)
+
+
+def event_mismatch(event: Mapping[str, Any]) -> Mismatch | None:
+    """The first field of one event that its writer would not have written, or None. A line without an
+    ``event`` field is left alone (it is no event: :func:`lifecycle.observe.timeline.load_events` judges it)."""
+    kind = event.get("event")
+    if kind is None:
+        return None
+    check = _CHECKS.get(kind) if isinstance(kind, str) else None
+    return (check or _ANY_EVENT)(event)
+
+
+def event_kind(event: Mapping[str, Any]) -> str:
+    """How an error names the line: ``a lifecycle.transition event``."""
+    kind = event.get("event")
+    if not isinstance(kind, str):
+        return "the line"
+    return f"{'an' if kind[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {kind} event"
+
 
 Sink = Callable[[dict[str, Any]], None]  # reads the event; must not change it (a held line is encoded later)
 
@@ -368,7 +580,9 @@ def canonical(event: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read an event log; a torn *last* line (a killed writer) is skipped, any other bad line raises one
-    :class:`~lifecycle.decide.jsonio.JSONFileError` (a ``ValueError``) naming the file and line. Read line by line
+    :class:`~lifecycle.decide.jsonio.JSONFileError` (a ``ValueError``) naming the file and line -- a line whose
+    fields are not typed as its kind's writer types them (:data:`EVENT_SCHEMAS`) a
+    :class:`~lifecycle.decide.schema.SchemaError` naming the field too. Read line by line
     through :mod:`lifecycle.decide.jsonio`, so a line nested 100,000 deep, a 5,000-digit number or ``/dev/zero`` is
     that error too, never a traceback or a read without end. NaN is allowed: a run may log one."""
     events: list[dict[str, Any]] = []
@@ -376,46 +590,19 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not line.raw.strip():
             continue
         try:
-            events.append(jsonio.loads(line.raw, source=path, line=line.number, allow_nan=True))
+            event = jsonio.loads(line.raw, source=path, line=line.number, allow_nan=True)
         except jsonio.JSONFileError as exc:
             if not line.ended and is_torn_line(line.raw):  # no trailing newline: the writer died mid-line
                 break
             what = "not an event log" if not events else "not a JSON event line"
             raise jsonio.JSONFileError(path, f"{what} (it {exc.problem})", line.number) from None
+        if not isinstance(event, dict):  # valid JSON, but not an event (a list, a string, a number)
+            raise jsonio.JSONFileError(path, f"is a JSON {type(event).__name__}, not an event object", line.number)
+        wrong = event_mismatch(event)
+        if wrong is not None:
+            raise SchemaError(path, wrong, what=event_kind(event), fix=EVENT_FIX, line=line.number)
+        events.append(event)
     return events
-
-
-def open_regular(path: str | os.PathLike[str], mode: str = "rb") -> BinaryIO:
-    """``path`` opened, if it is a regular file (through a symlink or not): what a run wrote and a resume reads
-    back. A FIFO would block the reader for ever and a device (``/dev/zero``) never ends, so anything else is one
-    :class:`~lifecycle.decide.jsonio.JSONFileError`. Opened without blocking first, checked on the open file
-    (no window between the check and the read)."""
-    try:
-        fd = os.open(path, (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK)
-    except IsADirectoryError:
-        raise jsonio.JSONFileError(path, "is a directory, not a file") from None
-    except OSError as exc:
-        raise jsonio.JSONFileError(path, f"cannot be read ({exc.strerror or exc})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise jsonio.JSONFileError(path, f"is {_kind(os.fstat(fd).st_mode)}, not a file a run wrote")
-        os.set_blocking(fd, True)
-        return cast(BinaryIO, os.fdopen(fd, mode, closefd=True))
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (a named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a special file"
 
 
 def cut_torn_tail(path: str | os.PathLike[str], *, max_line_bytes: int = jsonio.MAX_LINE_BYTES) -> bytes:
@@ -428,7 +615,7 @@ def cut_torn_tail(path: str | os.PathLike[str], *, max_line_bytes: int = jsonio.
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         return b""
-    with open_regular(p, "r+b") as f:
+    with jsonio.open_regular(p, "r+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return b""
@@ -467,7 +654,7 @@ def log_facts(path: str | os.PathLike[str], *, max_line_bytes: int = jsonio.MAX_
     if not p.exists() and not p.is_symlink():
         return LogFacts(epochs, checkpointed)
     marker = CHECKPOINTED.encode()
-    with open_regular(p) as f:
+    with jsonio.open_regular(p) as f:
         number = 0
         while raw := f.readline(max_line_bytes + 1):
             number += 1

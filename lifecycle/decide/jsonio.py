@@ -2,10 +2,12 @@
 
 ``json.loads`` fails in more ways than ``JSONDecodeError``: a document nested 100,000 deep is a
 ``RecursionError``, a number longer than Python's 4,300-digit limit a bare ``ValueError``, bytes that are not
-UTF-8 a ``UnicodeDecodeError``, and ``/dev/zero`` never ends. Every reader of a file a user can hand us goes
-through here, so each of those is one :class:`JSONFileError` naming the file (and line) -- which the caller
-turns into one ``ConfigError`` naming its flag and the fix. What is read is bounded: a whole document by
-``max_bytes``, a JSON-lines file line by line by ``max_line_bytes``, nesting by ``MAX_DEPTH``.
+UTF-8 a ``UnicodeDecodeError``, ``/dev/zero`` never ends and a FIFO blocks its reader forever. Every reader
+of a file a user can hand us goes through here, so each of those is one :class:`JSONFileError` naming the file
+(and line) -- which the caller turns into one ``ConfigError`` naming its flag and the fix. What is read is
+bounded: a whole document by ``max_bytes``, a JSON-lines file line by line by ``max_line_bytes``, nesting by
+``MAX_DEPTH``. Only regular files are read (:func:`open_regular`): a FIFO, a device, a socket or a directory
+-- or a symlink to one -- is refused before a byte is read, without waiting for a writer.
 
 Strict by default, because the project writes standard JSON: ``NaN``/``Infinity`` (Python's extension) and
 duplicate keys (which silently keep the last) are refused unless a caller opts in (``allow_nan`` for event
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from lifecycle.decide.errors import LifecycleError
 
@@ -100,13 +103,48 @@ def loads(
     return value
 
 
-def read_bytes(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> bytes:
-    """At most ``max_bytes`` of ``path`` (a longer file, or a device that never ends, is refused)."""
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def open_regular(path: str | os.PathLike[str], mode: str = "rb") -> BinaryIO:
+    """``path`` opened in binary (``rb``, or ``r+b`` to cut a torn tail), or one :class:`JSONFileError` when it is
+    not a regular file.
+
+    Opened non-blocking and judged by ``fstat`` of what was opened (not of the name, which may change in
+    between): opening a FIFO for reading otherwise waits for a writer without end, and a device such as
+    ``/dev/zero`` (or a symlink to it) never ends. A regular file ignores the non-blocking flag."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+        access = os.O_RDWR if "+" in mode else os.O_RDONLY
+        fd = os.open(path, access | os.O_NONBLOCK | os.O_CLOEXEC)
     except IsADirectoryError:
         raise JSONFileError(path, "is a directory, not a file") from None
+    except OSError as exc:
+        raise JSONFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            what = next((name for test, name in _NOT_REGULAR if test(kind)), "not a regular file")
+            if os.path.islink(path):
+                what = f"a link to {os.path.realpath(path)}, {what}"
+            raise JSONFileError(path, f"is {what}, not a file")
+        os.set_blocking(fd, True)
+        return cast(BinaryIO, os.fdopen(fd, mode))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> bytes:
+    """At most ``max_bytes`` of ``path`` (a longer file is refused; so is anything but a regular file)."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(max_bytes + 1)
     except OSError as exc:
         raise JSONFileError(path, f"cannot be read ({exc.strerror or exc})") from None
     if len(data) > max_bytes:
@@ -149,14 +187,9 @@ class Line:
 
 
 def iter_lines(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Line]:
-    """The lines of ``path``, each bounded: a line longer than ``max_line_bytes`` (``/dev/zero``, a binary
-    file without newlines) is refused as soon as that many bytes were read, never read whole."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 -- closed below; a generator cannot use `with` across yields cleanly
-    except IsADirectoryError:
-        raise JSONFileError(path, "is a directory, not a file") from None
-    except OSError as exc:
-        raise JSONFileError(path, f"cannot be read ({exc.strerror or exc})") from None
+    """The lines of a regular file ``path``, each bounded: a line longer than ``max_line_bytes`` (a binary file
+    without newlines) is refused as soon as that many bytes were read, never read whole."""
+    f = open_regular(path)
     with f:
         number = 0
         while True:

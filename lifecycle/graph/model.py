@@ -10,9 +10,11 @@ from typing import Any, TypedDict
 
 from lifecycle.decide import jsonio
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.errors import ConfigError, LifecycleError
+from lifecycle.decide.errors import ConfigError, LifecycleError, bounded_repr
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.predicates import evaluate
+from lifecycle.decide.presets import PRESET_FLAGS
+from lifecycle.decide.schema import SchemaError, checker
 from lifecycle.decide.spec import MachineSpec, Step
 
 SCHEMA = "rl-lifecycle/graph@1"
@@ -72,6 +74,10 @@ class GraphJSON(TypedDict):
     pruned: bool
     config: ConfigJSON
     machines: dict[str, MachineJSON]
+
+
+_CHECK_GRAPH = checker(GraphJSON)  # what load_json checks an export against: the type graph_document returns
+_REWRITE = "write the reference again with `lifecycle graph --format json -o FILE` (on the commit to compare with)"
 
 
 def guard_text(guard: GuardJSON) -> str:
@@ -179,7 +185,9 @@ def to_json(doc: GraphJSON) -> str:
 
 
 def load_json(path: str | Path) -> GraphJSON:
-    """Read a JSON export, refusing other schemas (a version bump means the reader must change)."""
+    """Read a JSON export, refusing other schemas (a version bump means the reader must change), a field typed
+    otherwise than :func:`graph_document` writes it, and config values this version cannot build a config from
+    (the review compares under them)."""
     p = Path(path)
     try:  # bounded and strict: a deep or huge-number file is this one error, not a RecursionError
         data = jsonio.read_json(p)
@@ -198,6 +206,20 @@ def load_json(path: str | Path) -> GraphJSON:
             f"the file is not a {SCHEMA} export (schema: {found!r})",
             "write one with `lifecycle graph --format json -o FILE`",
         )
+    wrong = _CHECK_GRAPH(data)
+    if wrong is not None:
+        problem = SchemaError(p, wrong, what=f"not a {SCHEMA} export", fix=_REWRITE).problem
+        raise ConfigError("--compare", str(p), problem, _REWRITE)
+    config: ConfigJSON = data["config"]
+    if config["preset"] not in PRESET_FLAGS:  # the export is compared under its own values: they must make a config
+        try:
+            LifecycleConfig.from_mapping(config["values"], check_paths=False)
+        except ConfigError as exc:
+            problem = (
+                f"field 'config.values' is not a config this version accepts ({exc.flag}: {exc.problem}, "
+                f"got {bounded_repr(exc.value)})"
+            )
+            raise ConfigError("--compare", str(p), problem, _REWRITE) from None
     return data  # type: ignore[return-value]
 
 

@@ -21,11 +21,7 @@ Event = dict[str, Any]
 
 def load(path: str | os.PathLike[str], only: Sequence[str] | None = None) -> list[Event]:
     """The canonical events of one log, optionally of some machines only."""
-    raw = read_jsonl(path)
-    for number, e in enumerate(raw, start=1):
-        if not isinstance(e, dict):  # valid JSON, but not an event (a list, a string, a number)
-            raise ValueError(f"{path}: event {number} is a JSON {type(e).__name__}, not an event object")
-    events = [canonical(e) for e in raw]
+    events = [canonical(e) for e in read_jsonl(path)]  # objects, each typed as its writer types it
     if only:
         wanted = set(only)
         events = [e for e in events if e.get("machine") in wanted]
@@ -63,10 +59,12 @@ def line(e: Event) -> str:
     elif "src" in e:
         who = f"{_field(e, 'machine')}[{_field(e, 'instance')}]"
         core = f"{who} {_field(e, 'src')} {_arrow(e, '>')} {_field(e, 'dst')}"
-        if e.get("effects"):
-            core += f"  effects={','.join(e['effects'])}"
+        effects = e.get("effects")
+        if effects and isinstance(effects, list):  # typed by read_jsonl; a caller's own dict may hold anything
+            core += f"  effects={','.join(map(str, effects))}"
     elif e.get("event") == STARTED:
-        settings = len(e.get("config") or {})
+        config = e.get("config")
+        settings = len(config) if isinstance(config, dict) else 0
         core = f"{STARTED}: {e.get('engines')} engines, {e.get('evals')} eval engines, {settings} settings"
     elif isinstance(e.get("event"), str) and "machine" not in e:  # a shell's fact: engine.weights engine-0 ...
         rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("event", "instance", "step", "rollout_id"))
@@ -90,7 +88,7 @@ def _arrow(e: Event, head: str) -> str:
 
 def torn_tail(path: str | os.PathLike[str]) -> bool:
     """Whether the log ends in a partial line (its writer was killed mid-write): ``load`` skips it."""
-    with open(path, "rb") as f:
+    with jsonio.open_regular(path) as f:
         f.seek(0, os.SEEK_END)
         if f.tell() == 0:
             return False

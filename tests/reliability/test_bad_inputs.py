@@ -470,7 +470,7 @@ CASES: list[Case] = [
     Case(
         "trace-non-object-line",
         ("trace", "show", "{tmp}/e.jsonl"),
-        ("{tmp}/e.jsonl", "event 2"),
+        ("{tmp}/e.jsonl:2", "not an event object"),
         (_write("e.jsonl", '{"event": "x"}\n[1, 2]\n{"event": "y"}\n'),),
     ),
     Case(
@@ -583,9 +583,11 @@ def test_catches_a_multi_line_message(
 def test_catches_a_non_object_event_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lifecycle.decide.events import canonical, read_jsonl
+    from lifecycle.decide import jsonio
+    from lifecycle.decide.events import canonical
 
-    monkeypatch.setattr(trace_cli, "load", lambda path, only=None: [canonical(e) for e in read_jsonl(path)])
+    # the event log's reader without its checks: any JSON value of a line is taken for an event
+    monkeypatch.setattr(trace_cli, "load", lambda path, only=None: [canonical(v) for _, v in jsonio.read_jsonl(path)])
     with pytest.raises(AttributeError):
         check_in_process(_case("trace-non-object-line"), tmp_path, capsys)
 

@@ -36,7 +36,7 @@ from lifecycle.decide.errors import ConfigError
 
 pytestmark = pytest.mark.bad_input
 
-EVENTS = '{"event": "lifecycle.started", "ts": 1.0}\n'
+EVENTS = '{"event": "lifecycle.started", "ts": "2026-01-01T00:00:00.000000Z"}\n'  # as the writer stamps it
 Setup = Callable[[Path], None]
 
 

@@ -222,7 +222,7 @@ CASES: list[Case] = [
     Case(
         "resume-ledger-dev-zero",
         RESUME,
-        ("--resume", "{tmp}/run/engines.json", "a device"),
+        ("--resume", "{tmp}/run/engines.json", "device"),
         (_job(detach=True), _link("engines.json", "/dev/zero")),
     ),
     Case(
@@ -315,13 +315,13 @@ CASES: list[Case] = [
     Case(
         "resume-events-dev-zero",
         RESUME,
-        ("--resume", "{tmp}/run/events.jsonl", "a device"),
+        ("--resume", "{tmp}/run/events.jsonl", "device"),
         (_job(), _link("events.jsonl", "/dev/zero")),
     ),
     Case(
         "resume-events-dev-null",
         RESUME,
-        ("--resume", "{tmp}/run/events.jsonl", "a device"),
+        ("--resume", "{tmp}/run/events.jsonl", "device"),
         (_job(), _link("events.jsonl", "/dev/null")),
     ),
     Case(
@@ -345,7 +345,7 @@ CASES: list[Case] = [
     Case(
         "resume-metrics-dev-zero",
         RESUME,
-        ("--resume", "{tmp}/run/metrics.jsonl", "a device"),
+        ("--resume", "{tmp}/run/metrics.jsonl", "device"),
         (_job(), _link("metrics.jsonl", "/dev/zero")),
     ),
 ]
@@ -545,13 +545,14 @@ def test_catches_a_log_read_whole_or_opened_unchecked(
     ``/dev/zero`` exhaust memory; ``/dev/null`` shows it without either -- taken for an empty log (into which the
     resumed run's events would then vanish)."""
     import lifecycle.decide.events as events
+    import lifecycle.decide.jsonio as jsonio
 
     def old_cut(path: str | os.PathLike[str], **kw: Any) -> bytes:
         p = Path(path)
         data = p.read_bytes() if p.exists() else b""
         return b"" if not data or data.endswith(b"\n") else data[data.rfind(b"\n") + 1 :]
 
-    monkeypatch.setattr(events, "open_regular", lambda path, mode="rb": open(path, mode))  # noqa: SIM115
+    monkeypatch.setattr(jsonio, "open_regular", lambda path, mode="rb": open(path, mode))  # noqa: SIM115
     monkeypatch.setattr("trainer.job_state.open_regular", lambda path, mode="rb": open(path, mode))  # noqa: SIM115
     monkeypatch.setattr(events, "cut_torn_tail", old_cut)
     _got_past(monkeypatch)

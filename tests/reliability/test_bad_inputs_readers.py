@@ -63,7 +63,7 @@ def _dev_zero_cases() -> list[Case]:
         "check": ("trace", "check", z),
         "timeline": ("trace", "timeline", z, "-o", "{tmp}/t.html"),
     }
-    return [Case(f"trace-{sub}-dev-zero", argv, (z, "longer than")) for sub, argv in argvs.items()]
+    return [Case(f"trace-{sub}-dev-zero", argv, (z, "character device")) for sub, argv in argvs.items()]
 
 
 def _config_json(content: str | bytes) -> Callable[[Path], None]:
