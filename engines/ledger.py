@@ -24,6 +24,12 @@ from lifecycle.decide.errors import LifecycleError
 LEDGER = "engines.json"
 FORMAT = 1
 KEEP_NAMESPACE = "rl-lifecycle"  # the Ray namespace of every kept (detached) engine actor
+RENEWALS_PER_LEASE = 3  # a driver renews each kept engine's lease this often per lease (engines.actor.Keep)
+RENEWAL_TIMEOUT = 10.0  # seconds: the bound on one renewal call (engines.actor.CALL_TIMEOUT)
+# the shortest lease a live driver is sure to renew in time: a renewal is due every lease/3 and may take up to
+# RENEWAL_TIMEOUT, so a lease under lease/3 + RENEWAL_TIMEOUT (15 s) lapses while its driver is alive (a lease of
+# 0.01 s ended the engine before it started: "engine actor died"); twice the call's bound leaves a slow Ray room
+MIN_LEASE = 2 * RENEWAL_TIMEOUT
 
 
 @dataclass(frozen=True)
