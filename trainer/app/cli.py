@@ -29,8 +29,12 @@ from trainer.app.checks import (
     check_async,
     check_backend_model,
     check_detach,
+    check_effects,
+    check_engine_key,
+    check_engine_options,
     check_hf_checkpoint,
     check_model,
+    check_rollout_device,
     check_steps,
 )
 from trainer.app.faults import check_faults, fault_arg
@@ -134,7 +138,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="SECONDS",
         help="with --detach-engines: how long a kept engine outlives its driver without a renewal before it exits "
-        "(default 120); a resume must come within it to adopt the engines",
+        "(default 120; 20 s to 30 days: the driver renews it every third); a resume must come within it to adopt "
+        "the engines",
     )
     p.add_argument(
         "--trainer-workers",
@@ -243,18 +248,19 @@ def register(sub: Any) -> None:
 
 
 def _check_ray_address(address: str) -> None:
-    if address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    if address.startswith("ray://"):
-        host, _, port = address[len("ray://") :].rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0):
-            return
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            "--ray-address", address, f"no Ray cluster answers there ({exc})", "start one with `ray start --head`"
-        ) from None
+    """A Ray head must answer there (bounded: a server that is not Ray hung ``ray.init`` for minutes)."""
+    from engines.rayconnect import check_gcs
+
+    check_gcs(address)
+
+
+def _join_ray(address: str | None) -> None:
+    """Join the cluster at ``--ray-address`` now, the last check before anything is written: a refused connection
+    (no Ray there, a token the head requires) is one error naming the flag, and leaves no run directory."""
+    if address:
+        from engines.actor import init_local_cluster
+
+        init_local_cluster(address=address)
 
 
 def _check_run_dir(path: Path) -> None:
@@ -415,6 +421,12 @@ def _resume(ns: argparse.Namespace) -> int:
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     _check_metrics(ns.metrics_port, ns.metrics_host)
+    try:  # the run's own settings, checked again on this machine (a GPU, the environment's key)
+        check_rollout_device(config, ns.ray_address)
+        check_engine_key(config)
+    except ConfigError as exc:
+        raise exc.with_source(str(manifest.path)) from None
+    check_effects(config, vllm_python=ns.vllm_python)
     from trainer.app.loop import RunOptions, run
     from trainer.job_state import LATEST, load_job_checkpoint
 
@@ -458,6 +470,7 @@ def _resume(ns: argparse.Namespace) -> int:
         raise exc.with_source(str(manifest.path)) from None
     opts = dataclasses.replace(opts, resume=checkpoint)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    _join_ray(ns.ray_address)
     run(config, opts)
     return 0
 
@@ -476,11 +489,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.model is None:  # vLLM serves Hugging Face checkpoints only (external ones: their own, --hf-checkpoint)
         built = vllm and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
         ns.model = "tiny-llama" if built else "char"
-    if ns.engine_startup_timeout is None:
-        ns.engine_startup_timeout = 300.0 if vllm else 60.0
     check_model(ns.model, ns.hf_checkpoint)
     check_backend_model(config, ns.model, ns.hf_checkpoint)
+    check_engine_options(config, ns.engines, ns.engine_startup_timeout)  # before the defaults fill them in
+    if ns.engine_startup_timeout is None:
+        ns.engine_startup_timeout = 300.0 if vllm else 60.0
     _check_environment(ns.model, ns.rollout_function, ns.data_source)
+    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
+    check_effects(config, vllm_python=ns.vllm_python, router=False if ns.no_router else None)
+    check_rollout_device(config, ns.ray_address)
+    check_engine_key(config)
     ns.vllm_python = _vllm_python(config, ns.vllm_python)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
@@ -505,13 +523,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     # a run never writes over another run, another job's checkpoints or its own input: refused before any write
     check_new_run(run_dir, save=config.save, load=config.load, hf_checkpoint=ns.hf_checkpoint)
+    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)  # the flags first, then the address
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     faults = tuple(ns.inject)  # parsed by --inject's type
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
     check_faults(
         faults,
         config,
@@ -522,7 +540,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         steps=ns.steps,
     )
     check_steps(faults, ns.steps)
-    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    _join_ray(ns.ray_address)  # the last check: it imports Ray
     _check_run_dir(run_dir)  # last: it creates the folder, and a refused run must leave nothing behind
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
@@ -552,6 +571,5 @@ def cmd_run(ns: argparse.Namespace) -> int:
         vllm_python=ns.vllm_python,
         engine_lease=ns.engine_lease,
     )
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)
     return 0
