@@ -33,7 +33,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from badinput import REPO, Case, _free_port, _paragraph_problems, check_in_process, check_subprocess
+from badinput import (
+    REPLAY,
+    REPO,
+    Case,
+    _free_port,
+    _paragraph_problems,
+    _replay,
+    check_in_process,
+    check_subprocess,
+)
 
 import lifecycle.cli as cli
 from engines.ledger import MIN_LEASE, RENEWAL_TIMEOUT, RENEWALS_PER_LEASE
@@ -93,6 +102,22 @@ CASES = [
         "startup-timeout-train-only",
         (*RUN, "--engine-startup-timeout", "30", "--debug-train-only"),
         ("--engine-startup-timeout", "--debug-train-only"),
+    ),
+    Case(
+        "rollout-function-under-replay",
+        (*REPLAY, "--rollout-function", "tests.nowhere:make"),
+        ("--rollout-function", "--load-debug-rollout-data"),
+        setup=(_replay(),),
+    ),
+    Case(
+        "data-source-under-replay",
+        (*REPLAY, "--data-source", "tests.nowhere:make"),
+        ("--data-source", "--load-debug-rollout-data"),
+        setup=(_replay(),),
+    ),
+    Case("ray-nodes-local-launcher", (*RUN, "--ray-nodes", "3", "--launcher", "local"), ("--ray-nodes", "--launcher")),
+    Case(
+        "ray-nodes-train-only", (*RUN, "--ray-nodes", "3", "--debug-train-only"), ("--ray-nodes", "--debug-train-only")
     ),
     # cause 9: checked before Ray starts
     Case(

@@ -16,7 +16,7 @@ from engines.apikey import given_api_key
 from engines.ledger import MIN_LEASE
 from lifecycle.decide.config import MAX_SECONDS, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.predicates import offloads_rollout
+from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
 
 
@@ -121,6 +121,9 @@ FLAGS = {
     "router": "--no-router",
     "ray_address": "--ray-address",
     "launcher": "--launcher",
+    "rollout_fn": "--rollout-function",
+    "data_source": "--data-source",
+    "ray_nodes": "--ray-nodes",
 }
 
 
@@ -180,11 +183,36 @@ def check_effects(
     *,
     vllm_python: str | None = None,
     router: bool | None = None,
+    rollout_fn: str | None = None,
+    data_source: str | None = None,
+    ray_nodes: int = 1,
+    launcher: str = "ray",
     names: Mapping[str, str] = FLAGS,
 ) -> None:
     """Options that would do nothing in this combination are refused, naming why (as ``--metrics-host`` without
     ``--metrics-port``): a user who gives one expects its effect. ``router``: False where the gateway was turned
     off (``--no-router``), None where it is used if installed."""
+    if replay(config):  # the construction gate never builds a rollout function or reads prompts under replay
+        for name, value in (("rollout_fn", rollout_fn), ("data_source", data_source)):
+            if value is not None:
+                raise ConfigError(
+                    names[name],
+                    value,
+                    "has no effect: replay (--load-debug-rollout-data) trains on saved rollouts and never generates",
+                    f"drop {names[name]}, or drop --load-debug-rollout-data",
+                )
+    if ray_nodes > 1 and (launcher != "ray" or not launches_engines(config)):
+        why = (
+            f"{names['launcher']} {launcher} runs the engines as this process's children"
+            if launcher != "ray"
+            else "the job starts no engine (external ones, or --debug-train-only)"
+        )
+        raise ConfigError(
+            names["ray_nodes"],
+            ray_nodes,
+            f"has no effect: its worker nodes host only engine actors, and {why}",
+            f"drop {names['ray_nodes']}",
+        )
     if vllm_python is not None:
         why = ""
         if config.rollout_backend != "vllm":

@@ -494,11 +494,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
     check_engine_options(config, ns.engines, ns.engine_startup_timeout)  # before the defaults fill them in
     if ns.engine_startup_timeout is None:
         ns.engine_startup_timeout = 300.0 if vllm else 60.0
-    _check_environment(ns.model, ns.rollout_function, ns.data_source)
     router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
-    check_effects(config, vllm_python=ns.vllm_python, router=False if ns.no_router else None)
+    check_effects(
+        config,
+        vllm_python=ns.vllm_python,
+        router=False if ns.no_router else None,
+        rollout_fn=ns.rollout_function,
+        data_source=ns.data_source,
+        ray_nodes=ns.ray_nodes,
+        launcher=ns.launcher,
+    )
     check_rollout_device(config, ns.ray_address)
     check_engine_key(config)
+    _check_environment(ns.model, ns.rollout_function, ns.data_source)  # runs the user's modules: after the flags
     ns.vllm_python = _vllm_python(config, ns.vllm_python)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)

@@ -445,6 +445,9 @@ OPTION_NAMES = {
     "router": "RunOptions.router=False",
     "ray_address": "RunOptions.ray_address",
     "launcher": "RunOptions.launcher",
+    "rollout_fn": "RunOptions.rollout_fn",
+    "data_source": "RunOptions.data_source",
+    "ray_nodes": "RunOptions.ray_nodes",
 }
 
 
@@ -463,7 +466,16 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     check_model(opts.model, opts.hf_checkpoint)
     if opts.engine_launcher is None:
         check_backend_model(config, opts.model, opts.hf_checkpoint)
-        check_effects(config, vllm_python=opts.vllm_python, router=opts.router, names=OPTION_NAMES)
+        check_effects(
+            config,
+            vllm_python=opts.vllm_python,
+            router=opts.router,
+            rollout_fn=opts.rollout_fn,
+            data_source=opts.data_source,
+            ray_nodes=opts.ray_nodes,
+            launcher=opts.launcher,
+            names=OPTION_NAMES,
+        )
         check_rollout_device(config, opts.ray_address)
     check_engine_key(config)
     if opts.ray_address:
