@@ -421,11 +421,11 @@ def _resume(ns: argparse.Namespace) -> int:
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     _check_metrics(ns.metrics_port, ns.metrics_host)
-    try:  # the run's own settings, checked again on this machine (a GPU, the environment's key)
+    try:  # the run's own setting, checked again on this machine
         check_rollout_device(config, ns.ray_address)
-        check_engine_key(config)
     except ConfigError as exc:
         raise exc.with_source(str(manifest.path)) from None
+    check_engine_key(config)  # the environment's, named as such
     check_effects(config, vllm_python=ns.vllm_python)
     from trainer.app.loop import RunOptions, run
     from trainer.job_state import LATEST, load_job_checkpoint
