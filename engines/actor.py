@@ -30,8 +30,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from engines.apikey import key_env
 from engines.errors import EngineStartError
-from engines.ledger import KEEP_NAMESPACE
+from engines.ledger import KEEP_NAMESPACE, RENEWAL_TIMEOUT, RENEWALS_PER_LEASE
 from engines.process import ServerProcess
+from engines.rayconnect import check_gcs, check_token, connection_error, use_cluster_token
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]  # ray stubs lack actor options
@@ -161,7 +162,7 @@ class EngineActor:
         os._exit(1)
 
 
-CALL_TIMEOUT = 10.0  # bound on a control call to an engine actor (kill, info, fault hooks)
+CALL_TIMEOUT = RENEWAL_TIMEOUT  # bound on a control call to an engine actor (kill, info, renewals, fault hooks)
 
 
 class RayLauncher:
@@ -232,7 +233,8 @@ class RayLauncher:
                 await asyncio.sleep(0.2)
 
     def _renew(self) -> None:
-        """Renew the actor's lease every third of it, for as long as this driver (its event loop) lives."""
+        """Renew the actor's lease every third of it, for as long as this driver (its event loop) lives (a lease
+        shorter than ``engines.ledger.MIN_LEASE`` may lapse between two renewals: the options refuse one)."""
         keep = self.keep
         if keep is None or (self._renewal is not None and not self._renewal.done()):
             return
@@ -241,7 +243,7 @@ class RayLauncher:
             while self.actor is not None:
                 with contextlib.suppress(RayActorError, TimeoutError):
                     await asyncio.wait_for(self.actor.renew.remote(keep.lease), CALL_TIMEOUT)
-                await asyncio.sleep(keep.lease / 3)
+                await asyncio.sleep(keep.lease / RENEWALS_PER_LEASE)
 
         self._renewal = asyncio.get_running_loop().create_task(renew(), name=f"{self.engine_id}-renew")
 
@@ -392,6 +394,9 @@ _removed: set[str] = set()  # node ids removed by remove_node (placement avoids 
 def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int = 1) -> None:
     """Start (or connect to) Ray once; a small local cluster by default.
 
+    ``address``: join that cluster (``engines.rayconnect``: refused within seconds where no Ray head answers,
+    this machine's Ray auth token sent where one is available, every failure a ConfigError naming
+    ``--ray-address``).
     ``nodes > 1``: a head (the driver, trainer) plus ``nodes - 1`` worker nodes on this machine,
     each offering ``rollout_engine`` slots, so engines live on other nodes than the trainer and a
     node can be removed (fault ``lose-node``). The cluster is shut down when this process exits.
@@ -399,8 +404,14 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
     global _cluster
     if ray.is_initialized():
         return
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    if address:  # someone else's cluster: asked first (bounded), with this machine's token, any failure one error
+        check_gcs(address)
+        use_cluster_token(address)
+        check_token(address)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
+            raise connection_error(address, exc) from exc
     elif nodes > 1:
         from ray.cluster_utils import Cluster
 

@@ -13,14 +13,27 @@ import os
 import secrets
 from pathlib import Path
 
+from lifecycle.decide.errors import ConfigError
+
 API_KEY_ENV = "LIFECYCLE_ENGINE_API_KEY"  # the CPU engine's key; the key of external engines, for the driver
 KEY_FILE = "engine-api-key"
 MAX_KEY_BYTES = 4096
 
 
 def given_api_key() -> str | None:
-    """The key of engines started outside the job (``$LIFECYCLE_ENGINE_API_KEY``), if one is given."""
-    return os.environ.get(API_KEY_ENV) or None
+    """The key of engines started outside the job (``$LIFECYCLE_ENGINE_API_KEY``), if one is given: checked here,
+    where it is read, as a key the HTTP header can carry (a newline in it was aiohttp's header-injection
+    traceback at the first request), naming the variable."""
+    key = os.environ.get(API_KEY_ENV) or None
+    if key is not None and not _valid(key):
+        raise ConfigError(
+            f"${API_KEY_ENV}",
+            f"<a secret of {len(key)} characters, not shown>",
+            f"is not one key of 1..{MAX_KEY_BYTES} characters without spaces or newlines (it is sent as an "
+            "HTTP header)",
+            f'set {API_KEY_ENV} to the engines\' key alone (e.g. export {API_KEY_ENV}="$(cat KEYFILE)"), or unset it',
+        )
+    return key
 
 
 def _valid(text: str) -> bool:

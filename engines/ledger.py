@@ -31,6 +31,12 @@ LEDGER_FIX = (
     "delete the file to relaunch every engine (kept ones run out their lease and exit; new ones get generations "
     "above every one the event log records), or restore the ledger the driver wrote"
 )
+RENEWALS_PER_LEASE = 3  # a driver renews each kept engine's lease this often per lease (engines.actor.Keep)
+RENEWAL_TIMEOUT = 10.0  # seconds: the bound on one renewal call (engines.actor.CALL_TIMEOUT)
+# the shortest lease a live driver is sure to renew in time: a renewal is due every lease/3 and may take up to
+# RENEWAL_TIMEOUT, so a lease under lease/3 + RENEWAL_TIMEOUT (15 s) lapses while its driver is alive (a lease of
+# 0.01 s ended the engine before it started: "engine actor died"); twice the call's bound leaves a slow Ray room
+MIN_LEASE = 2 * RENEWAL_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engines.apikey import API_KEY_ENV  # by environment: unlike --api-key, not in /proc/PID/cmdline
+from engines.apikey import API_KEY_ENV, given_api_key  # by environment: unlike --api-key, not in /proc/PID/cmdline
 from engines.cliargs import OneLineParser, bounded_int, bounded_seconds, port
 
 PROG = "lifecycle-torch-engine"
@@ -106,7 +106,7 @@ def api_key(args: argparse.Namespace) -> str | None:
                 "spaces; Fix: write the key alone in the file"
             )
         return key
-    return os.environ.get(API_KEY_ENV) or None
+    return given_api_key()
 
 
 def bind(host: str, port: int) -> socket.socket:

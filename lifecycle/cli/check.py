@@ -7,17 +7,22 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from lifecycle.check.explore import check_train_only_ft_equals_no_ft, lattice, run_check
+from lifecycle.check.explore import Result, StateLimitError, check_train_only_ft_equals_no_ft, lattice, run_check
 from lifecycle.check.invariants import INVARIANTS
 from lifecycle.check.mutants import MUTANTS
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args, explicit_flags
-from lifecycle.decide.config import MAX_COUNT, Bounded, LifecycleConfig
+from lifecycle.decide.config import Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.machines import MACHINES
 
 MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
+# the job states grow about 2.5x with each fault allowed (2 engines, rollout FT: 2 faults 2.2k states, 4 faults 20k,
+# 8 faults 149k in 7.5 s); past 8 the larger configs run into the checker's state limit after minutes and a GB
+MAX_FAULTS = 8
+FAULTS_WHY = "each fault allowed multiplies the job states to explore; past 8 they outgrow the checker's memory"
 
 
 def register(sub: Any) -> None:
@@ -43,7 +48,7 @@ def register(sub: Any) -> None:
     p.add_argument("--engines", type=Bounded(1, 4), default=2, metavar="N", help="engines per job, 1..4 (default 2)")
     p.add_argument(
         "--faults",
-        type=Bounded(0, MAX_COUNT),
+        type=Bounded(0, MAX_FAULTS, why=FAULTS_WHY),
         default=2,
         metavar="N",
         help="faults injected per run at most (default 2)",
@@ -67,6 +72,20 @@ def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
     if ns.config is None and not explicit_flags(ns):
         return None
     return config_from_args(ns, check_paths=False)
+
+
+def _within_limit(results: Iterator[Result], ns: argparse.Namespace) -> Iterator[Result]:
+    """The explorations' results; one that outgrows the checker's state limit is an error naming the flags that
+    size the exploration."""
+    try:
+        yield from results
+    except StateLimitError as exc:
+        raise ConfigError(
+            "--faults",
+            ns.faults,
+            f"with --engines {ns.engines} the job states outgrow what the checker holds ({exc})",
+            "lower --faults (default 2) or --engines (default 2), or check one config (--config FILE or its flags)",
+        ) from None
 
 
 def cmd_check(ns: argparse.Namespace) -> int:
@@ -95,9 +114,10 @@ def cmd_check(ns: argparse.Namespace) -> int:
     violations = []
     if not ns.json:
         print(f"{'states':>8} {'transitions':>11} {'inv':>4} {'time':>7} {'covers':>6}  config")
-    for result in run_check(
+    results = run_check(
         groups, engines=ns.engines, mutant=ns.mutant, only=only, max_faults=ns.faults, jobs=ns.jobs, stop_at_first=False
-    ):
+    )
+    for result in _within_limit(results, ns):
         flags = " ".join(result.config.to_flags()) or "(defaults)"
         row = {
             "config": result.config.to_flags(),

@@ -539,6 +539,14 @@ class LifecycleConfig:
             path = getattr(self, name)
             if path is not None:
                 _check_template(name, path, self.num_rollout)
+        if self.gateway_health_check and self.debug_train_only:
+            raise ConfigError(
+                "--gateway-health-check",
+                True,
+                "has no effect: --debug-train-only (or replay) starts no rollout engine, so there is no gateway "
+                "routing to one",
+                "drop --gateway-health-check, or drop --debug-train-only / --load-debug-rollout-data",
+            )
         if self.eval_num_gpus > 0 and self.debug_train_only:
             notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
         set_(self, "warnings", tuple(dict.fromkeys(notes)))

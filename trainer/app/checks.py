@@ -6,12 +6,17 @@ a bad combination fails at once instead of after seconds of imports and a Ray st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import glob
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from lifecycle.decide.config import LifecycleConfig
+from engines.apikey import given_api_key
+from engines.ledger import MIN_LEASE
+from lifecycle.decide.config import MAX_SECONDS, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.predicates import offloads_rollout
+from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
 
 
@@ -108,20 +113,179 @@ def check_model(model: str, hf_checkpoint: str | Path | None) -> None:
         )
 
 
-def check_detach(config: LifecycleConfig, launcher: str, ray_address: str | None, lease: float | None) -> None:
-    """Kept engines (--detach-engines) are detached Ray actors on a cluster that outlives the driver; their lease
-    (seconds) bounds how long they wait for the next driver."""
-    if lease is not None and not lease > 0:
+# how each caller spells the options the checks below name: the command line's flags by default (check_options
+# passes RunOptions' fields)
+FLAGS = {
+    "engine_lease": "--engine-lease",
+    "vllm_python": "--vllm-python",
+    "router": "--no-router",
+    "ray_address": "--ray-address",
+    "launcher": "--launcher",
+    "rollout_fn": "--rollout-function",
+    "data_source": "--data-source",
+    "ray_nodes": "--ray-nodes",
+}
+
+
+def check_lease(lease: float | None, name: str = "--engine-lease") -> None:
+    """A kept engine's lease: finite (``inf`` was written into run.json as ``Infinity``, which the job's own
+    ``--resume`` then refused), long enough that a live driver renews it in time, at most the project's bound
+    on any wait (``1e10`` s outlives every driver: an engine that never exits)."""
+    if lease is None:
+        return
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not MIN_LEASE <= lease <= MAX_SECONDS:
         raise ConfigError(
-            "--engine-lease", lease, "must be a positive number of seconds", "pass e.g. --engine-lease 120"
+            name,
+            lease,
+            f"must be a number of seconds in {MIN_LEASE:g}..{MAX_SECONDS} (a driver renews the lease every third of "
+            f"it, each renewal taking up to {MIN_LEASE / 2:g} s: a shorter lease lapses while the driver lives; a "
+            "kept engine whose driver never comes back must exit within days, not hold its GPU for ever)",
+            f"pass e.g. {name} 120 (the default)",
+        )
+
+
+def check_detach(
+    config: LifecycleConfig,
+    launcher: str,
+    ray_address: str | None,
+    lease: float | None,
+    names: Mapping[str, str] = FLAGS,
+) -> None:
+    """Kept engines (--detach-engines) are detached Ray actors on a cluster that outlives the driver; their lease
+    (seconds) bounds how long they wait for the next driver -- and means nothing without them."""
+    check_lease(lease, names["engine_lease"])
+    if lease is not None and not config.detach_engines:
+        raise ConfigError(
+            names["engine_lease"],
+            lease,
+            "has no effect without --detach-engines (only kept engines outlive their driver on a lease)",
+            f"add --detach-engines, or drop {names['engine_lease']}",
         )
     if not config.detach_engines:
         return
     why, fix = "", ""
     if launcher != "ray":
-        why, fix = "kept engines are Ray's detached actors", "use --launcher ray (the default)"
+        why, fix = "kept engines are Ray's detached actors", f"use {names['launcher']} ray (the default)"
     elif not ray_address:
         why = "this driver's own Ray instance, and every engine in it, dies with the driver"
-        fix = "start a cluster that outlives it (ray start --head) and pass --ray-address HOST:PORT"
+        fix = f"start a cluster that outlives it (ray start --head) and pass {names['ray_address']} HOST:PORT"
     if why:
         raise ConfigError("--detach-engines", True, why, fix)
+
+
+def launches_engines(config: LifecycleConfig) -> bool:
+    """Whether the job starts rollout engine processes itself (not external ones, not none under train-only)."""
+    return bool(config.num_rollout_engines) and not config.rollout_external_engine_addrs
+
+
+def check_effects(
+    config: LifecycleConfig,
+    *,
+    vllm_python: str | None = None,
+    router: bool | None = None,
+    rollout_fn: str | None = None,
+    data_source: str | None = None,
+    ray_nodes: int = 1,
+    launcher: str = "ray",
+    names: Mapping[str, str] = FLAGS,
+) -> None:
+    """Options that would do nothing in this combination are refused, naming why (as ``--metrics-host`` without
+    ``--metrics-port``): a user who gives one expects its effect. ``router``: False where the gateway was turned
+    off (``--no-router``), None where it is used if installed."""
+    if replay(config):  # the construction gate never builds a rollout function or reads prompts under replay
+        for name, value in (("rollout_fn", rollout_fn), ("data_source", data_source)):
+            if value is not None:
+                raise ConfigError(
+                    names[name],
+                    value,
+                    "has no effect: replay (--load-debug-rollout-data) trains on saved rollouts and never generates",
+                    f"drop {names[name]}, or drop --load-debug-rollout-data",
+                )
+    if ray_nodes > 1 and (launcher != "ray" or not launches_engines(config)):
+        why = (
+            f"{names['launcher']} {launcher} runs the engines as this process's children"
+            if launcher != "ray"
+            else "the job starts no engine (external ones, or --debug-train-only)"
+        )
+        raise ConfigError(
+            names["ray_nodes"],
+            ray_nodes,
+            f"has no effect: its worker nodes host only engine actors, and {why}",
+            f"drop {names['ray_nodes']}",
+        )
+    if vllm_python is not None:
+        why = ""
+        if config.rollout_backend != "vllm":
+            why = f"--rollout-backend {config.rollout_backend} starts no vLLM server"
+        elif config.rollout_external_engine_addrs:
+            why = "the external vLLM servers (--rollout-external-engine-addrs) run in their owner's environment"
+        elif not config.num_rollout_engines:
+            why = "--debug-train-only (or replay) starts no rollout server"
+        if why:
+            raise ConfigError(
+                names["vllm_python"],
+                vllm_python,
+                f"has no effect: {why}",
+                f"drop {names['vllm_python']}, or use --rollout-backend vllm with engines the job starts",
+            )
+    if config.gateway_health_check:  # train-only: refused by the config's own validation
+        if router is False:
+            raise ConfigError(
+                "--gateway-health-check",
+                True,
+                f"has no effect with {names['router']}: requests are routed in-process, there is no SMG gateway "
+                "whose health checks could report",
+                f"drop --gateway-health-check, or drop {names['router']}",
+            )
+        if router is None and importlib.util.find_spec("smg") is None:
+            raise ConfigError(
+                "--gateway-health-check",
+                True,
+                "has no effect: the SMG gateway is not installed, so requests are routed in-process",
+                "pip install 'rl-lifecycle[router]', or drop --gateway-health-check",
+            )
+
+
+def check_engine_options(config: LifecycleConfig, engines: int | None, startup_timeout: float | None) -> None:
+    """``lifecycle run``'s engine options where the run starts no engine (--debug-train-only, replay)."""
+    if config.num_rollout_engines:
+        return
+    for flag, value in (("--engines", engines), ("--engine-startup-timeout", startup_timeout)):
+        if value is not None:
+            raise ConfigError(
+                flag, value, "has no effect: --debug-train-only (or replay) starts no rollout engine", f"drop {flag}"
+            )
+
+
+def visible_gpus() -> int:
+    """GPUs this machine shows its processes (NVIDIA's device files, or ROCm's render nodes), without torch:
+    ``CUDA_VISIBLE_DEVICES`` set empty (or -1) hides them all."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return 0
+    nvidia = [d for d in glob.glob("/dev/nvidia[0-9]*") if d[len("/dev/nvidia") :].isdigit()]
+    rocm = glob.glob("/dev/dri/renderD*") if os.path.exists("/dev/kfd") else []
+    return len(nvidia) or len(rocm)
+
+
+def check_rollout_device(config: LifecycleConfig, ray_address: str | None) -> None:
+    """``--rollout-device cuda`` needs a GPU where the engines start: on a cluster this driver starts, this
+    machine (a cluster at --ray-address places them on its own nodes, which this machine cannot see)."""
+    if config.rollout_device != "cuda" or ray_address or not launches_engines(config):
+        return
+    if not visible_gpus():
+        raise ConfigError(
+            "--rollout-device",
+            "cuda",
+            "this machine has no GPU its processes can use (no /dev/nvidia* device, or CUDA_VISIBLE_DEVICES hides "
+            "them), and the engines start on it",
+            "use --rollout-device cpu (the default), run on a machine with a GPU, or join a cluster that has one "
+            "(--ray-address)",
+        )
+
+
+def check_engine_key(config: LifecycleConfig) -> None:
+    """External engines' key (``$LIFECYCLE_ENGINE_API_KEY``) is read before Ray starts, so a malformed one is
+    refused naming the variable instead of failing the first request."""
+    if config.rollout_external_engine_addrs:
+        given_api_key()

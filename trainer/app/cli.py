@@ -29,8 +29,12 @@ from trainer.app.checks import (
     check_async,
     check_backend_model,
     check_detach,
+    check_effects,
+    check_engine_key,
+    check_engine_options,
     check_hf_checkpoint,
     check_model,
+    check_rollout_device,
     check_steps,
 )
 from trainer.app.faults import check_faults, fault_arg
@@ -134,7 +138,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="SECONDS",
         help="with --detach-engines: how long a kept engine outlives its driver without a renewal before it exits "
-        "(default 120); a resume must come within it to adopt the engines",
+        "(default 120; 20 s to 30 days: the driver renews it every third); a resume must come within it to adopt "
+        "the engines",
     )
     p.add_argument(
         "--trainer-workers",
@@ -243,18 +248,19 @@ def register(sub: Any) -> None:
 
 
 def _check_ray_address(address: str) -> None:
-    if address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    if address.startswith("ray://"):
-        host, _, port = address[len("ray://") :].rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0):
-            return
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            "--ray-address", address, f"no Ray cluster answers there ({exc})", "start one with `ray start --head`"
-        ) from None
+    """A Ray head must answer there (bounded: a server that is not Ray hung ``ray.init`` for minutes)."""
+    from engines.rayconnect import check_gcs
+
+    check_gcs(address)
+
+
+def _join_ray(address: str | None) -> None:
+    """Join the cluster at ``--ray-address`` now, the last check before anything is written: a refused connection
+    (no Ray there, a token the head requires) is one error naming the flag, and leaves no run directory."""
+    if address:
+        from engines.actor import init_local_cluster
+
+        init_local_cluster(address=address)
 
 
 def _check_run_dir(path: Path) -> None:
@@ -415,6 +421,12 @@ def _resume(ns: argparse.Namespace) -> int:
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     _check_metrics(ns.metrics_port, ns.metrics_host)
+    try:  # the run's own setting, checked again on this machine
+        check_rollout_device(config, ns.ray_address)
+    except ConfigError as exc:
+        raise exc.with_source(str(manifest.path)) from None
+    check_engine_key(config)  # the environment's, named as such
+    check_effects(config, vllm_python=ns.vllm_python)
     from trainer.app.loop import RunOptions, run
     from trainer.job_state import LATEST, check_run_files, load_job_checkpoint
 
@@ -459,6 +471,7 @@ def _resume(ns: argparse.Namespace) -> int:
         raise exc.with_source(str(manifest.path)) from None
     opts = dataclasses.replace(opts, resume=checkpoint)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    _join_ray(ns.ray_address)
     run(config, opts)
     return 0
 
@@ -477,11 +490,24 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.model is None:  # vLLM serves Hugging Face checkpoints only (external ones: their own, --hf-checkpoint)
         built = vllm and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
         ns.model = "tiny-llama" if built else "char"
-    if ns.engine_startup_timeout is None:
-        ns.engine_startup_timeout = 300.0 if vllm else 60.0
     check_model(ns.model, ns.hf_checkpoint)
     check_backend_model(config, ns.model, ns.hf_checkpoint)
-    _check_environment(ns.model, ns.rollout_function, ns.data_source)
+    check_engine_options(config, ns.engines, ns.engine_startup_timeout)  # before the defaults fill them in
+    if ns.engine_startup_timeout is None:
+        ns.engine_startup_timeout = 300.0 if vllm else 60.0
+    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
+    check_effects(
+        config,
+        vllm_python=ns.vllm_python,
+        router=False if ns.no_router else None,
+        rollout_fn=ns.rollout_function,
+        data_source=ns.data_source,
+        ray_nodes=ns.ray_nodes,
+        launcher=ns.launcher,
+    )
+    check_rollout_device(config, ns.ray_address)
+    check_engine_key(config)
+    _check_environment(ns.model, ns.rollout_function, ns.data_source)  # runs the user's modules: after the flags
     ns.vllm_python = _vllm_python(config, ns.vllm_python)
     if ns.hf_checkpoint is not None:
         check_hf_checkpoint(ns.hf_checkpoint)
@@ -506,13 +532,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     # a run never writes over another run, another job's checkpoints or its own input: refused before any write
     check_new_run(run_dir, save=config.save, load=config.load, hf_checkpoint=ns.hf_checkpoint)
+    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)  # the flags first, then the address
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     faults = tuple(ns.inject)  # parsed by --inject's type
     _positive("--ray-nodes", ns.ray_nodes)
     if ns.ray_nodes > 1 and ns.ray_address:
         raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
     check_faults(
         faults,
         config,
@@ -523,7 +549,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         steps=ns.steps,
     )
     check_steps(faults, ns.steps)
-    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    _join_ray(ns.ray_address)  # the last check: it imports Ray
     _check_run_dir(run_dir)  # last: it creates the folder, and a refused run must leave nothing behind
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
@@ -553,6 +580,5 @@ def cmd_run(ns: argparse.Namespace) -> int:
         vllm_python=ns.vllm_python,
         engine_lease=ns.engine_lease,
     )
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     run(config, opts)
     return 0

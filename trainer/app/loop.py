@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from engines.engine import Timeouts
 from engines.launcher import LauncherFactory, LauncherKind
+from engines.rayconnect import check_gcs
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import RESUMED, bind_context, cut_torn_tail
@@ -36,7 +37,16 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
-from trainer.app.checks import check_async, check_backend_model, check_detach, check_hf_checkpoint, check_model
+from trainer.app.checks import (
+    check_async,
+    check_backend_model,
+    check_detach,
+    check_effects,
+    check_engine_key,
+    check_hf_checkpoint,
+    check_model,
+    check_rollout_device,
+)
 from trainer.app.faults import Fault, FaultInjector, parse_fault
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
@@ -430,6 +440,19 @@ def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -
         raise
 
 
+# how the checks name the options they refuse, for an API caller
+OPTION_NAMES = {
+    "engine_lease": "RunOptions.engine_lease",
+    "vllm_python": "RunOptions.vllm_python",
+    "router": "RunOptions.router=False",
+    "ray_address": "RunOptions.ray_address",
+    "launcher": "RunOptions.launcher",
+    "rollout_fn": "RunOptions.rollout_fn",
+    "data_source": "RunOptions.data_source",
+    "ray_nodes": "RunOptions.ray_nodes",
+}
+
+
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
@@ -441,10 +464,24 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
     if opts.engine_launcher is None:
-        check_detach(config, opts.launcher, opts.ray_address, opts.engine_lease)
+        check_detach(config, opts.launcher, opts.ray_address, opts.engine_lease, OPTION_NAMES)
     check_model(opts.model, opts.hf_checkpoint)
     if opts.engine_launcher is None:
         check_backend_model(config, opts.model, opts.hf_checkpoint)
+        check_effects(
+            config,
+            vllm_python=opts.vllm_python,
+            router=opts.router,
+            rollout_fn=opts.rollout_fn,
+            data_source=opts.data_source,
+            ray_nodes=opts.ray_nodes,
+            launcher=opts.launcher,
+            names=OPTION_NAMES,
+        )
+        check_rollout_device(config, opts.ray_address)
+    check_engine_key(config)
+    if opts.ray_address:
+        check_gcs(opts.ray_address, "RunOptions.ray_address")
     if opts.hf_checkpoint is not None:
         check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
     check_new_run(opts.run_dir, save=config.save, load=config.load, hf_checkpoint=opts.hf_checkpoint)

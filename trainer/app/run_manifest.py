@@ -100,6 +100,17 @@ def _positive_number(v: Any, high: float = 1e9) -> str | None:
     return None if ok else f"must be a finite number greater than 0 (at most {high:g})"
 
 
+def _lease(v: Any) -> str | None:
+    """A kept engine's lease, by the rule the options were checked with (``trainer.app.checks.check_lease``)."""
+    from trainer.app.checks import check_lease
+
+    try:
+        check_lease(v)
+    except ConfigError as exc:
+        return exc.problem
+    return None
+
+
 def _text(*, optional: bool = False, factory: bool = False) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
         if v is None and optional:
@@ -148,7 +159,7 @@ OPTIONS: dict[str, Callable[[Any], str | None]] = {
     "hf_checkpoint": _text(optional=True),
     "model": _text(),
     "router": _one_of(True, False, None),
-    "engine_lease": lambda v: None if v is None else _positive_number(v, MAX_SECONDS),
+    "engine_lease": lambda v: None if v is None else _lease(v),
     "custom": _strings,
 }
 SINCE = {"engine_lease"}  # options added after runs were written without them (absent: the default)
