@@ -398,8 +398,8 @@ def _resume(ns: argparse.Namespace) -> int:
             timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
         )
     except ConfigError as exc:
-        if exc.flag.startswith("--") and exc.flag[2:].replace("-", "_") in _WITH_RESUME:
-            raise  # a flag of this command line
+        if exc.flag == "--run-dir" or (exc.flag.startswith("--") and exc.flag[2:].replace("-", "_") in _WITH_RESUME):
+            raise  # a flag of this command line (the run directory is --resume's)
         raise exc.with_source(str(manifest.path)) from None  # the run's own setting, from its run.json
     job = {**opts.job_settings(), **({"id": manifest.job_id} if manifest.job_id else {})}
     try:
