@@ -182,9 +182,13 @@ class TrainerGroup:
         self.workers[rank].crash()
 
     async def dispose(self) -> None:
-        await self.runner.operate("trainer.dispose", allow=_NOT_NOW | {"failed"})
-        for w in self.workers:
-            w.kill()
+        """The core's dispose, then every worker killed -- also when the dispose could not run (a half-built job's
+        core lacks handlers): no worker outlives the group."""
+        try:
+            await self.runner.operate("trainer.dispose", allow=_NOT_NOW | {"failed"})
+        finally:
+            for w in self.workers:
+                w.kill()
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""

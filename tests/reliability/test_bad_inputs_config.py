@@ -18,6 +18,7 @@ import lifecycle.cli as cli
 import lifecycle.cli.trace as trace_cli
 import lifecycle.decide.config
 import lifecycle.decide.errors
+import trainer.app.checks
 import trainer.app.cli
 import trainer.app.faults
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, load_config_file
@@ -469,7 +470,7 @@ def _old_check_metrics(port: int | None, host: str) -> None:
 def test_catches_the_wrong_flag_blamed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.app.cli, "_check_metrics", _old_check_metrics)
+    monkeypatch.setattr(trainer.app.checks, "check_metrics", _old_check_metrics)
     with pytest.raises(AssertionError, match="does not name '--metrics-host'"):
         check_in_process(_case("run-metrics-host-not-local"), tmp_path, capsys)
 

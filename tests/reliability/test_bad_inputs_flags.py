@@ -463,7 +463,7 @@ def test_catches_the_unbounded_lease(
 def test_catches_the_no_effect_flags_accepted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("trainer.app.cli.check_effects", lambda *a, **k: None)
+    monkeypatch.setattr("trainer.app.checks.check_effects", lambda *a, **k: None)
     monkeypatch.setattr("trainer.app.cli._check_run_dir", lambda path: (_ for _ in ()).throw(RuntimeError("got past")))
     with pytest.raises(RuntimeError, match="got past"):
         check_in_process(BY_ID["vllm-python-with-sglang"], tmp_path, capsys)

@@ -148,6 +148,8 @@ def _dir(name: str) -> Setup:
 
 
 RESUME = ("run", "--resume", "{tmp}/run")
+# a run whose engines were kept (--detach-engines) resumes on their cluster: joined last, after every file check
+RESUME_KEPT = (*RESUME, "--ray-address", "127.0.0.1:1")
 STATE = "{tmp}/" + CKPT + "/state.json"
 NESTED = '{"format": 1, "namespace": "rl-lifecycle", "engines": ' + "[" * 100_000 + "]" * 100_000 + "}"
 HUGE = 17 * 1024 * 1024
@@ -203,104 +205,104 @@ CASES: list[Case] = [
     # --- 3: engines.json, bounded and by its schema -----------------------------------------------------------------
     Case(
         "resume-ledger-torn",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "not valid JSON", "delete the file"),
         (_job(detach=True), _ledger('{"format": 1, "names')),
     ),
     Case(
         "resume-ledger-nested",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "nested deeper"),
         (_job(detach=True), _ledger(NESTED)),
     ),
     Case(
         "resume-ledger-huge",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "larger than"),
         (_job(detach=True), _sparse("engines.json", HUGE)),
     ),
     Case(
         "resume-ledger-dev-zero",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "device"),
         (_job(detach=True), _link("engines.json", "/dev/zero")),
     ),
     Case(
         "resume-ledger-fifo",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "FIFO"),
         (_job(detach=True), _fifo("engines.json")),
     ),
     Case(
         "resume-ledger-a-list",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "format"),
         (_job(detach=True), _ledger("[]")),
     ),
     Case(
         "resume-ledger-string-epoch",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "engine-0", "epoch '3'"),
         (_job(detach=True), _entry(epoch="3")),
         proc=True,
     ),
     Case(
         "resume-ledger-bool-epoch",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "epoch True"),
         (_job(detach=True), _entry(epoch=True)),
     ),
     Case(
         "resume-ledger-negative-epoch",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "epoch -1"),
         (_job(detach=True), _entry(epoch=-1)),
     ),
     Case(
         "resume-ledger-float-epoch",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "epoch 3.0"),
         (_job(detach=True), _entry(epoch=3.0)),
     ),
     Case(
         "resume-ledger-unknown-key",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "unknown keys", "sneaky"),
         (_job(detach=True), _entry(sneaky=1)),
     ),
     Case(
         "resume-ledger-string-updating",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "updating"),
         (_job(detach=True), _entry(updating="no")),
     ),
     Case(
         "resume-ledger-bad-pid",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "server_pid"),
         (_job(detach=True), _entry(server_pid=0)),
     ),
     Case(
         "resume-ledger-bad-url",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "url"),
         (_job(detach=True), _entry(url="file:///etc/passwd")),
     ),
     Case(
         "resume-ledger-empty-actor",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "actor"),
         (_job(detach=True), _entry(actor="")),
     ),
     Case(
         "resume-ledger-unknown-top-level-key",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "keys"),
         (_job(detach=True), _ledger('{"format": 1, "namespace": "rl-lifecycle", "engines": {}, "x": 1}')),
     ),
     Case(
         "resume-ledger-duplicate-key",
-        RESUME,
+        RESUME_KEPT,
         ("--resume", "{tmp}/run/engines.json", "duplicate key"),
         (_job(detach=True), _ledger('{"format": 1, "format": 1, "namespace": "rl-lifecycle", "engines": {}}')),
     ),
@@ -387,7 +389,7 @@ def test_an_honest_run_directory_passes(
         with pytest.raises(RuntimeError, match="got past"):
             import lifecycle.cli as cli
 
-            cli.main(["run", "--resume", str(base / "run")])
+            cli.main(["run", "--resume", str(base / "run"), *(["--ray-address", "127.0.0.1:1"] if detach else [])])
 
 
 # -- generations only ever increase ---------------------------------------------------------------------------------

@@ -6,18 +6,28 @@ a bad combination fails at once instead of after seconds of imports and a Ray st
 
 from __future__ import annotations
 
+import errno
 import glob
 import importlib.util
+import math
 import os
+import re
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engines.apikey import given_api_key
 from engines.ledger import MIN_LEASE
-from lifecycle.decide.config import MAX_SECONDS, LifecycleConfig
+from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig, parse_number
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
+from trainer.app.run_manifest import BOUNDS, check_new_run
+
+METRICS_HOST = "127.0.0.1"
+LAUNCHERS = ("ray", "local")  # engines.launcher.LauncherKind
+PORT = Bounded(0, 65535, why="a TCP port; 0 picks a free one")
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
 
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
@@ -289,3 +299,195 @@ def check_engine_key(config: LifecycleConfig) -> None:
     refused naming the variable instead of failing the first request."""
     if config.rollout_external_engine_addrs:
         given_api_key()
+
+
+def parse_ray_address(text: str) -> str:
+    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``, the port in 1..65535. A blank one is
+    refused: ``if ns.ray_address`` would read it as "no address" and start a local cluster instead."""
+    fix = "pass HOST:PORT of a running Ray head (e.g. 127.0.0.1:6379), ray://HOST:10001, or auto; omit it to start one"
+    address = text.strip()
+    if not address:
+        raise ConfigError("--ray-address", text, "the address is empty", fix)
+    if address == "auto":
+        return address
+    m = _RAY_ADDRESS.fullmatch(address)
+    if m is None:
+        raise ConfigError("--ray-address", text, "not a Ray address", fix)
+    try:
+        parse_number(m["port"], int, 1, 65535)
+    except ValueError as exc:
+        raise ConfigError("--ray-address", text, f"the port is {exc}", fix) from None
+    return address
+
+
+def check_metrics(port: int | None, host: str) -> None:
+    """The exporter's extra and its address, before Ray starts: each problem names its own flag (a host that is
+    not this machine's was blamed on --metrics-port), and a --metrics-host without a port is not ignored."""
+    if port is None:
+        if host != METRICS_HOST:
+            raise ConfigError(
+                "--metrics-host", host, "has no effect without --metrics-port", "add --metrics-port PORT (0: any free)"
+            )
+        return
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise ConfigError(
+            "--metrics-port", port, "needs prometheus_client, not installed", "pip install 'rl-lifecycle[metrics]'"
+        )
+    if not 0 <= port <= 65535:
+        raise ConfigError("--metrics-port", port, "is not a TCP port", "use a port in 1..65535, or 0 for any free one")
+    host_fix = "use an address of this machine: 127.0.0.1 (default), or 0.0.0.0 for every interface"
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:  # gaierror: not a name or address this machine resolves
+        raise ConfigError("--metrics-host", host, f"cannot be resolved ({exc})", host_fix) from None
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        reason = f"cannot listen on {host}:{port} ({exc.strerror or exc})"
+        if exc.errno == errno.EADDRNOTAVAIL:  # the address is not one of this machine's
+            raise ConfigError("--metrics-host", host, reason, host_fix) from None
+        raise ConfigError("--metrics-port", port, reason, "pick a free port, or 0") from None
+
+
+# -- one check of a run's settings, whoever starts the run ------------------------------------------------------------
+# The CLI's flags, run_loop's RunOptions and a Job's arguments all come here, so none of them accepts what another
+# refuses. Errors name the flag; a Job renames them to its arguments (trainer.app.job.JOB_ARGUMENTS).
+TIMEOUT_FLAGS = {
+    "startup": "--engine-startup-timeout",
+    "request": "--engine-request-timeout",
+    "death": "timeouts.death",
+}
+
+
+def _integer(flag: str, value: object, bounds: Bounded, fix: str) -> int:
+    """An int (not a bool, not a float) in the CLI's bounds of ``flag``."""
+    lo, hi = int(bounds.lo), int(bounds.hi)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        why = f" ({bounds.why})" if bounds.why else ""
+        raise ConfigError(flag, value, f"must be an integer in {lo}..{hi}{why}", fix)
+    return value
+
+
+def _path(flag: str, value: object, *, optional: bool = False) -> Path | None:
+    """A path given as ``str`` or ``os.PathLike`` (an int, bytes or a blank string is refused, not read as one)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        kind = "a non-empty path (str or pathlib.Path)" + (", or None" if optional else "")
+        raise ConfigError(flag, value, f"must be {kind}", "pass the directory's path")
+    return Path(value)
+
+
+def _seconds(flag: str, value: object) -> None:
+    """A bound on a wait: a finite number of seconds in (0, MAX_SECONDS] (an unbounded or zero wait is never meant)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not 0 < value <= MAX_SECONDS:  # type: ignore[operator]
+        raise ConfigError(
+            flag,
+            value,
+            f"must be a finite number of seconds greater than 0 (at most {MAX_SECONDS})",
+            f"use e.g. {flag} 30",
+        )
+
+
+def _factory_path(flag: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.partition(":")[0] or not value.partition(":")[2]:
+        raise ConfigError(
+            flag, value, "must be MODULE:ATTR (a string) or None", "name a factory, e.g. mypkg.module:factory"
+        )
+
+
+def check_run(
+    config: object,
+    *,
+    run_dir: object,
+    initial_checkpoint: object = None,
+    model: str = "char",
+    model_size: str = "tiny",
+    engines_given: bool = False,
+    launcher: object = "ray",
+    ray_address: object = None,
+    ray_nodes: object = 1,
+    engine_lease: object = None,
+    workers: object = 1,
+    keep_checkpoints: object = 3,
+    steps: object = None,
+    seed: object = 0,
+    metrics_port: object = None,
+    metrics_host: object = METRICS_HOST,
+    rollout_fn: object = None,
+    data_source: object = None,
+    timeouts: Mapping[str, object] | None = None,
+    vllm_python: str | None = None,
+    router: bool | None = None,
+    names: Mapping[str, str] = FLAGS,
+) -> None:
+    """Every check of a run's settings that needs no runtime, before anything starts or is written: what
+    ``lifecycle run`` refuses, a :class:`~trainer.app.job.Job` refuses the same way. Types and bounds first (the
+    CLI's own), then the combinations, then what is on disk (another run's directory, the initial checkpoint).
+    ``engines_given``: the caller brings its own engine launcher (the backend's launch checks do not apply)."""
+    if not isinstance(config, LifecycleConfig):
+        raise ConfigError(
+            "config",
+            config,
+            f"must be a LifecycleConfig, not {type(config).__name__}",
+            "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
+        )
+    path = _path("--run-dir", run_dir)
+    assert path is not None
+    checkpoint = _path("--hf-checkpoint", initial_checkpoint, optional=True)
+    _integer("--trainer-workers", workers, BOUNDS["workers"], "pass a number of trainer workers, e.g. 1")
+    _integer("--keep-checkpoints", keep_checkpoints, BOUNDS["keep_checkpoints"], "keep at least 1, e.g. 3")
+    if steps is not None:
+        _integer("--steps", steps, BOUNDS["steps"], "pass the run's number of steps, e.g. 30")
+    _integer("--seed", seed, BOUNDS["seed"], "pass a non-negative seed, e.g. 0")
+    _integer("--ray-nodes", ray_nodes, BOUNDS["ray_nodes"], "pass 1 (a local Ray node), or more for lose-node tests")
+    if not isinstance(launcher, str) or launcher not in LAUNCHERS:
+        raise ConfigError("--launcher", launcher, f"unknown launcher (known: {', '.join(LAUNCHERS)})", "use ray")
+    if ray_address is not None and not isinstance(ray_address, str):
+        raise ConfigError("--ray-address", ray_address, "must be a string or None", "pass HOST:PORT or auto")
+    if ray_address is not None:
+        parse_ray_address(ray_address)
+        if ray_nodes != 1:
+            raise ConfigError("--ray-nodes", ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
+    lease: float | None = None
+    if engine_lease is not None:
+        if isinstance(engine_lease, bool) or not isinstance(engine_lease, int | float):
+            raise ConfigError("--engine-lease", engine_lease, "must be a number of seconds or None", "pass e.g. 120")
+        lease = engine_lease
+    for key, value in (timeouts or {}).items():
+        _seconds(TIMEOUT_FLAGS.get(key, f"timeouts.{key}"), value)
+    _factory_path("--rollout-function", rollout_fn)
+    _factory_path("--data-source", data_source)
+    port = None if metrics_port is None else _integer("--metrics-port", metrics_port, PORT, "use 1..65535, or 0")
+    if not isinstance(metrics_host, str) or not metrics_host.strip():
+        raise ConfigError(
+            "--metrics-host", metrics_host, "must be a non-empty address", "pass 127.0.0.1 (default), or 0.0.0.0"
+        )
+    # the combinations
+    check_model(model, checkpoint)
+    if not engines_given:
+        check_detach(config, launcher, ray_address, lease, names)
+        check_backend_model(config, model, checkpoint)
+        check_effects(
+            config,
+            vllm_python=vllm_python,
+            router=router,
+            rollout_fn=rollout_fn if isinstance(rollout_fn, str) else None,
+            data_source=data_source if isinstance(data_source, str) else None,
+            ray_nodes=ray_nodes if isinstance(ray_nodes, int) else 1,
+            launcher=launcher,
+            names=names,
+        )
+        check_rollout_device(config, ray_address if isinstance(ray_address, str) else None)
+    check_engine_key(config)
+    check_metrics(port, metrics_host)
+    # what is on disk: the initial checkpoint read whole, then what the run would write over
+    if checkpoint is not None:
+        check_hf_checkpoint(checkpoint, model_size)
+    check_new_run(path, save=config.save, load=config.load, hf_checkpoint=checkpoint)

@@ -10,40 +10,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import importlib
 import importlib.util
 import math
 import os
-import re
-import socket
 from pathlib import Path
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
-from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank, parse_number
+from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.faults import FAULTS
 from trainer.app.checks import (
+    LAUNCHERS,
+    METRICS_HOST,
     MODELS,
     check_async,
-    check_backend_model,
-    check_detach,
-    check_effects,
-    check_engine_key,
     check_engine_options,
-    check_hf_checkpoint,
-    check_model,
-    check_rollout_device,
+    check_run,
     check_steps,
+    parse_ray_address,
 )
 from trainer.app.faults import check_faults, fault_arg
 from trainer.app.run_manifest import BOUNDS
 
 # Each number is bounded where the command line is parsed (issue 27: a 64-bit-plus --seed crashed the trainer).
 SECONDS = Bounded(0, MAX_SECONDS, kind=float)
-METRICS_HOST = "127.0.0.1"
-_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
 
 
 def _parse_host(text: str) -> str:
@@ -53,25 +45,6 @@ def _parse_host(text: str) -> str:
             "--metrics-host", text, "the address is empty", "pass 127.0.0.1 (default), or 0.0.0.0 for every interface"
         )
     return text.strip()
-
-
-def parse_ray_address(text: str) -> str:
-    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``, the port in 1..65535. A blank one is
-    refused: ``if ns.ray_address`` would read it as "no address" and start a local cluster instead."""
-    fix = "pass HOST:PORT of a running Ray head (e.g. 127.0.0.1:6379), ray://HOST:10001, or auto; omit it to start one"
-    address = text.strip()
-    if not address:
-        raise ConfigError("--ray-address", text, "the address is empty", fix)
-    if address == "auto":
-        return address
-    m = _RAY_ADDRESS.fullmatch(address)
-    if m is None:
-        raise ConfigError("--ray-address", text, "not a Ray address", fix)
-    try:
-        parse_number(m["port"], int, 1, 65535)
-    except ValueError as exc:
-        raise ConfigError("--ray-address", text, f"the port is {exc}", fix) from None
-    return address
 
 
 def register(sub: Any) -> None:
@@ -131,7 +104,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)"
     )
-    p.add_argument("--launcher", choices=("ray", "local"), default="ray", help="engine processes in Ray actors")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="ray", help="engine processes in Ray actors")
     p.add_argument(
         "--engine-lease",
         type=float,
@@ -280,11 +253,6 @@ def _positive(flag: str, value: int) -> None:
         raise ConfigError(flag, value, "must be at least 1", f"set {flag} to a positive number")
 
 
-def _seconds(flag: str, value: float) -> None:
-    if not math.isfinite(value) or value <= 0:  # an unbounded or zero wait is never what a user means
-        raise ConfigError(flag, value, "must be a finite number of seconds greater than 0", f"use e.g. {flag} 30")
-
-
 def _check_lr(value: float) -> None:
     if not math.isfinite(value) or value <= 0:  # nan/inf/<=0 would only surface as a dead trainer actor
         raise ConfigError("--lr", value, "must be a finite number greater than 0", "use e.g. --lr 1e-2")
@@ -326,36 +294,6 @@ def _check_hf_installed(model: str) -> None:
         )
 
 
-def _check_metrics(port: int | None, host: str) -> None:
-    """The exporter's extra and its address, before Ray starts: each problem names its own flag (a host that is
-    not this machine's was blamed on --metrics-port), and a --metrics-host without a port is not ignored."""
-    if port is None:
-        if host != METRICS_HOST:
-            raise ConfigError(
-                "--metrics-host", host, "has no effect without --metrics-port", "add --metrics-port PORT (0: any free)"
-            )
-        return
-    if importlib.util.find_spec("prometheus_client") is None:
-        raise ConfigError(
-            "--metrics-port", port, "needs prometheus_client, not installed", "pip install 'rl-lifecycle[metrics]'"
-        )
-    if not 0 <= port <= 65535:
-        raise ConfigError("--metrics-port", port, "is not a TCP port", "use a port in 1..65535, or 0 for any free one")
-    host_fix = "use an address of this machine: 127.0.0.1 (default), or 0.0.0.0 for every interface"
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:  # gaierror: not a name or address this machine resolves
-        raise ConfigError("--metrics-host", host, f"cannot be resolved ({exc})", host_fix) from None
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as exc:
-        reason = f"cannot listen on {host}:{port} ({exc.strerror or exc})"
-        if exc.errno == errno.EADDRNOTAVAIL:  # the address is not one of this machine's
-            raise ConfigError("--metrics-host", host, reason, host_fix) from None
-        raise ConfigError("--metrics-port", port, reason, "pick a free port, or 0") from None
-
-
 def _vllm_python(config: LifecycleConfig, given: str | None) -> str | None:
     """The vLLM engine environment's python, found before anything starts, where the run launches vLLM servers
     (engines started elsewhere, or none under --debug-train-only, need none)."""
@@ -389,7 +327,7 @@ def _resume(ns: argparse.Namespace) -> int:
             f"continues a run with the settings it started with, but {', '.join(given)} was given too",
             f"drop those flags (only {allowed} apply)",
         )
-    from trainer.app.run_manifest import check_new_run, read_run_manifest
+    from trainer.app.run_manifest import read_run_manifest
 
     run_dir = Path(ns.resume).resolve()
     manifest = read_run_manifest(run_dir)  # checked whole: nothing is imported, entered or written before
@@ -418,15 +356,6 @@ def _resume(ns: argparse.Namespace) -> int:
             "the run routed through the SMG gateway, which is not installed here",
             "pip install 'rl-lifecycle[router]'",
         )
-    if ns.ray_address:
-        _check_ray_address(ns.ray_address)
-    _check_metrics(ns.metrics_port, ns.metrics_host)
-    try:  # the run's own setting, checked again on this machine
-        check_rollout_device(config, ns.ray_address)
-    except ConfigError as exc:
-        raise exc.with_source(str(manifest.path)) from None
-    check_engine_key(config)  # the environment's, named as such
-    check_effects(config, vllm_python=ns.vllm_python)
     from trainer.app.loop import RunOptions, run
     from trainer.job_state import LATEST, check_run_files, load_job_checkpoint
 
@@ -445,7 +374,7 @@ def _resume(ns: argparse.Namespace) -> int:
     # the run's relative paths (--save runs/x/ckpt) mean what they meant where it started (not entered yet)
     save = manifest.cwd / config.load
     hf = None if opts.hf_checkpoint is None else manifest.cwd / opts.hf_checkpoint
-    check_new_run(run_dir, save=str(save), load=str(save), hf_checkpoint=hf)
+    resumed = dataclasses.replace(config, save=str(save), load=str(save))
     job = {**opts.job_settings(), **({"id": manifest.job_id} if manifest.job_id else {})}
     try:
         checkpoint = load_job_checkpoint(save, config, job)  # checked whole before Ray starts
@@ -463,6 +392,35 @@ def _resume(ns: argparse.Namespace) -> int:
             print(f"lifecycle run: {run_dir} is complete ({checkpoint.step} of {steps} steps); nothing to resume")
         return 0
     check_run_files(run_dir, checkpoint, config)  # the log, the metrics, the engine ledger: as they were written
+    try:  # the one check of a run's settings a Job runs too; in its own run directory only
+        check_run(
+            resumed,
+            run_dir=run_dir,
+            initial_checkpoint=hf,
+            model=opts.model,
+            model_size=opts.model_size,
+            engines_given=False,
+            launcher=opts.launcher,
+            ray_address=opts.ray_address,
+            ray_nodes=opts.ray_nodes,
+            engine_lease=opts.engine_lease,
+            workers=opts.workers,
+            keep_checkpoints=opts.keep_checkpoints,
+            steps=opts.steps,
+            seed=opts.seed,
+            metrics_port=opts.metrics_port,
+            metrics_host=opts.metrics_host,
+            rollout_fn=opts.rollout_fn,
+            data_source=opts.data_source,
+            timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
+            vllm_python=opts.vllm_python,
+            router=opts.router,
+        )
+    except ConfigError as exc:
+        ours = exc.flag.startswith("--") and exc.flag[2:].replace("-", "_") in _WITH_RESUME
+        if exc.flag == "--run-dir" or ours or exc.flag.startswith("$"):
+            raise  # a flag of this command line (the run directory is --resume's), or this environment's variable
+        raise exc.with_source(str(manifest.path)) from None  # the run's own setting, from its run.json
     _check_run_dir(run_dir)
     os.chdir(manifest.cwd)
     try:  # last: importing the run's rollout function runs its module's code, only once all else is checked
@@ -483,38 +441,14 @@ def cmd_run(ns: argparse.Namespace) -> int:
         ns.steps = 30
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
-    _positive("--steps", ns.steps)
-    _positive("--trainer-workers", ns.trainer_workers)
-    _positive("--keep-checkpoints", ns.keep_checkpoints)
     vllm = config.rollout_backend == "vllm"
     if ns.model is None:  # vLLM serves Hugging Face checkpoints only (external ones: their own, --hf-checkpoint)
         built = vllm and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
         ns.model = "tiny-llama" if built else "char"
-    check_model(ns.model, ns.hf_checkpoint)
-    check_backend_model(config, ns.model, ns.hf_checkpoint)
     check_engine_options(config, ns.engines, ns.engine_startup_timeout)  # before the defaults fill them in
     if ns.engine_startup_timeout is None:
         ns.engine_startup_timeout = 300.0 if vllm else 60.0
-    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
-    check_effects(
-        config,
-        vllm_python=ns.vllm_python,
-        router=False if ns.no_router else None,
-        rollout_fn=ns.rollout_function,
-        data_source=ns.data_source,
-        ray_nodes=ns.ray_nodes,
-        launcher=ns.launcher,
-    )
-    check_rollout_device(config, ns.ray_address)
-    check_engine_key(config)
-    _check_environment(ns.model, ns.rollout_function, ns.data_source)  # runs the user's modules: after the flags
-    ns.vllm_python = _vllm_python(config, ns.vllm_python)
-    if ns.hf_checkpoint is not None:
-        check_hf_checkpoint(ns.hf_checkpoint)
     _check_lr(ns.lr)
-    _seconds("--engine-request-timeout", ns.engine_request_timeout)
-    _seconds("--engine-startup-timeout", ns.engine_startup_timeout)
-    _check_metrics(ns.metrics_port, ns.metrics_host)  # a flag check: before anything is written
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a
         # small machine); later files are checked as each step reads them (ReplayDataError, exit 2).
@@ -527,18 +461,38 @@ def cmd_run(ns: argparse.Namespace) -> int:
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
     # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once
-    from trainer.app.run_manifest import check_new_run, default_run_dir
+    from trainer.app.run_manifest import default_run_dir
 
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
-    # a run never writes over another run, another job's checkpoints or its own input: refused before any write
-    check_new_run(run_dir, save=config.save, load=config.load, hf_checkpoint=ns.hf_checkpoint)
-    check_detach(config, ns.launcher, ns.ray_address, ns.engine_lease)  # the flags first, then the address
+    # the one check of a run's settings a Job runs too (a run never writes over another run, another job's
+    # checkpoints or its own input; the model, the engines' backend, --detach-engines, the metrics address)
+    check_run(
+        config,
+        run_dir=run_dir,
+        initial_checkpoint=ns.hf_checkpoint,
+        model=ns.model,
+        launcher=ns.launcher,
+        ray_address=ns.ray_address,
+        ray_nodes=ns.ray_nodes,
+        engine_lease=ns.engine_lease,
+        workers=ns.trainer_workers,
+        keep_checkpoints=ns.keep_checkpoints,
+        steps=ns.steps,
+        seed=ns.seed,
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
+        rollout_fn=ns.rollout_function,
+        data_source=ns.data_source,
+        timeouts={"startup": ns.engine_startup_timeout, "request": ns.engine_request_timeout},
+        vllm_python=ns.vllm_python,
+        router=False if ns.no_router else None,
+    )
+    ns.vllm_python = _vllm_python(config, ns.vllm_python)
+    _check_environment(ns.model, ns.rollout_function, ns.data_source)  # runs the user's modules: after the flags
     if ns.ray_address:
         _check_ray_address(ns.ray_address)
     faults = tuple(ns.inject)  # parsed by --inject's type
-    _positive("--ray-nodes", ns.ray_nodes)
-    if ns.ray_nodes > 1 and ns.ray_address:
-        raise ConfigError("--ray-nodes", ns.ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
+    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
     check_faults(
         faults,
         config,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -35,7 +36,7 @@ from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import ROLLOUT, instance_name
-from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.errors import ConfigError, LifecycleError
 from lifecycle.decide.events import EventLog, JsonlSink, log_facts
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.runner import Runner
@@ -43,7 +44,8 @@ from lifecycle.observe.monitor import MonitorSink
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
-from rollout.task import Task
+from rollout.task import Task, checked_task
+from trainer.app.checks import check_run
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.job_state import JobCheckpoint
 
@@ -118,6 +120,33 @@ class Job:
         events: str | Path | None = "events.jsonl",
         engine_lease: float | None = None,
     ) -> None:
+        _check_arguments(
+            config,
+            task,
+            run_dir=run_dir,
+            backend=backend,
+            initial_checkpoint=initial_checkpoint,
+            engines=engines,
+            launcher=launcher,
+            steps=steps,
+            seed=seed,
+            workers=workers,
+            keep_checkpoints=keep_checkpoints,
+            resume=resume,
+            settings=settings,
+            timeouts=timeouts,
+            rollout_fn=rollout_fn,
+            data_source=data_source,
+            router=router,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            ray_address=ray_address,
+            ray_nodes=ray_nodes,
+            vllm_python=vllm_python,
+            log=log,
+            events=events,
+            engine_lease=engine_lease,
+        )
         self.config = config
         # --detach-engines: each kept engine exits unless this driver renews its lease (seconds) in time
         self.engine_lease = engine_lease
@@ -157,7 +186,9 @@ class Job:
         self._trainer: TrainerGroup | None = None
         self._manager: RolloutManager | None = None
         self.engine_ledger: EngineLedger | None = None  # --detach-engines: RUN_DIR/engines.json
+        self._entered = False  # a job is entered once: its parts, once disposed of, are not built again
         self._closed = False
+        self._version: int | None = None  # the last weight version pushed (or started from): each push is above it
         self._froze = False  # this job moved the start-up heap out of the collector's reach (see _freeze)
 
     # -- the parts, for advanced users (they exist once the job has started; still readable after it ends) --
@@ -178,19 +209,38 @@ class Job:
     # -- assembly and disposal --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Job:
+        if self._entered:
+            raise JobReused(
+                "this Job was entered already (`async with` builds its parts once, and closing disposes of them for "
+                "good); entering it again would start a second set of engines and trainer workers. Fix: construct "
+                "a new Job for each run (`async with Job(...) as job:`)"
+            )
+        self._entered = True
         try:
             self._build()
             await self._start()
             self._freeze()
-        except BaseException:
-            await self.close()
+        except BaseException as exc:
+            await self._close_under(exc)  # a half-built job: its cleanup must not hide why it failed
             raise
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.close()
+        if exc is None:
+            await self.close()
+        else:
+            await self._close_under(exc)
+
+    async def _close_under(self, cause: BaseException) -> None:
+        """Close while ``cause`` propagates: every part is still disposed of, and a failure of the cleanup itself
+        (a half-built job's core has handlers missing: ``UnboundEffect``) becomes a note on ``cause`` instead of
+        replacing it."""
+        try:
+            await self.close()
+        except Exception as exc:  # the cause is what the caller must see
+            cause.add_note(f"while the job was being closed after this failure: {type(exc).__name__}: {exc}"[:500])
 
     def _build(self) -> None:
         """The parts, in the order ``lifecycle run`` has always built them (its golden event log pins it)."""
@@ -299,6 +349,7 @@ class Job:
         assert self.backend is not None  # set by _build
         weights = await trainer.start() or await initial_weights(self.run_dir, self.backend, self.initial_checkpoint)
         self.weights = weights
+        self._version = _as_version(weights[1])
         if self.resume is not None and self.engine_ledger is not None:  # adopt what the dead driver's ledger names
             ids = [instance_name(ROLLOUT, i) for i in range(len(self.runner.state.engines))]
             logged = {} if self.events is None else (await asyncio.to_thread(log_facts, self.events)).epochs
@@ -330,13 +381,19 @@ class Job:
         if self._closed:
             return
         self._closed = True
+        # a job whose build failed before every shell was bound: its core has run nothing (it refuses to while a
+        # handler is missing), so its parts' processes are stopped without asking it
+        built = self._runner is None or not self._runner.unbound()
         try:
             if self._manager is not None:
-                await self._manager.dispose()
+                await (self._manager.dispose() if built else self._manager.controller.close())
         finally:
             try:
-                if self._trainer is not None:
+                if self._trainer is not None and built:
                     await self._trainer.dispose()
+                elif self._trainer is not None:
+                    for worker in self._trainer.workers:
+                        worker.kill()
             finally:
                 self._unfreeze()
                 if self.exporter is not None:
@@ -368,10 +425,24 @@ class Job:
 
     async def update_weights(self, version: int, *, onload: bool = True) -> None:
         """Onload the engines' weights, push ``version`` to them (one snapshot, under the engine lock), hand
-        it to an engine-less policy source, onload their KV cache. ``onload=False``: nothing was offloaded."""
+        it to an engine-less policy source, onload their KV cache. ``onload=False``: nothing was offloaded.
+
+        Versions only increase: ``version`` must be above the last one pushed (at first, the version the job
+        started from: 0, or a resumed job's checkpoint's); anything else is refused before anything is sent."""
+        last = self._version
+        if isinstance(version, bool) or not isinstance(version, int) or (last is not None and version <= last):
+            raise ConfigError(
+                "Job.update_weights(version=)",
+                version,
+                f"must be an integer above the last weight version, {last} (versions a loop pushes only increase: "
+                "an engine holding a lower or equal one cannot be told apart from one that missed the update)",
+                f"push {'the next step' if last is None else last + 1} (e.g. update_weights(step + 1) after "
+                "training step `step`)",
+            )
         if onload:
             await self.manager.onload_weights()
         await self.trainer.update_weights(version)
+        self._version = version
         await _checkpoint_for_policy_source(self.manager, self.trainer, version)
         if onload:
             await self.manager.onload_kv()
@@ -389,6 +460,178 @@ class Job:
 
 
 _T = TypeVar("_T")
+
+
+class JobReused(LifecycleError, RuntimeError):
+    """A :class:`Job` entered a second time: its parts are built once and disposed of for good."""
+
+
+def _as_version(text: str) -> int | None:
+    """The weight version the job started from, as the number pushes must exceed (None: not a number)."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+# the CLI's flags, as a Job's caller knows them: the one check of a run's settings (trainer.app.checks.check_run)
+# names the flag; a Job names its argument
+JOB_ARGUMENTS = {
+    "config": "config",
+    "--run-dir": "run_dir",
+    "--hf-checkpoint": "initial_checkpoint",
+    "--model": "initial_checkpoint",
+    "--trainer-workers": "workers",
+    "--keep-checkpoints": "keep_checkpoints",
+    "--steps": "steps",
+    "--seed": "seed",
+    "--ray-nodes": "ray_nodes",
+    "--ray-address": "ray_address",
+    "--engine-lease": "engine_lease",
+    "--metrics-port": "metrics_port",
+    "--metrics-host": "metrics_host",
+    "--launcher": "launcher",
+    "--rollout-function": "rollout_fn",
+    "--data-source": "data_source",
+    "--engine-startup-timeout": "timeouts",
+    "--engine-request-timeout": "timeouts",
+    "timeouts.death": "timeouts",
+}
+
+
+def _job_error(exc: ConfigError) -> ConfigError:
+    """``exc`` naming the Job's argument instead of the CLI's flag; a setting of the config says it came from it."""
+    argument = JOB_ARGUMENTS.get(exc.flag)
+    if argument is None:
+        return exc if exc.source else exc.with_source("Job(config=)")
+    return ConfigError(f"Job({argument}=)", exc.value, exc.problem, exc.fix, source=exc.source)
+
+
+def _argument(name: str, value: object, ok: bool, expected: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"Job({name}=)", value, f"must be {expected}, not {type(value).__name__}", fix)
+
+
+def _check_arguments(config: object, task: object, **given: Any) -> None:
+    """A Job's arguments, checked when it is constructed -- before Ray starts or anything is written: the one check
+    of a run's settings that ``lifecycle run`` runs too, plus the types only a Python caller can get wrong."""
+    try:
+        check_run(
+            config,
+            run_dir=given["run_dir"],
+            initial_checkpoint=given["initial_checkpoint"],
+            model_size=_model_size(given["backend"]),
+            engines_given=given["engines"] is not None,
+            launcher=given["launcher"],
+            ray_address=given["ray_address"],
+            ray_nodes=given["ray_nodes"],
+            engine_lease=given["engine_lease"],
+            workers=given["workers"],
+            keep_checkpoints=given["keep_checkpoints"],
+            steps=given["steps"],
+            seed=given["seed"],
+            metrics_port=given["metrics_port"],
+            metrics_host=given["metrics_host"],
+            rollout_fn=given["rollout_fn"],
+            data_source=given["data_source"],
+            timeouts=vars(given["timeouts"]) if isinstance(given["timeouts"], Timeouts) else None,
+        )
+    except ConfigError as exc:
+        raise _job_error(exc) from None
+    assert isinstance(config, LifecycleConfig)  # check_run's first check
+    checked_task(task, "Job(task=)")
+    _argument(
+        "backend",
+        given["backend"],
+        given["backend"] is None or isinstance(given["backend"], BackendSpec),
+        "a trainer.BackendSpec or None",
+        "pass BackendSpec('mypkg.train:MyBackend', {...}), or None for the project's GRPO trainer",
+    )
+    _argument(
+        "timeouts",
+        given["timeouts"],
+        given["timeouts"] is None or isinstance(given["timeouts"], Timeouts),
+        "an engines.engine.Timeouts or None",
+        "pass Timeouts(startup=..., request=..., death=...) (seconds), or None for the backend's",
+    )
+    _argument(
+        "engines",
+        given["engines"],
+        given["engines"] is None or callable(given["engines"]),
+        "callable",
+        "pass a launcher factory (engine_id -> Launcher), or None",
+    )
+    _argument(
+        "resume",
+        given["resume"],
+        given["resume"] is None or isinstance(given["resume"], JobCheckpoint),
+        "a JobCheckpoint or None",
+        "read it with trainer.load_job_checkpoint(config.load, config)",
+    )
+    _argument(
+        "settings",
+        given["settings"],
+        given["settings"] is None or isinstance(given["settings"], Mapping),
+        "a mapping or None",
+        "pass a dict of the job's settings",
+    )
+    _argument(
+        "router",
+        given["router"],
+        given["router"] is None or isinstance(given["router"], bool),
+        "True, False or None",
+        "pass router=False to route in-process, None where SMG is installed",
+    )
+    _argument(
+        "vllm_python",
+        given["vllm_python"],
+        given["vllm_python"] is None or isinstance(given["vllm_python"], str),
+        "a path (str) or None",
+        "pass the vLLM environment's python, or None to find it",
+    )
+    _argument(
+        "log",
+        given["log"],
+        given["log"] is None or isinstance(given["log"], EventLog),
+        "an EventLog or None",
+        "pass None: the job makes its own",
+    )
+    events = given["events"]
+    _argument(
+        "events",
+        events,
+        events is None or (isinstance(events, str | os.PathLike) and bool(str(events).strip())),
+        "a file name (relative to run_dir), a path, or None",
+        "pass 'events.jsonl' (the default), or None for no event log",
+    )
+    resume = given["resume"]
+    if resume is not None and config.load is None:
+        raise ConfigError(
+            "Job(resume=)",
+            str(resume.path),
+            "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
+            "set config.load to the directory it was read from",
+        )
+    if resume is not None and resume.ranks != given["workers"]:
+        raise ConfigError(
+            "Job(workers=)",
+            given["workers"],
+            f"the job checkpoint {resume.path} was written by {resume.ranks} workers (one RNG state each)",
+            f"resume with workers={resume.ranks}",
+        )
+    if resume is None and config.load is not None:
+        raise ConfigError(
+            "Job(resume=)",
+            None,
+            f"config.load is {config.load!r}: the job continues the checkpoint there, which its trainer needs",
+            "read it with trainer.load_job_checkpoint(config.load, config) and pass it as resume=",
+        )
+
+
+def _model_size(backend: object) -> str:
+    """The char model size a backend trains (the project's GRPO trainer says so): the initial checkpoint's check."""
+    size = backend.kwargs.get("model_size") if isinstance(backend, BackendSpec) else None
+    return size if isinstance(size, str) else "tiny"
 
 
 def _built(part: _T | None, name: str) -> _T:

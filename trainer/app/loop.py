@@ -37,21 +37,12 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
-from trainer.app.checks import (
-    check_async,
-    check_backend_model,
-    check_detach,
-    check_effects,
-    check_engine_key,
-    check_hf_checkpoint,
-    check_model,
-    check_rollout_device,
-)
+from trainer.app.checks import check_async, check_run
 from trainer.app.faults import Fault, FaultInjector, parse_fault
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
 from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
-from trainer.app.run_manifest import check_new_run, default_run_dir, job_options, write_run_manifest
+from trainer.app.run_manifest import default_run_dir, job_options, write_run_manifest
 from trainer.backend import BackendSpec
 from trainer.grpo import grpo_backend
 from trainer.job_state import JobCheckpoint, check_run_files, continue_metrics, load_job_checkpoint
@@ -287,7 +278,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     # the job's own settings (a resume's --load is where it came from, not part of the job), its steps the latest
     if opts.timeouts is None:  # the backend's bounds, written down so a resume starts its engines as patiently
         opts = dataclasses.replace(opts, timeouts=default_timeouts(config))
-    write_run_manifest(run_dir, dataclasses.replace(config, load=None), opts.manifest(), job_id=job_id)
+    manifest = opts.manifest()  # written once the Job has checked the run directory (below)
     # what the job's checkpoints belong to: the options as given (a --model tiny-llama run builds its initial
     # checkpoint below, in the run directory: a path of this run, not a setting -- a resume builds it again)
     settings = {**opts.job_settings(), "id": job_id}
@@ -331,6 +322,7 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
         engine_lease=opts.engine_lease,
         events=events_path.name,  # relative to run_dir (which may itself be relative: make run's runs/<time>)
     )
+    write_run_manifest(run_dir, dataclasses.replace(config, load=None), manifest, job_id=job_id)
     metrics_path = run_dir / "metrics.jsonl"
     metrics: list[dict[str, Any]] = []
     if resume is None:
@@ -463,28 +455,32 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
-    if opts.engine_launcher is None:
-        check_detach(config, opts.launcher, opts.ray_address, opts.engine_lease, OPTION_NAMES)
-    check_model(opts.model, opts.hf_checkpoint)
-    if opts.engine_launcher is None:
-        check_backend_model(config, opts.model, opts.hf_checkpoint)
-        check_effects(
-            config,
-            vllm_python=opts.vllm_python,
-            router=opts.router,
-            rollout_fn=opts.rollout_fn,
-            data_source=opts.data_source,
-            ray_nodes=opts.ray_nodes,
-            launcher=opts.launcher,
-            names=OPTION_NAMES,
-        )
-        check_rollout_device(config, opts.ray_address)
-    check_engine_key(config)
+    check_run(
+        config,
+        run_dir=opts.run_dir,
+        initial_checkpoint=opts.hf_checkpoint,
+        model=opts.model,
+        model_size=opts.model_size,
+        engines_given=opts.engine_launcher is not None,
+        launcher=opts.launcher,
+        ray_address=opts.ray_address,
+        ray_nodes=opts.ray_nodes,
+        engine_lease=opts.engine_lease,
+        workers=opts.workers,
+        keep_checkpoints=opts.keep_checkpoints,
+        steps=opts.steps,
+        seed=opts.seed,
+        metrics_port=opts.metrics_port,
+        metrics_host=opts.metrics_host,
+        rollout_fn=opts.rollout_fn,
+        data_source=opts.data_source,
+        timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
+        vllm_python=opts.vllm_python,
+        router=opts.router,
+        names=OPTION_NAMES,
+    )
     if opts.ray_address:
         check_gcs(opts.ray_address, "RunOptions.ray_address")
-    if opts.hf_checkpoint is not None:
-        check_hf_checkpoint(opts.hf_checkpoint, opts.model_size)
-    check_new_run(opts.run_dir, save=config.save, load=config.load, hf_checkpoint=opts.hf_checkpoint)
 
 
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
