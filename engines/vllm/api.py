@@ -61,7 +61,7 @@ class VLLMAPI:
         except (EngineHTTPError, EngineProtocolError) as exc:
             raise await mismatch(self.client, exc, expected, timeout) from exc
         try:
-            start = await self.client.process_start_time(timeout=timeout)
+            start = process_start_time(await self.client._call("GET", "/metrics", timeout=timeout))
         except EngineError:
             start = None  # no metrics: its process cannot be told apart (a replaced one is seen by its version only)
         return ServerFacts(None if start is None else f"process_start_time_seconds {start!r}", version, model)
@@ -130,6 +130,21 @@ class VLLMAPI:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def process_start_time(metrics: str) -> float | None:
+    """Prometheus' ``process_start_time_seconds`` from vLLM's ``/metrics`` text: when its API server process
+    started, so a new process behind the same address is told apart (None when the metrics do not include it).
+    Read here, not by the client: ``/metrics`` is Prometheus text, outside the recorded JSON contract (the slow
+    tests/rollout/test_external_vllm.py reads it from a real server)."""
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "process_start_time_seconds":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return None
+    return None
 
 
 NOT_CONFIGURED = "Weight transfer not configured"  # vLLM's answer to a session on a server without a transfer engine

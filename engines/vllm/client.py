@@ -379,19 +379,6 @@ class VLLMClient(HTTPTransport):
         answer: WeightInfo = await self._get_model("/weight_info", WeightInfo, timeout)
         return answer.weight_version
 
-    async def process_start_time(self, *, timeout: float | None = None) -> float | None:
-        """Its Prometheus ``process_start_time_seconds`` (GET /metrics): when the API server process started, so a
-        new process behind the same address is told apart; None when the metrics do not include it."""
-        text = await self._call("GET", "/metrics", timeout=timeout)
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "process_start_time_seconds":
-                try:
-                    return float(value.strip())
-                except ValueError:
-                    raise EngineProtocolError(self.engine_id, "/metrics", f"not a number: {line[:200]!r}") from None
-        return None
-
     async def weight_checksums(self, *, timeout: float | None = None) -> dict[str, str]:
         answer = await self.weight_checker("checksum", timeout=timeout)
         assert isinstance(answer, WeightChecksums)

@@ -29,6 +29,7 @@ from engines.api import SGLangAPI
 from engines.engine import Engine, Timeouts
 from engines.process import ServerProcess, torch_engine_command
 from lifecycle.decide.core import Outcome
+from lifecycle.observe.monitor import EventMonitor
 from rollout.controller import ControllerError, InferenceController
 
 from .test_external import FT, Job, _get, _start
@@ -180,6 +181,8 @@ def test_a_server_replaced_between_steps_is_caught_up_before_it_is_routed(
         stop = next(e for e in job.events if e.get("instance") == "engine-1" and e.get("trigger") == "stop")
         assert "was replaced: another process answers there" in stop["reason"]
         assert job.manager.controller.replacements == {"engine-1": 1}
+        monitor = EventMonitor(job.config)  # the log judges itself: the invariants hold through the replacement
+        assert monitor.feed_all(list(job.events)) + monitor.finish() == []
     finally:
         job.close()
     assert all(p.alive for p in servers), "the job never kills an external server"
@@ -288,3 +291,12 @@ def servers() -> Iterator[list[ServerProcess]]:
     for p in procs:
         if p.alive:
             p.kill()
+
+
+def test_vllms_process_identity_is_read_from_its_prometheus_text() -> None:
+    from engines.vllm.api import process_start_time
+
+    text = "# HELP process_start_time_seconds Start time\nprocess_start_time_seconds 1.7965e+09\nvllm:x 1\n"
+    assert process_start_time(text) == 1.7965e09
+    assert process_start_time("vllm:num_requests_running 0\n") is None
+    assert process_start_time("process_start_time_seconds NaNish\n") is None
