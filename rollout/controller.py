@@ -63,6 +63,7 @@ class InferenceController:
         self.replacements: dict[str, int] = {}  # external engine -> how often its process was seen replaced
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._news: set[asyncio.Task[None]] = set()  # news reported off a probe (a replaced external engine)
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -304,6 +305,7 @@ class InferenceController:
         if outcome.name == "ready" and engine.external:
             twin = self._twin(engine)
             if twin is not None:
+                engine.identity, engine.reason = None, twin  # not attached: it identifies no slot
                 return Outcome("start_failed", reason=twin)
         if outcome.name == "ready":
             await self._keep(engine)
@@ -347,10 +349,13 @@ class InferenceController:
 
         async def probe(timeout: float) -> Outcome:
             reason = await engine.replaced()
-            if reason is not None:
-                await self.report_replaced(engine, reason)
-                return Outcome("probe_ok")  # the process it probed is gone from routing: no verdict on it
-            return await engine.probe(timeout)
+            if reason is None:
+                return await engine.probe(timeout)
+            # reported on its own task: the probe's timeout must not cancel the core's step (attaching the new one)
+            task = asyncio.create_task(self.report_replaced(engine, reason), name=f"replaced-{engine.id}")
+            self._news.add(task)
+            task.add_done_callback(self._news.discard)
+            return Outcome("probe_ok")  # the process it probed is let go: no verdict on it
 
         return probe
 
@@ -505,7 +510,7 @@ class InferenceController:
         for routing in self.routings.values():
             with contextlib.suppress(Exception):
                 await routing.close()
-        tasks = list(self._watchers.values())
+        tasks = [*self._watchers.values(), *self._news]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -15,6 +15,7 @@ behaviour back and show the checks then fail.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -188,9 +189,14 @@ def test_a_server_replaced_between_steps_is_caught_up_before_it_is_routed(
     assert all(p.alive for p in servers), "the job never kills an external server"
 
 
-def test_a_server_replaced_during_a_rollout_is_never_trained_on(servers: list[ServerProcess], tmp_path: Path) -> None:
-    """Restarted after it answered this rollout's requests: the rollout is generated again, on caught-up engines."""
-    job = Job({}, [p.url for p in servers], tmp_path)
+@pytest.mark.parametrize("flags", [FT, {}], ids=["monitor-sees-it", "no-monitor"])
+def test_a_server_replaced_during_a_rollout_is_never_trained_on(
+    servers: list[ServerProcess], tmp_path: Path, flags: dict[str, Any]
+) -> None:
+    """Restarted after it answered this rollout's requests: the rollout is generated again, on caught-up engines.
+    Under rollout FT the health monitor's probe reads the new process while the rollout still runs; without a
+    monitor the read after the rollout sees it."""
+    job = Job(flags, [p.url for p in servers], tmp_path)
     try:
         job.run(job.manager.init(job.weights()))
         job.run(job.runner.operate("update_weights"))  # version 1
@@ -203,6 +209,12 @@ def test_a_server_replaced_during_a_rollout_is_never_trained_on(servers: list[Se
             calls.append({s["weight_version"] for s in got})
             if len(calls) == 1:
                 _restart(servers, 1)
+                if flags:  # the monitor (probing every 1 s) sees the new process before the rollout returns
+                    for _ in range(100):
+                        if controller.replacements:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert controller.replacements == {"engine-1": 1}
             return got
 
         executor.rollout_fn = restarted_after_answering
