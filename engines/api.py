@@ -15,14 +15,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from engines.apikey import API_KEY_ENV
 from engines.client import EngineClient
-from engines.errors import EngineError
+from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineProtocolError
+from engines.http import HTTPTransport
 from lifecycle.decide.backends import BackendName, capabilities
 
 Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 GROUP_BACKEND = "gloo"  # the weight-update group's transport on these CPUs
+
+
+class ServerFacts(NamedTuple):
+    """What a server says it is, read from it: which process answers (``identity``: a new value is a new process
+    behind the same address; None where the server does not tell), the weight version it serves, its model."""
+
+    identity: str | None
+    weight_version: str | None
+    model: str | None
 
 
 class ServerAPI(Protocol):
@@ -43,6 +54,10 @@ class ServerAPI(Protocol):
 
     async def served_version(self, timeout: float) -> str | None:
         """The weight version the server says it serves now (what a load or a broadcast published)."""
+
+    async def identify(self, timeout: float) -> ServerFacts:
+        """What the server is (its process, served version, model); raises :class:`EngineMismatch` naming what
+        was expected and found when it is not a server of this backend the lifecycle can drive."""
 
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         """Join the trainer's weight-update group at ``rank`` (blocks until every member joined)."""
@@ -92,6 +107,17 @@ class SGLangAPI:
 
     async def served_version(self, timeout: float) -> str | None:
         return (await self.client.model_info(timeout=timeout)).weight_version
+
+    async def identify(self, timeout: float) -> ServerFacts:
+        """``/model_info`` (its model and version) and ``/server_info``'s ``startup_time`` (its process)."""
+        expected = "an SGLang-API server (--rollout-backend sglang: SGLang, or the project's CPU engine)"
+        try:
+            info = await self.client.model_info(timeout=timeout)
+            server = await self.client.server_info(timeout=timeout)
+        except (EngineHTTPError, EngineProtocolError) as exc:
+            raise await mismatch(self.client, exc, expected, timeout) from exc
+        start = server.startup_time
+        return ServerFacts(None if start is None else f"startup_time {start!r}", info.weight_version, info.model_path)
 
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         await self.client.init_weights_update_group(
@@ -148,3 +174,56 @@ class APIFactory(Protocol):
 
 def sglang_api(url: str, *, engine_id: str, api_key: str | None, timeout: float) -> ServerAPI:
     return SGLangAPI(url, engine_id=engine_id, api_key=api_key, timeout=timeout)
+
+
+KEY_FIX = f"set {API_KEY_ENV} to the key the server was started with (its --api-key)"
+
+
+# answers that say what a server is (a refused key, no such endpoint): asking again changes nothing
+NOT_THIS_SERVER = frozenset({401, 403, 404, 405})
+
+
+async def mismatch(client: HTTPTransport, exc: EngineError, expected: str, timeout: float) -> EngineError:
+    """Why a server is not the ``expected`` one, read from how it failed: a refused key, a missing endpoint (and
+    which backend does answer there), or an answer in another shape. Any other failure (a 503 while it starts,
+    a timeout) says nothing about what it is: ``exc`` itself is returned."""
+    if isinstance(exc, EngineHTTPError) and exc.status not in NOT_THIS_SERVER:
+        return exc
+    endpoint = exc.endpoint or ""
+    if isinstance(exc, EngineHTTPError) and exc.status in (401, 403):
+        given = "no key was given" if client.api_key is None else "it refused the key given"
+        expected = "a server that accepts this job's requests"
+        return EngineMismatch(client.engine_id, endpoint, expected, f"HTTP {exc.status} ({given})", KEY_FIX)
+    if isinstance(exc, EngineHTTPError):
+        found = f"HTTP {exc.status} at {endpoint}"
+    else:
+        found = f"an answer at {endpoint} that is not this backend's ({exc.detail})"
+    other = await which_backend(client, timeout)
+    if other is not None:
+        found += f": it is {other[0]}"
+        return EngineMismatch(client.engine_id, endpoint, expected, found, other[1])
+    return EngineMismatch(
+        client.engine_id,
+        endpoint,
+        expected,
+        found,
+        "point --rollout-external-engine-addrs at servers of --rollout-backend (each HOST:PORT a server's own "
+        "address, not a proxy or another service)",
+    )
+
+
+async def which_backend(client: HTTPTransport, timeout: float) -> tuple[str, str] | None:
+    """Which backend's API answers at the client's address, if one does: (what it is, the fix)."""
+    with contextlib.suppress(EngineError, ValueError):
+        data = client._json("/model_info", await client._call("GET", "/model_info", timeout=timeout))
+        if isinstance(data, dict) and isinstance(data.get("model_path"), str):
+            return "an SGLang-API server (its /model_info answers)", "use --rollout-backend sglang for it"
+    with contextlib.suppress(EngineError, ValueError):
+        data = client._json("/version", await client._call("GET", "/version", timeout=timeout))
+        if isinstance(data, dict) and isinstance(data.get("version"), str):
+            return (
+                f"a vLLM server (version {data['version']})",
+                "use --rollout-backend vllm for it, started with VLLM_SERVER_DEV_MODE=1 and "
+                '--weight-transfer-config \'{"backend": "lifecycle"}\'',
+            )
+    return None

@@ -13,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from engines.api import APIFactory, Bucket, ServerAPI, sglang_api
-from engines.errors import EngineError, EngineHTTPError
+from engines.api import APIFactory, Bucket, ServerAPI, mismatch, sglang_api
+from engines.errors import EngineError, EngineHTTPError, EngineMismatch
 from engines.launcher import Launcher
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import MEMORY, WEIGHTS
 
 __all__ = ["Bucket", "Engine", "EngineFailed", "Timeouts"]
+
+T = TypeVar("T")
 
 
 class EngineFailed(LifecycleError):
@@ -70,8 +72,13 @@ class Engine:
         timeouts: Timeouts | None = None,
         probe_endpoint: str = "health_generate",
         api: APIFactory | None = None,
+        external: bool = False,
     ) -> None:
+        """``external``: a server something else started (--rollout-external-engine-addrs): what it is, which
+        process answers and what it serves are read from it at every attach, never assumed."""
         self.id = engine_id
+        self.external = external
+        self.identity: str | None = None  # which process answers at the address (an external server's facts)
         self.probe_endpoint = probe_endpoint
         self.launcher = launcher
         # the key the launcher started the server with (or an external engine's owner gave), unless one is given
@@ -101,11 +108,35 @@ class Engine:
             self.server = self.api_factory(
                 self.url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request
             )
+            if self.external:  # attached, not started: is it the server it was said to be, and which process
+                self.identity = (await self._until_started(self.server.identify)).identity
             await self._wait_healthy()
         except (TimeoutError, EngineError, OSError) as exc:
             return self._failed("start_failed", f"did not start: {exc}")
         self.weight_version = None
         return Outcome("ready")
+
+    async def replaced(self) -> str | None:
+        """An external server's facts read again: why the process answering at its address is not the one this
+        slot attached and loaded (a new process, or another weight version than the slot loaded), or None. A
+        server that cannot be asked is not a replacement (its requests and probes fail: that is news already)."""
+        if not self.external or self.server is None:
+            return None
+        try:
+            facts = await self.server.identify(self.timeouts.request)
+        except (TimeoutError, EngineError, OSError):
+            return None
+        if self.identity is not None and facts.identity != self.identity:
+            return (
+                f"the server at {self.url} was replaced: another process answers there ({facts.identity}, "
+                f"attached: {self.identity}), serving weight version {facts.weight_version!r}"
+            )
+        if self.weight_version is not None and facts.weight_version != self.weight_version:
+            return (
+                f"the server at {self.url} serves weight version {facts.weight_version!r}, not the "
+                f"{self.weight_version!r} this job loaded into it"
+            )
+        return None
 
     async def adopt(self, url: str) -> str | None:
         """A previous driver's process, kept (--detach-engines), brought to what ``Quiesced`` means: it is alive
@@ -134,15 +165,27 @@ class Engine:
     async def _wait_healthy(self) -> None:
         """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update."""
         assert self.server is not None
+        await self._until_started(self.server.ready)
+
+    async def _until_started(self, ask: Callable[[float], Awaitable[T]]) -> T:
+        """Ask the server until it answers (bounded by the start-up timeout): the backend's start-up probe (it
+        generates and can take an update), or what it is. An answer that says it is not the server expected (an
+        :class:`EngineMismatch`, a refused key) ends the wait: asking again would change nothing."""
+        assert self.server is not None
         deadline = time.monotonic() + self.timeouts.startup
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                await self.server.ready(min(5.0, self.timeouts.request))
-                return
+                return await ask(min(5.0, self.timeouts.request))
+            except EngineMismatch:
+                raise
+            except EngineHTTPError as exc:
+                if exc.status in (401, 403):
+                    raise await mismatch(self.server.client, exc, "", self.timeouts.request) from exc
+                last = exc
             except EngineError as exc:
                 last = exc
-                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)
         raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
 
     async def kill(self) -> Outcome:

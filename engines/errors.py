@@ -48,6 +48,15 @@ class EngineProtocolError(EngineError):
     """A 2xx answer whose body does not match the contract (wrong server, or a contract drift)."""
 
 
+class EngineMismatch(EngineError):
+    """The server at an address is not what the job was told it is (another backend, not in the mode the lifecycle
+    needs, a key it refuses, the same server listed twice): what was expected, what was found, and the fix."""
+
+    def __init__(self, engine_id: str, endpoint: str | None, expected: str, found: str, fix: str) -> None:
+        self.expected, self.found, self.fix = expected, found, fix
+        super().__init__(engine_id, endpoint, f"expected {expected}; found {found}. Fix: {fix}")
+
+
 class EngineStartError(EngineError):
     """The server process exited, or never became ready; ``output`` is the tail of what it printed."""
 

@@ -270,6 +270,7 @@ class ServerInfo(_Response):
 
     version: str | None = None
     weight_version: str | None = None
+    startup_time: float | None = None  # when the server process started (time.time()): which process answers
     internal_states: list[dict[str, Any]] = Field(default_factory=list)
 
     def engine_memory(self) -> EngineMemory | None:

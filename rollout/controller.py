@@ -60,8 +60,10 @@ class InferenceController:
         self.monitor = HealthMonitor(self.config, runner.report, seed=seed, log=runner.log)
         self.marked: dict[str, str] = {}  # instance -> the state it was in when it was marked Unhealthy
         self._gave_up: set[str] = set()  # engines whose restart budget ran out
+        self.replacements: dict[str, int] = {}  # external engine -> how often its process was seen replaced
         self._watch_gen: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._news: set[asyncio.Task[None]] = set()  # news reported off a probe (a replaced external engine)
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -189,7 +191,9 @@ class InferenceController:
             raise ControllerError("engines must start, but the rollout manager has no launcher factory")
         else:
             launcher = self.launcher_factory(engine_id)
-        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, api=api)
+        return Engine(
+            engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, api=api, external=url is not None
+        )
 
     def external_url(self, engine_id: str) -> str | None:
         """The address of a rollout engine started outside the job, or None for one the job launches."""
@@ -211,20 +215,32 @@ class InferenceController:
             raise self.start_failure(failed)  # the servers did not start: name the engines that did not
 
     def start_failure(self, failed: Failure) -> ControllerError:
+        """Every rollout engine that failed while the servers started (launched, attached or loading the first
+        weights), each with its own reason, its address and the fix."""
         lines = []
         for engine_id, where in self.marked.items():
-            if where != "Starting":
+            if self._where(engine_id)[0] != ROLLOUT:
                 continue
-            reason = self.runner.reasons.get(engine_id, "did not start")
+            reason = self.runner.reasons.get(engine_id, "did not start").rstrip(".")
             url = self.external_url(engine_id)
-            fix = (
-                f"Fix: start the server at {url} (an external engine is attached, never launched), or leave it "
-                "out of --rollout-external-engine-addrs"
-                if url is not None
-                else "Fix: the reason above is the engine's own; a server that is only slow to start needs a "
-                "longer --engine-startup-timeout"
-            )
-            lines.append(f"{engine_id}: {reason}. {fix}")
+            if url is None:
+                at = "" if where == "Starting" else f" (while {where})"
+                fix = (
+                    "Fix: the reason above is the engine's own; a server that is only slow to start needs a "
+                    "longer --engine-startup-timeout"
+                )
+            else:
+                at = f" (external engine at {url}{'' if where == 'Starting' else ', while ' + where})"
+                fix = (
+                    ""  # the reason names what was expected, what was found and the fix
+                    if "Fix:" in reason
+                    else f"Fix: start the server at {url} (an external engine is attached, never launched), or "
+                    "leave it out of --rollout-external-engine-addrs"
+                    if where == "Starting"
+                    else f"Fix: the server at {url} must be a --rollout-backend {self.config.rollout_backend} "
+                    "server that takes the job's weights (started on the checkpoint given as --hf-checkpoint)"
+                )
+            lines.append(f"{engine_id}{at}: {reason}" + (f". {fix}" if fix else ""))
         detail = "; ".join(lines) or str(failed)
         return ControllerError(f"the rollout servers did not start: {detail}")
 
@@ -286,10 +302,62 @@ class InferenceController:
         if isinstance(engine.launcher, Keepable):
             engine.launcher.epoch = engine.epoch
         outcome = await engine.launch()
+        if outcome.name == "ready" and engine.external:
+            twin = self._twin(engine)
+            if twin is not None:
+                engine.identity, engine.reason = None, twin  # not attached: it identifies no slot
+                return Outcome("start_failed", reason=twin)
         if outcome.name == "ready":
             await self._keep(engine)
             self._serve(engine)
         return outcome
+
+    def _twin(self, engine: Engine) -> str | None:
+        """An external server attached under two addresses answers as one process: the second is refused."""
+        for other in self.engines:
+            if other is not engine and other.identity is not None and other.identity == engine.identity:
+                expected = f"a server of its own (--rollout-external-engine-addrs lists {len(self.engines)})"
+                return (
+                    f"did not start: expected {expected}; found the process {other.id} is attached "
+                    f"to at {other.url} ({engine.identity}). Fix: list each server once in "
+                    "--rollout-external-engine-addrs (one address each)"
+                )
+        return None
+
+    async def check_external(self) -> None:
+        """Each attached external engine's process and served version are read again (a boundary where the
+        lifecycle relies on them: before a rollout routes to them, and after it); one replaced behind its
+        address is news for the core, which lets the old process go and catches the new one up before routing it."""
+        live = self.runner.core.live
+        engines = [e for e in self.engines if e.external and self.state_of(e) in live]
+        reasons = await asyncio.gather(*(e.replaced() for e in engines))
+        for engine, reason in zip(engines, reasons, strict=True):
+            if reason is not None:
+                await self.report_replaced(engine, reason)
+
+    def replaced_since(self, seen: dict[str, int]) -> list[str]:
+        """The external engines seen replaced since ``seen`` (a copy of :attr:`replacements`)."""
+        return sorted(e for e, n in self.replacements.items() if n > seen.get(e, 0))
+
+    async def report_replaced(self, engine: Engine, reason: str) -> None:
+        group, i = self._where(engine.id)
+        self.replacements[engine.id] = self.replacements.get(engine.id, 0) + 1
+        await self.runner.report(Outcome("replaced", group, i, reason, epoch=engine.epoch))
+
+    def _external_probe(self, engine: Engine) -> Callable[[float], Awaitable[Outcome]]:
+        """The monitor's probe of an external engine also reads which process answers: a replaced one is news."""
+
+        async def probe(timeout: float) -> Outcome:
+            reason = await engine.replaced()
+            if reason is None:
+                return await engine.probe(timeout)
+            # reported on its own task: the probe's timeout must not cancel the core's step (attaching the new one)
+            task = asyncio.create_task(self.report_replaced(engine, reason), name=f"replaced-{engine.id}")
+            self._news.add(task)
+            task.add_done_callback(self._news.discard)
+            return Outcome("probe_ok")  # the process it probed is let go: no verdict on it
+
+        return probe
 
     def _serve(self, engine: Engine) -> None:
         """A process of this slot runs: its death is news, and a monitor (where one exists) probes it."""
@@ -389,7 +457,8 @@ class InferenceController:
 
     # -- death watchers and the monitor's membership ----------------------
     def _monitor_add(self, engine: Engine) -> None:
-        self.monitor.add_engine(self._where(engine.id), engine.probe, engine.epoch)
+        probe = self._external_probe(engine) if engine.external else engine.probe
+        self.monitor.add_engine(self._where(engine.id), probe, engine.epoch)
 
     def _watch(self, engine: Engine) -> None:
         gen = self._watch_gen.get(engine.id, 0) + 1
@@ -441,7 +510,7 @@ class InferenceController:
         for routing in self.routings.values():
             with contextlib.suppress(Exception):
                 await routing.close()
-        tasks = list(self._watchers.values())
+        tasks = [*self._watchers.values(), *self._news]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -275,24 +275,47 @@ class RolloutExecutor:
 
     # -- the loop's calls -------------------------------------------------------------------------------
     async def generate(self, rollout_id: int) -> list[Sample]:
-        """The ``generate`` operation (recover, catch up, route), the rollout function, ``generate_done``."""
+        """The ``generate`` operation (recover, catch up, route), the rollout function, ``generate_done``.
+
+        External engines are read before and after (``check_external``): one replaced behind its address is
+        caught up before it is routed; a rollout during which one was replaced may hold answers of its new
+        process's base weights, so it is generated again (once), never trained on."""
+        for _ in range(1 + REGENERATE):
+            tainted = await self._generate(rollout_id)
+            if not tainted:
+                return self._samples
+        raise ControllerError(
+            f"rollout {rollout_id}: the server of {', '.join(tainted)} was replaced behind its address during the "
+            f"rollout {1 + REGENERATE} times in a row: its answers may come from weights this job did not load, and "
+            "are not trained on. Fix: keep the external engines' servers running during the run "
+            "(--rollout-external-engine-addrs), or let the job start its own engines"
+        )
+
+    async def _generate(self, rollout_id: int) -> list[str]:
+        """One try; the external engines replaced while it ran (its samples then are dropped, never saved)."""
         self._rollout_id = rollout_id
         self._samples = []
+        await self.controller.check_external()
         await self.runner.operate("generate")
         self.controller.check()
         if self.state == "Replay":
             self._source("replay")
-            return self._samples
+            return []
         self._source("rollout_fn")
         if self.rollout_fn is None:
             raise ControllerError("generate: no rollout function was constructed")
+        seen = dict(self.controller.replacements)
+        tainted: list[str] = []
         try:
             got = await self.rollout_fn(rollout_id, self.controller)
-            self._samples = checked_samples(got, rollout_id, self.plugin)  # before generate_done saves them
+            await self.controller.check_external()
+            tainted = self.controller.replaced_since(seen)
+            if not tainted:
+                self._samples = checked_samples(got, rollout_id, self.plugin)  # before generate_done saves them
         finally:
             await self.runner.operate("generate_done", allow=_NOT_NOW)
         self.controller.check()
-        return self._samples
+        return tainted
 
     def _source(self, source: str) -> None:
         if self.runner.log.enabled:
@@ -345,6 +368,7 @@ class RolloutExecutor:
 
 
 _NOT_NOW = frozenset({"not_applicable", "blocked", "failed"})
+REGENERATE = 1  # a rollout an external engine was replaced during is generated again this often, then refused
 
 
 def _since(t0: float) -> float:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from engines.api import Bucket
-from engines.errors import EngineHTTPError, EngineUnreachable
+from engines.api import Bucket, ServerFacts, mismatch
+from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineProtocolError, EngineUnreachable
 from engines.vllm.client import VLLMClient
 from lifecycle.decide.backends import BackendName, capabilities
 
@@ -49,6 +49,23 @@ class VLLMAPI:
     async def served_version(self, timeout: float) -> str | None:
         return await self.client.weight_info(timeout=timeout)
 
+    async def identify(self, timeout: float) -> ServerFacts:
+        """``/weight_info`` (only with VLLM_SERVER_DEV_MODE=1), ``/v1/models`` (its model) and its Prometheus
+        ``process_start_time_seconds`` (its API server process)."""
+        expected = (
+            "a vLLM server started with VLLM_SERVER_DEV_MODE=1 (its /weight_info answers; --rollout-backend vllm)"
+        )
+        try:
+            version = await self.client.weight_info(timeout=timeout)
+            model = await self.client.model(timeout=timeout)
+        except (EngineHTTPError, EngineProtocolError) as exc:
+            raise await mismatch(self.client, exc, expected, timeout) from exc
+        try:
+            start = process_start_time(await self.client._call("GET", "/metrics", timeout=timeout))
+        except EngineError:
+            start = None  # no metrics: its process cannot be told apart (a replaced one is seen by its version only)
+        return ServerFacts(None if start is None else f"process_start_time_seconds {start!r}", version, model)
+
     async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         info = {"address": address, "port": port, "rank": rank, "world_size": world_size, "timeout": timeout}
         await self.client.init_weight_transfer_engine(info, timeout=timeout + BUCKET_GRACE)
@@ -74,6 +91,16 @@ class VLLMAPI:
         try:
             await self.client.start_weight_update(timeout=timeout)
         except EngineHTTPError as exc:
+            if NOT_CONFIGURED in exc.body:
+                raise EngineMismatch(
+                    self.client.engine_id,
+                    exc.endpoint,
+                    "a vLLM server with the lifecycle's weight transfer (--weight-transfer-config "
+                    '\'{"backend": "lifecycle"}\', rl-lifecycle installed in its environment)',
+                    "a server started without a weight transfer engine (vLLM: 'Weight transfer not configured')",
+                    'restart it with --weight-transfer-config \'{"backend": "lifecycle"}\' (the project\'s '
+                    "plugin: pip install rl-lifecycle in the server's environment)",
+                ) from None
             if "already active" not in exc.body:
                 raise
             with contextlib.suppress(EngineHTTPError):  # answers 500 by design: nothing applied, session over
@@ -104,6 +131,23 @@ class VLLMAPI:
     async def close(self) -> None:
         await self.client.close()
 
+
+def process_start_time(metrics: str) -> float | None:
+    """Prometheus' ``process_start_time_seconds`` from vLLM's ``/metrics`` text: when its API server process
+    started, so a new process behind the same address is told apart (None when the metrics do not include it).
+    Read here, not by the client: ``/metrics`` is Prometheus text, outside the recorded JSON contract (the slow
+    tests/rollout/test_external_vllm.py reads it from a real server)."""
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "process_start_time_seconds":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return None
+    return None
+
+
+NOT_CONFIGURED = "Weight transfer not configured"  # vLLM's answer to a session on a server without a transfer engine
 
 # vLLM's API server answers 500 naming its engine core when that process died (the server exits soon after):
 # the server did not refuse the weights, it is gone -- the slot must report request_failed, not refused

@@ -202,6 +202,6 @@ def test_an_external_address_nothing_answers_at_fails_the_start_naming_it(
     finally:
         job.close()
     message = str(info.value)
-    assert message.startswith("the rollout servers did not start: engine-1: did not start")
+    assert message.startswith(f"the rollout servers did not start: engine-1 (external engine at {url}): did not start")
     assert f"Fix: start the server at {url}" in message and "engine-0" not in message
     assert not _listens(url)

@@ -1205,6 +1205,14 @@ class _Tx:
         elif o.name == "request_failed":
             if e.state in core.markable:
                 self.fire("engine", "mark_unhealthy", o.group, o.engine)
+        elif o.name == "replaced" and o.group is not None and o.engine is not None:
+            # another process answers at its address: a new generation, holding none of the job's weights. The old
+            # one is let go (out of routing); the new one is attached, and caught up before it is routed
+            group, i = o.group, o.engine
+            if e.state not in core.live or (self.epoch is not None and self.stale("engine", "stop", e.state, group, i)):
+                return
+            if isinstance(self.fire("engine", "stop", group, i), Step):
+                self.set_engine(group, i, self.engine(group, i)._replace(replaced=True))
 
         elif o.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
             self.fire("monitor", o.name)
@@ -1262,8 +1270,9 @@ class _Tx:
                     )
                 elif state == "Stopping":
                     self.fire("engine", "confirm_dead", group, i)
-                    if self.engine(group, i).kept:  # a disowned process is gone: the slot gets a new one
-                        self.set_engine(group, i, self.engine(group, i)._replace(kept=False))
+                    e = self.engine(group, i)
+                    if e.kept or e.replaced:  # a disowned or replaced process is let go: the slot gets a new one
+                        self.set_engine(group, i, e._replace(kept=False, replaced=False))
                         self.fire("engine", "start", group, i)
                 elif state == "Recovering":
                     self.relaunch(group, i)

@@ -44,6 +44,9 @@ class EngineState(NamedTuple):
     # about; news of an older one (a late death report, a probe sent to the process before) is never acted on.
     epoch: int = 0
     kept: bool = False  # a previous driver's process may still run in this slot (its ledger says so): adopt it
+    # another process answers at its address now (an external engine's owner restarted it): once the old one is let
+    # go, the slot attaches the new one as a new generation, which catches up before it is routed
+    replaced: bool = False
 
 
 class Command(NamedTuple):

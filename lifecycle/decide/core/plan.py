@@ -136,8 +136,9 @@ RESULTS: dict[str, frozenset[str]] = {
     "offload_train": frozenset({"done", "worker_crashed"}),
     "onload_train": frozenset({"done", "worker_crashed"}),
 }
-# News the shells report at any time (not the result of a command): deaths, probe verdicts, failed requests.
+# News the shells report at any time (not the result of a command): deaths, probe verdicts, failed requests, and
+# ``replaced``: another process answers at an external engine's address (its identity changed).
 NEWS = frozenset(
-    {"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result", "router_died"}
+    {"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result", "router_died", "replaced"}
 )
 ERROR = "error"  # a handler raised: the operation is aborted (the lock released), the exception goes on
