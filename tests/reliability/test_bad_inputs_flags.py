@@ -454,6 +454,7 @@ def test_catches_the_unbounded_lease(
         if lease is not None and not lease > 0:
             raise ConfigError(name, lease, "must be a positive number of seconds", "pass e.g. --engine-lease 120")
 
+    monkeypatch.setattr("trainer.app.run_manifest.check_lease", old)
     monkeypatch.setattr("trainer.app.checks.check_lease", old)
     monkeypatch.setattr("trainer.app.cli._check_ray_address", lambda a: (_ for _ in ()).throw(RuntimeError("got past")))
     with pytest.raises(RuntimeError, match="got past"):

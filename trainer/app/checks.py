@@ -17,12 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engines.apikey import given_api_key
-from engines.ledger import MIN_LEASE
 from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig, parse_number
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
-from trainer.app.run_manifest import BOUNDS, check_new_run
+from trainer.app.run_manifest import BOUNDS, check_lease, check_new_run
 
 METRICS_HOST = "127.0.0.1"
 LAUNCHERS = ("ray", "local")  # engines.launcher.LauncherKind
@@ -135,23 +134,6 @@ FLAGS = {
     "data_source": "--data-source",
     "ray_nodes": "--ray-nodes",
 }
-
-
-def check_lease(lease: float | None, name: str = "--engine-lease") -> None:
-    """A kept engine's lease: finite (``inf`` was written into run.json as ``Infinity``, which the job's own
-    ``--resume`` then refused), long enough that a live driver renews it in time, at most the project's bound
-    on any wait (``1e10`` s outlives every driver: an engine that never exits)."""
-    if lease is None:
-        return
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or not MIN_LEASE <= lease <= MAX_SECONDS:
-        raise ConfigError(
-            name,
-            lease,
-            f"must be a number of seconds in {MIN_LEASE:g}..{MAX_SECONDS} (a driver renews the lease every third of "
-            f"it, each renewal taking up to {MIN_LEASE / 2:g} s: a shorter lease lapses while the driver lives; a "
-            "kept engine whose driver never comes back must exit within days, not hold its GPU for ever)",
-            f"pass e.g. {name} 120 (the default)",
-        )
 
 
 def check_detach(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.ledger import MIN_LEASE
 from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.jsonio import JSONFileError, read_json
@@ -100,10 +101,25 @@ def _positive_number(v: Any, high: float = 1e9) -> str | None:
     return None if ok else f"must be a finite number greater than 0 (at most {high:g})"
 
 
-def _lease(v: Any) -> str | None:
-    """A kept engine's lease, by the rule the options were checked with (``trainer.app.checks.check_lease``)."""
-    from trainer.app.checks import check_lease
+def check_lease(lease: float | None, name: str = "--engine-lease") -> None:
+    """A kept engine's lease: finite (``inf`` was written into run.json as ``Infinity``, which the job's own
+    ``--resume`` then refused), long enough that a live driver renews it in time, at most the project's bound
+    on any wait (``1e10`` s outlives every driver: an engine that never exits)."""
+    if lease is None:
+        return
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not MIN_LEASE <= lease <= MAX_SECONDS:
+        raise ConfigError(
+            name,
+            lease,
+            f"must be a number of seconds in {MIN_LEASE:g}..{MAX_SECONDS} (a driver renews the lease every third of "
+            f"it, each renewal taking up to {MIN_LEASE / 2:g} s: a shorter lease lapses while the driver lives; a "
+            "kept engine whose driver never comes back must exit within days, not hold its GPU for ever)",
+            f"pass e.g. {name} 120 (the default)",
+        )
 
+
+def _lease(v: Any) -> str | None:
+    """A kept engine's lease, by the rule its flag was checked with (:func:`check_lease`)."""
     try:
         check_lease(v)
     except ConfigError as exc:
