@@ -286,6 +286,21 @@ def test_a_job_holds_its_directories_until_it_closes(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / LOCK_FILE).exists() and not (tmp_path / "ckpt").exists()
 
 
+def test_a_job_never_closed_frees_its_directories_when_collected(tmp_path: Path) -> None:
+    import gc
+
+    job = _job(tmp_path / "run")
+    assert (tmp_path / "run" / LOCK_FILE).exists()
+    del job
+    gc.collect()
+    assert not (tmp_path / "run" / LOCK_FILE).exists()
+    with hold(tmp_path / "run", "--run-dir"):  # a collected job gives back only its own share
+        held = _job(tmp_path / "run")
+        del held
+        gc.collect()
+        assert (tmp_path / "run" / LOCK_FILE).exists(), "still this holder's"
+
+
 # -- (6) the check fails with the lock gone -----------------------------------------------------------------------
 def _second_driver(tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[str]:
     """Problems with a second ``lifecycle run`` on a run directory a live driver holds (empty: refused as it

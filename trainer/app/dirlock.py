@@ -51,14 +51,15 @@ class _Held:
 
 
 _HELD: dict[str, _Held] = {}  # real path of the directory -> what this process holds of it
-_GUARD = threading.Lock()
+# reentrant: a Job's finalizer (its holding released when it is collected) may run inside a holding's change
+_GUARD = threading.RLock()
 
 
 def _forget_in_child() -> None:
     """A forked child closes its copies of the descriptors (which releases nothing: the parent's stay open) and
     holds nothing, so the lock ends with the driver even when the child outlives it."""
     global _GUARD
-    _GUARD = threading.Lock()  # another thread may have held it at the fork
+    _GUARD = threading.RLock()  # another thread may have held it at the fork
     for held in _HELD.values():
         with contextlib.suppress(OSError):
             os.close(held.fd)
@@ -147,7 +148,8 @@ def hold(path: str | os.PathLike[str], flag: str) -> DirLock:
         held = _HELD.get(key)
         if held is not None:
             held.count += 1
-            return DirLock(key, held)
+            if _HELD.get(key) is held:  # not released meanwhile by a collected holder's finalizer
+                return DirLock(key, held)
         try:
             held = _take(key, flag)
         except BaseException:
