@@ -11,8 +11,8 @@ writes, before its first write, with one lock: ``flock(LOCK_EX | LOCK_NB)`` on `
   that outlives the driver never keeps its lock (a flock belongs to the open file, which a fork shares).
 * Reentrant within a process: ``lifecycle run`` holds its directories, then ``run_loop`` and the ``Job`` it builds
   take them again; the last release frees them.
-* Released, the lock file is removed, and so are the directories taking the lock created if nothing else was
-  written into them: a refused run leaves its folder as it found it. A taker checks that the file it locked is
+* Released, the lock file is removed, and so is each directory the lock itself created where nothing else was
+  written: a refused run leaves its folder as it found it. A taker checks that the file it locked is
   still the one at the path (a releasing holder removes it before it unlocks), else takes the new one.
 """
 
@@ -46,7 +46,7 @@ class _Held:
     fd: int
     lock_path: str
     identity: tuple[int, int]  # (st_dev, st_ino) of the lock file locked
-    created: list[Path] = field(default_factory=list)  # the directories taking it created, outermost first
+    created: list[Path] = field(default_factory=list)  # the directories the lock created, outermost first
     count: int = 1
 
 
