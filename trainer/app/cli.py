@@ -31,6 +31,7 @@ from trainer.app.checks import (
     check_steps,
     parse_ray_address,
 )
+from trainer.app.dirlock import DirLocks
 from trainer.app.faults import check_faults, fault_arg
 from trainer.app.run_manifest import BOUNDS
 
@@ -311,7 +312,7 @@ _WITH_RESUME = frozenset(
 )
 
 
-def _resume(ns: argparse.Namespace) -> int:
+def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
     """``lifecycle run --resume RUN_DIR``: the same job, from its latest checkpoint, in the same run directory."""
     spelled: dict[str, tuple[str, object]] = ns.run_options
     given = [
@@ -374,6 +375,8 @@ def _resume(ns: argparse.Namespace) -> int:
     # the run's relative paths (--save runs/x/ckpt) mean what they meant where it started (not entered yet)
     save = manifest.cwd / config.load
     hf = None if opts.hf_checkpoint is None else manifest.cwd / opts.hf_checkpoint
+    locks.take(run_dir, "--resume")  # before what a running driver writes is read: its checkpoints, its log
+    locks.take(save, "--save")
     resumed = dataclasses.replace(config, save=str(save), load=str(save))
     job = {**opts.job_settings(), **({"id": manifest.job_id} if manifest.job_id else {})}
     try:
@@ -435,8 +438,12 @@ def _resume(ns: argparse.Namespace) -> int:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    if ns.resume is not None:
-        return _resume(ns)
+    with DirLocks() as locks:  # the run's directories are this driver's until it returns, however it returns
+        return _resume(ns, locks) if ns.resume is not None else _start(ns, locks)
+
+
+def _start(ns: argparse.Namespace, locks: DirLocks) -> int:
+    """``lifecycle run``: a new job."""
     if ns.steps is None:
         ns.steps = 30
     config = config_from_args(ns)
@@ -505,7 +512,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     check_steps(faults, ns.steps)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     _join_ray(ns.ray_address)  # the last check: it imports Ray
-    _check_run_dir(run_dir)  # last: it creates the folder, and a refused run must leave nothing behind
+    # last: they create the folders, and a refused run must leave nothing behind (a refused lock removes them)
+    locks.take(run_dir, "--run-dir")
+    locks.take(config.save, "--save")
+    _check_run_dir(run_dir)
     # the loop's imports (torch, Ray) only once every check has passed
     from engines.engine import Timeouts
     from trainer.app.loop import RunOptions, run

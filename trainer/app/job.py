@@ -22,6 +22,7 @@ import asyncio
 import functools
 import gc
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +47,7 @@ from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
 from trainer.app.checks import check_run
+from trainer.app.dirlock import hold_run
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.job_state import JobCheckpoint
 
@@ -174,6 +176,9 @@ class Job:
         self.log = log if log is not None else EventLog()
         # a relative name is the run directory's file; an absolute path is taken as it is
         self.events: Path | None = None if events is None else self.run_dir / events
+        # before the first write (the sink below): one driver at a time writes the run and its checkpoints
+        self._dirs = hold_run(self.run_dir, config.save, run_flag="run_dir=", save_flag="config.save")
+        weakref.finalize(self, self._dirs.release)  # a job never closed frees them when it is collected
         self._sink = None if self.events is None else JsonlSink(self.events)
         if self._sink is not None:
             self.log.add_sink(self._sink)
@@ -401,6 +406,7 @@ class Job:
                 self.log.remove_sink(self.monitor)
                 if self._sink is not None:
                     self.log.remove_sink(self._sink)  # and closes it
+                self._dirs.release()
 
     def _unfreeze(self) -> None:
         global _FROZEN_JOBS

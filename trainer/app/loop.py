@@ -38,6 +38,7 @@ from rollout.pattern import PatternTask
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
 from trainer.app.checks import check_async, check_run
+from trainer.app.dirlock import hold_run
 from trainer.app.faults import Fault, FaultInjector, parse_fault
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
@@ -260,7 +261,12 @@ async def run_loop(config: LifecycleConfig, opts: RunOptions, out: TextIO = sys.
     metrics.jsonl, the timeline), the progress line, fault injection and resuming.
     """
     check_options(config, opts)
+    # one driver at a time writes the run and its --save directory (lifecycle run holds them already: reentrant)
+    with hold_run(opts.run_dir, config.save, run_flag="RunOptions.run_dir", save_flag="config.save"):
+        return await _run_held(config, opts, out)
 
+
+async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> RunResult:
     def say(line: str) -> None:
         if not opts.quiet:
             print(line, file=out, flush=True)
