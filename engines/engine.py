@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.api import APIFactory, Bucket, ServerAPI, sglang_api
-from engines.errors import EngineError, EngineHTTPError
+from engines.errors import EngineError, EngineHTTPError, EngineStartError
 from engines.launcher import Launcher
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
@@ -132,18 +132,37 @@ class Engine:
         return None if self.server is None else self.server.client
 
     async def _wait_healthy(self) -> None:
-        """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update."""
+        """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update.
+        A server process that exits meanwhile fails the start at once, with its reason (a vLLM server whose
+        engine core dies at its first generation exits within a second; polling on would wait out the bound)."""
         assert self.server is not None
+        server = self.server
         deadline = time.monotonic() + self.timeouts.startup
         last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                await self.server.ready(min(5.0, self.timeouts.request))
-                return
-            except EngineError as exc:
-                last = exc
-                await asyncio.sleep(0.1)
-        raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
+
+        async def poll() -> None:
+            nonlocal last
+            while time.monotonic() < deadline:
+                try:
+                    await server.ready(min(5.0, self.timeouts.request))
+                    return
+                except EngineError as exc:
+                    last = exc
+                    await asyncio.sleep(0.1)
+            raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
+
+        polling = asyncio.ensure_future(poll())
+        death = asyncio.ensure_future(self.launcher.watch())
+        try:
+            await asyncio.wait({polling, death}, return_when=asyncio.FIRST_COMPLETED)
+            if not polling.done():
+                reason = death.result() if death.exception() is None else repr(death.exception())
+                raise EngineStartError(self.id, f"the server process ended before it generated ({reason}); {last}")
+            polling.result()
+        finally:
+            for task in (polling, death):
+                task.cancel()
+            await asyncio.gather(polling, death, return_exceptions=True)
 
     async def kill(self) -> Outcome:
         """SIGKILL the server and wait (bounded) until its death is confirmed: ``dead`` or ``alive``."""
@@ -255,8 +274,9 @@ class Engine:
         return Fact.of(event, instance=self.id, epoch=self.epoch, **fields)  # which process of the slot did it
 
     async def probe(self, timeout: float) -> Outcome:
-        """One liveness probe, bounded: ``health_generate`` (a real 1-token generation) by default; ``health``
-        (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
+        """One liveness probe, bounded: the backend's default (--rollout-health-check-endpoint; vLLM's ``progress``:
+        a 1-token generation answered or its token counters moving, SGLang's ``health_generate``); ``health`` is
+        cheaper but misses a wedged scheduler."""
         if self.server is None:
             return self._failed("probe_failed", "no server process")
         try:  # the client's own request timeout bounds it (a second wait_for would race it)

@@ -10,17 +10,20 @@ died mid-update) is cancelled with the plugin's ``{"abort": true}`` before a new
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from engines.api import Bucket
-from engines.errors import EngineHTTPError, EngineUnreachable
-from engines.vllm.client import VLLMClient
+from engines.errors import EngineHTTPError, EngineTimeout, EngineUnreachable
+from engines.vllm.client import VLLMClient, read_progress
 from lifecycle.decide.backends import BackendName, capabilities
 
 # a bucket's HTTP call waits for the trainer's broadcast of it; the group's own timeout must fire first, so the
 # engine's error (the trainer died, or fell silent) comes back as an answer rather than a client timeout
 BUCKET_GRACE = 5.0
+PROGRESS_POLL = 0.5  # seconds between two reads of /metrics in a progress probe (a working engine steps faster)
+PROBE_SHARE = 0.9  # of the probe's timeout: the probe's own verdict comes back before the monitor's bound fires
 
 
 class VLLMAPI:
@@ -36,8 +39,51 @@ class VLLMAPI:
         await self.client.health_generate(timeout=timeout)  # the model answers (and its id is known)
 
     async def probe(self, endpoint: str, timeout: float) -> None:
+        if endpoint == "progress":
+            await self._progress(timeout)
+            return
         call = self.client.health if endpoint == "health" else self.client.health_generate
         await call(timeout=timeout)
+
+    async def _progress(self, timeout: float) -> None:
+        """The engine core works: within ``timeout`` it answers a 1-token generation *or* its token counters move.
+
+        /health is the API server's answer and stays 200 while the engine core is stopped; a generation alone
+        queues behind a busy engine's own requests and times out on a healthy one. A busy engine moves its
+        counters at every step; an idle one answers the generation at once; a wedged one does neither."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout * PROBE_SHARE  # inside the monitor's own bound: our reason, not its
+        await self.client.health(timeout=timeout)  # 503 (or no answer): the engine core is dead
+        before = await read_progress(self.client, timeout=max(deadline - loop.time(), 0.001))
+        generation = asyncio.ensure_future(self.client.health_generate(timeout=max(deadline - loop.time(), 0.001)))
+        try:
+            now = before
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait({generation}, timeout=min(PROGRESS_POLL, left))
+                if generation.done():
+                    if generation.exception() is None or now.tokens > before.tokens:
+                        return
+                    raise generation.exception()  # type: ignore[misc]
+                if deadline - loop.time() < PROGRESS_POLL / 10:  # no time left for a read: the verdict below
+                    break
+                now = await read_progress(self.client, timeout=deadline - loop.time())
+                if now.tokens > before.tokens:
+                    return
+        finally:
+            generation.cancel()
+            with contextlib.suppress(BaseException):
+                await generation
+        raise EngineTimeout(
+            self.client.engine_id,
+            "/metrics",
+            timeout,
+            f"no progress in {timeout * PROBE_SHARE:g}s: a 1-token generation did not answer and the engine core's "
+            f"token counters stayed at {now.tokens:g} with {now.running:g} requests running, {now.waiting:g} "
+            "waiting (its API server answers /health: the engine core is wedged)",
+        )
 
     async def load(self, path: str, version: str, timeout: float | None) -> str | None:
         async with _core_alive(self.client.engine_id):

@@ -6,9 +6,11 @@ a bad combination fails at once instead of after seconds of imports and a Ray st
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from lifecycle.decide.backends import capabilities
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.predicates import offloads_rollout
@@ -91,6 +93,35 @@ def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str 
             model,
             "--rollout-backend vllm serves Hugging Face checkpoints, not the project's char model",
             "use --model tiny-llama (the default with --rollout-backend vllm), or --hf-checkpoint DIR",
+        )
+    check_rollout_model(config, hf_checkpoint)
+
+
+def check_rollout_model(config: LifecycleConfig, hf_checkpoint: str | Path | None) -> None:
+    """A checkpoint the rollout backend cannot run is refused before any launch: its servers would start, pass
+    /health and die at the first generation (vLLM's CPU attention and ``head_dim`` < 32). Read from config.json
+    (``head_dim``, else ``hidden_size / num_attention_heads``); one that cannot be read is check_hf_checkpoint's."""
+    least = capabilities(config.rollout_backend, config.rollout_device).min_head_dim
+    if hf_checkpoint is None or not least or config.debug_train_only:
+        return
+    if not (Path(hf_checkpoint) / "config.json").is_file():  # not a FIFO's endless wait: check_hf_checkpoint's
+        return
+    try:
+        with open(Path(hf_checkpoint) / "config.json", "rb") as f:
+            model_config = json.loads(f.read(1 << 20))
+        head_dim = model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
+        head_dim = int(head_dim)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError):
+        return
+    if head_dim < least:
+        raise ConfigError(
+            "--hf-checkpoint",
+            str(hf_checkpoint),
+            f"its attention heads have head_dim {head_dim} (config.json), and --rollout-backend "
+            f"{config.rollout_backend} on --rollout-device {config.rollout_device} runs head_dim {least} or more "
+            "(its engine would start, then die at the first generation)",
+            f"use a checkpoint with head_dim >= {least} (e.g. hidden_size / num_attention_heads = 64), or "
+            "--rollout-backend sglang",
         )
 
 
