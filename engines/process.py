@@ -18,6 +18,7 @@ import functools
 import http.client
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -88,6 +89,7 @@ PR_SET_PDEATHSIG = 1
 REAPER_DEATH_SIGNAL = signal.SIGUSR1  # engines.reaper.DEATH_SIGNAL: what it kills the server's tree on
 
 
+PID_WAIT = 10.0  # seconds for a reaper to report its server's pid (a python start on busy cores)
 REAPER = str(Path(__file__).with_name("reaper.py"))  # stdlib only: runs with -S -I, whatever the server's python
 
 
@@ -101,9 +103,9 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _reaped(command: Sequence[str]) -> list[str]:
+def _reaped(command: Sequence[str], pid_fd: int) -> list[str]:
     """The command run by the reaper, its parent: a server's own children (vLLM's engine core) die with it."""
-    return [sys.executable, "-S", "-I", REAPER, str(os.getpid()), *command]
+    return [sys.executable, "-S", "-I", REAPER, str(os.getpid()), str(pid_fd), *command]
 
 
 class ServerProcess:
@@ -147,6 +149,8 @@ class ServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self.die_with_parent = die_with_parent
+        self._pid_pipe: int | None = None  # where the reaper writes the server's pid
+        self._server_pid: int | None = None
 
     # -- starting ------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -156,13 +160,16 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         command = self.command
+        pid_fd: int | None = None
         if self.die_with_parent and _PRCTL is not None:
             if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
                 raise EngineStartError(self.engine_id, f"cannot run {command[0]!r}: no such executable")
-            command = _reaped(command)
+            self._pid_pipe, pid_fd = os.pipe()
+            command = _reaped(command, pid_fd)
         try:
             self._proc = subprocess.Popen(
                 command,
+                pass_fds=() if pid_fd is None else (pid_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -173,6 +180,9 @@ class ServerProcess:
             )
         except OSError as exc:
             raise EngineStartError(self.engine_id, f"cannot run {self.command[0]!r}: {exc}") from None
+        finally:
+            if pid_fd is not None:
+                os.close(pid_fd)  # the reaper's copy is the one it writes to
         self._reader = threading.Thread(target=self._drain, name=f"{self.engine_id}-output", daemon=True)
         self._reader.start()
 
@@ -261,7 +271,18 @@ class ServerProcess:
 
     @property
     def pid(self) -> int:
-        return self._require().pid
+        """The server's pid, the id of its process group (under a reaper: the reaper's child, read once from the
+        reaper -- it forks within moments of its start; the reaper's own pid if it ended before)."""
+        proc = self._require()
+        if self._pid_pipe is not None:
+            pipe, self._pid_pipe = self._pid_pipe, None
+            try:
+                ready, _, _ = select.select([pipe], [], [], PID_WAIT)
+                text = os.read(pipe, 64).decode(errors="replace") if ready else ""
+            finally:
+                os.close(pipe)
+            self._server_pid = int(text) if text.strip().isdigit() else None
+        return self._server_pid or proc.pid
 
     @property
     def alive(self) -> bool:
@@ -287,7 +308,7 @@ class ServerProcess:
     def _signal_group(self, sig: signal.Signals) -> None:
         proc = self._require()
         try:
-            os.killpg(proc.pid, sig)  # the process leads its own group (start_new_session)
+            os.killpg(self.pid, sig)  # the server leads its own group (start_new_session, or the reaper's setsid)
         except ProcessLookupError:
             pass
         except PermissionError:

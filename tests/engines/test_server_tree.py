@@ -61,7 +61,7 @@ DRIVER = textwrap.dedent(
     import sys, time
     from engines import process
     if sys.argv[3] == "old":  # the old spawn: the parent-death signal (SIGKILL) set in the server itself
-        process._reaped = lambda command: list(command)
+        process._reaped = lambda command, fd: list(command)
         process.REAPER_DEATH_SIGNAL = process.signal.SIGKILL
     server = process.ServerProcess([sys.executable, sys.argv[1], sys.argv[2]], die_with_parent=True)
     server.spawn()
