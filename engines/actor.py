@@ -142,7 +142,7 @@ class EngineActor:
             # crash() killed the server on the actor's way out: answering now would report "exit code -9" before
             # Ray reports the actor's death (a lost actor read as a dead server). Wait for os._exit, bounded.
             time.sleep(CALL_TIMEOUT)
-        return f"exit code {code}"
+        return self.process.death(code)
 
     def pause_server(self) -> int:
         """SIGSTOP the server's process group: it hangs (health and generate stall) without dying."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engines.api import APIFactory, Bucket, ServerAPI, mismatch, sglang_api
-from engines.errors import EngineError, EngineHTTPError, EngineMismatch
+from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
 from engines.launcher import Launcher
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
@@ -163,30 +163,50 @@ class Engine:
         return None if self.server is None else self.server.client
 
     async def _wait_healthy(self) -> None:
-        """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update."""
+        """Poll the backend's start-up probe until it answers (bounded): it generates and can take an update.
+        A server process that exits meanwhile fails the start at once, with its reason (a vLLM server whose
+        engine core dies at its first generation exits within a second; polling on would wait out the bound)."""
         assert self.server is not None
         await self._until_started(self.server.ready)
 
     async def _until_started(self, ask: Callable[[float], Awaitable[T]]) -> T:
         """Ask the server until it answers (bounded by the start-up timeout): the backend's start-up probe (it
         generates and can take an update), or what it is. An answer that says it is not the server expected (an
-        :class:`EngineMismatch`, a refused key) ends the wait: asking again would change nothing."""
-        assert self.server is not None
+        :class:`EngineMismatch`, a refused key) ends the wait: asking again would change nothing. So does the
+        server process's exit, with its reason (the launcher's watch)."""
+        server = self.server
+        assert server is not None
         deadline = time.monotonic() + self.timeouts.startup
         last: Exception | None = None
-        while time.monotonic() < deadline:
-            try:
-                return await ask(min(5.0, self.timeouts.request))
-            except EngineMismatch:
-                raise
-            except EngineHTTPError as exc:
-                if exc.status in (401, 403):
-                    raise await mismatch(self.server.client, exc, "", self.timeouts.request) from exc
-                last = exc
-            except EngineError as exc:
-                last = exc
-            await asyncio.sleep(0.1)
-        raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
+
+        async def poll() -> T:
+            nonlocal last
+            while time.monotonic() < deadline:
+                try:
+                    return await ask(min(5.0, self.timeouts.request))
+                except EngineMismatch:
+                    raise
+                except EngineHTTPError as exc:
+                    if exc.status in (401, 403):
+                        raise await mismatch(server.client, exc, "", self.timeouts.request) from exc
+                    last = exc
+                except EngineError as exc:
+                    last = exc
+                await asyncio.sleep(0.1)
+            raise TimeoutError(f"the server did not generate within {self.timeouts.startup:g}s ({last})")
+
+        polling = asyncio.ensure_future(poll())
+        death = asyncio.ensure_future(self.launcher.watch())
+        try:
+            await asyncio.wait({polling, death}, return_when=asyncio.FIRST_COMPLETED)
+            if not polling.done():
+                reason = death.result() if death.exception() is None else repr(death.exception())
+                raise EngineStartError(self.id, f"the server process ended before it generated ({reason}); {last}")
+            return polling.result()
+        finally:
+            for task in (polling, death):
+                task.cancel()
+            await asyncio.gather(polling, death, return_exceptions=True)
 
     async def kill(self) -> Outcome:
         """SIGKILL the server and wait (bounded) until its death is confirmed: ``dead`` or ``alive``."""
@@ -298,8 +318,9 @@ class Engine:
         return Fact.of(event, instance=self.id, epoch=self.epoch, **fields)  # which process of the slot did it
 
     async def probe(self, timeout: float) -> Outcome:
-        """One liveness probe, bounded: ``health_generate`` (a real 1-token generation) by default; ``health``
-        (--rollout-health-check-endpoint health) is cheaper but misses a wedged scheduler."""
+        """One liveness probe, bounded: the backend's default (--rollout-health-check-endpoint; vLLM's ``progress``:
+        a 1-token generation answered or its token counters moving, SGLang's ``health_generate``); ``health`` is
+        cheaper but misses a wedged scheduler."""
         if self.server is None:
             return self._failed("probe_failed", "no server process")
         try:  # the client's own request timeout bounds it (a second wait_for would race it)

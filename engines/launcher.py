@@ -118,6 +118,7 @@ class ProcessControl:
 
     engine_id: str
     process: ServerProcess | None
+    _death: tuple[ServerProcess, asyncio.Future[int]] | None = None  # the one waitpid of the process
 
     async def kill(self) -> None:
         if self.process is not None and self.process.alive:
@@ -139,9 +140,12 @@ class ProcessControl:
         proc = self.process
         if proc is None:
             return "never started"
-        # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll)
-        code = await asyncio.to_thread(proc.wait_dead, None)
-        return f"exit code {code}"
+        # no timeout: a blocking waitpid wakes the moment the child dies (a timeout would poll); one thread per
+        # process, shared by every watcher (a start-up's and the slot's), so cancelled watches hold no thread
+        if self._death is None or self._death[0] is not proc:
+            self._death = (proc, asyncio.ensure_future(asyncio.to_thread(proc.wait_dead, None)))
+        code = await asyncio.shield(self._death[1])
+        return proc.death(code)
 
     def shutdown(self) -> None:
         """Nothing beyond the process to release."""

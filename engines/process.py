@@ -18,6 +18,8 @@ import functools
 import http.client
 import os
 import re
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +35,11 @@ from typing import Any
 from engines.errors import EngineError, EngineStartError, EngineStartTimeout, EngineTimeout
 
 READY_PATTERN = re.compile(r"^READY (https?://\S+)\s*$")
+# the last line of a Python traceback (``RuntimeError: ...``), bare or as vLLM logs it at ERROR level
+# (``(Worker pid=12386) ERROR 12-06 08:27:36 [multiproc_executor.py:1063] RuntimeError: ...``)
+ERROR_PATTERN = re.compile(
+    r"^(?:\(\S+ pid=\d+\) )?(?:ERROR \S+ \S+ \[[^\]]*\] )?([A-Za-z_][\w.]*(?:Error|Exception|Exit)): \S.*$"
+)
 
 
 def torch_engine_command(
@@ -79,15 +86,26 @@ def _libc_prctl() -> Any:
 
 _PRCTL = _libc_prctl()  # looked up before any fork: the child only calls it
 PR_SET_PDEATHSIG = 1
+REAPER_DEATH_SIGNAL = signal.SIGUSR1  # engines.reaper.DEATH_SIGNAL: what it kills the server's tree on
+
+
+PID_WAIT = 10.0  # seconds for a reaper to report its server's pid (a python start on busy cores)
+REAPER = str(Path(__file__).with_name("reaper.py"))  # stdlib only: runs with -S -I, whatever the server's python
 
 
 def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: SIGKILL when the spawning thread dies (and now, if the parent died already,
-    between the fork and this call: the signal would never come)."""
+    """In the child (the reaper), before exec: its parent-death signal, sent when the spawning thread dies (and
+    exit now if the parent died already, between the fork and this call: the signal would never come). The
+    reaper turns that signal into the death of the server's whole process tree."""
     if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _PRCTL(PR_SET_PDEATHSIG, REAPER_DEATH_SIGNAL)
         if os.getppid() != parent:
             os._exit(1)
+
+
+def _reaped(command: Sequence[str], pid_fd: int) -> list[str]:
+    """The command run by the reaper, its parent: a server's own children (vLLM's engine core) die with it."""
+    return [sys.executable, "-S", "-I", REAPER, str(os.getpid()), str(pid_fd), *command]
 
 
 class ServerProcess:
@@ -110,9 +128,10 @@ class ServerProcess:
         tail_lines: int = 60,
         die_with_parent: bool = False,
     ) -> None:
-        """``die_with_parent``: the kernel SIGKILLs the process when the thread that spawned it ends (Linux
-        ``PR_SET_PDEATHSIG``), so a driver killed by SIGKILL leaves no server behind; spawn it from a thread
-        that lives as long as the process (the event loop's)."""
+        """``die_with_parent``: the server's whole process tree is killed when the thread that spawned it ends
+        (Linux ``PR_SET_PDEATHSIG`` on :mod:`engines.reaper`, the server's parent), so a driver or an actor killed
+        by SIGKILL leaves no server process behind, not even one the server forked; spawn it from a thread that
+        lives as long as the process (the event loop's)."""
         if not command:
             raise ValueError("ServerProcess needs a command")
         self.command = list(command)
@@ -123,12 +142,15 @@ class ServerProcess:
         self.log_path = Path(log_path) if log_path is not None else None
         self.health_path = health_path
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.first_error: str | None = None  # the first exception it printed: the cause, before its consequences
         self._ready_url: str | None = None
         self._ready = threading.Event()
         self._eof = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self.die_with_parent = die_with_parent
+        self._pid_pipe: int | None = None  # where the reaper writes the server's pid
+        self._server_pid: int | None = None
 
     # -- starting ------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -137,9 +159,17 @@ class ServerProcess:
             raise RuntimeError(f"engine {self.engine_id}: process already started (pid {self._proc.pid})")
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        command = self.command
+        pid_fd: int | None = None
+        if self.die_with_parent and _PRCTL is not None:
+            if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+                raise EngineStartError(self.engine_id, f"cannot run {command[0]!r}: no such executable")
+            self._pid_pipe, pid_fd = os.pipe()
+            command = _reaped(command, pid_fd)
         try:
             self._proc = subprocess.Popen(
-                self.command,
+                command,
+                pass_fds=() if pid_fd is None else (pid_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -150,6 +180,9 @@ class ServerProcess:
             )
         except OSError as exc:
             raise EngineStartError(self.engine_id, f"cannot run {self.command[0]!r}: {exc}") from None
+        finally:
+            if pid_fd is not None:
+                os.close(pid_fd)  # the reaper's copy is the one it writes to
         self._reader = threading.Thread(target=self._drain, name=f"{self.engine_id}-output", daemon=True)
         self._reader.start()
 
@@ -169,9 +202,10 @@ class ServerProcess:
                 self._eof.wait(1.0)  # let the reader collect the last lines
                 if self._ready.is_set():
                     return self.url
+                first = f"; its first error: {self.first_error}" if self.first_error else ""
                 raise EngineStartError(
                     self.engine_id,
-                    f"process exited with code {proc.returncode} before it was ready",
+                    f"process exited with code {proc.returncode} before it was ready{first}",
                     returncode=proc.returncode,
                     output=self.output_tail(),
                 )
@@ -202,6 +236,8 @@ class ServerProcess:
                     log.flush()
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self._tail.append(line)
+                if self.first_error is None and ERROR_PATTERN.match(line):
+                    self.first_error = line[-500:]
                 match = READY_PATTERN.match(line)
                 if match and not self._ready.is_set():
                     self._ready_url = match.group(1).rstrip("/")
@@ -235,7 +271,18 @@ class ServerProcess:
 
     @property
     def pid(self) -> int:
-        return self._require().pid
+        """The server's pid, the id of its process group (under a reaper: the reaper's child, read once from the
+        reaper -- it forks within moments of its start; the reaper's own pid if it ended before)."""
+        proc = self._require()
+        if self._pid_pipe is not None:
+            pipe, self._pid_pipe = self._pid_pipe, None
+            try:
+                ready, _, _ = select.select([pipe], [], [], PID_WAIT)
+                text = os.read(pipe, 64).decode(errors="replace") if ready else ""
+            finally:
+                os.close(pipe)
+            self._server_pid = int(text) if text.strip().isdigit() else None
+        return self._server_pid or proc.pid
 
     @property
     def alive(self) -> bool:
@@ -246,6 +293,12 @@ class ServerProcess:
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
+    def death(self, code: int) -> str:
+        """Why it ended, for the slot's report: its exit code and the first exception it printed (a vLLM server
+        whose engine core died exits 0, its own error scrolled away by the shutdown's output)."""
+        self._eof.wait(1.0)  # the reader's last lines
+        return f"exit code {code}" + (f"; its first error: {self.first_error}" if self.first_error else "")
+
     def output_tail(self, lines: int | None = None) -> str:
         """The last lines the process printed (stdout and stderr merged)."""
         tail = list(self._tail)
@@ -255,7 +308,7 @@ class ServerProcess:
     def _signal_group(self, sig: signal.Signals) -> None:
         proc = self._require()
         try:
-            os.killpg(proc.pid, sig)  # the process leads its own group (start_new_session)
+            os.killpg(self.pid, sig)  # the server leads its own group (start_new_session, or the reaper's setsid)
         except ProcessLookupError:
             pass
         except PermissionError:

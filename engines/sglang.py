@@ -371,7 +371,7 @@ class SGLangBackend(ProcessControl):
             return "never started"
         while proc.alive:
             await asyncio.sleep(0.1)
-        return f"exit code {proc.returncode}"
+        return proc.death(proc.wait_dead(1.0))
 
     # -- start-up sequence ---------------------------------------------------------------------------
     @staticmethod

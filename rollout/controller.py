@@ -180,7 +180,7 @@ class InferenceController:
     def new_engine(self, engine_id: str) -> Engine:
         """An engine slot as the config says (its launcher, timeouts and probe endpoint): a rollout slot of
         ``--rollout-external-engine-addrs`` attaches to its address, every other one is launched."""
-        endpoint = self.config.rollout_health_check_endpoint.lstrip("/")
+        endpoint = str(self.config.rollout_health_check_endpoint).lstrip("/")
         url = self.external_url(engine_id)
         launcher: Launcher
         api: APIFactory | None = None  # a launched server's is its launcher's (else SGLang's)

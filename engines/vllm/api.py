@@ -10,17 +10,27 @@ died mid-update) is cancelled with the plugin's ``{"abort": true}`` before a new
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from engines.api import Bucket, ServerFacts, mismatch
-from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineProtocolError, EngineUnreachable
-from engines.vllm.client import VLLMClient
+from engines.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineMismatch,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnreachable,
+)
+from engines.vllm.client import VLLMClient, process_start_time, read_metrics, read_progress
 from lifecycle.decide.backends import BackendName, capabilities
 
 # a bucket's HTTP call waits for the trainer's broadcast of it; the group's own timeout must fire first, so the
 # engine's error (the trainer died, or fell silent) comes back as an answer rather than a client timeout
 BUCKET_GRACE = 5.0
+PROGRESS_POLL = 0.5  # seconds between two reads of /metrics in a progress probe (a working engine steps faster)
+PROBE_SHARE = 0.9  # of the probe's timeout: the probe's own verdict comes back before the monitor's bound fires
 
 
 class VLLMAPI:
@@ -36,8 +46,51 @@ class VLLMAPI:
         await self.client.health_generate(timeout=timeout)  # the model answers (and its id is known)
 
     async def probe(self, endpoint: str, timeout: float) -> None:
+        if endpoint == "progress":
+            await self._progress(timeout)
+            return
         call = self.client.health if endpoint == "health" else self.client.health_generate
         await call(timeout=timeout)
+
+    async def _progress(self, timeout: float) -> None:
+        """The engine core works: within ``timeout`` it answers a 1-token generation *or* its token counters move.
+
+        /health is the API server's answer and stays 200 while the engine core is stopped; a generation alone
+        queues behind a busy engine's own requests and times out on a healthy one. A busy engine moves its
+        counters at every step; an idle one answers the generation at once; a wedged one does neither."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout * PROBE_SHARE  # inside the monitor's own bound: our reason, not its
+        await self.client.health(timeout=timeout)  # 503 (or no answer): the engine core is dead
+        before = await read_progress(self.client, timeout=max(deadline - loop.time(), 0.001))
+        generation = asyncio.ensure_future(self.client.health_generate(timeout=max(deadline - loop.time(), 0.001)))
+        try:
+            now = before
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait({generation}, timeout=min(PROGRESS_POLL, left))
+                if generation.done():
+                    if generation.exception() is None or now.tokens > before.tokens:
+                        return
+                    raise generation.exception()  # type: ignore[misc]
+                if deadline - loop.time() < PROGRESS_POLL / 10:  # no time left for a read: the verdict below
+                    break
+                now = await read_progress(self.client, timeout=deadline - loop.time())
+                if now.tokens > before.tokens:
+                    return
+        finally:
+            generation.cancel()
+            with contextlib.suppress(BaseException):
+                await generation
+        raise EngineTimeout(
+            self.client.engine_id,
+            "/metrics",
+            timeout,
+            f"no progress in {timeout * PROBE_SHARE:g}s: a 1-token generation did not answer and the engine core's "
+            f"token counters stayed at {now.tokens:g} with {now.running:g} requests running, {now.waiting:g} "
+            "waiting (its API server answers /health: the engine core is wedged)",
+        )
 
     async def load(self, path: str, version: str, timeout: float | None) -> str | None:
         async with _core_alive(self.client.engine_id):
@@ -61,7 +114,7 @@ class VLLMAPI:
         except (EngineHTTPError, EngineProtocolError) as exc:
             raise await mismatch(self.client, exc, expected, timeout) from exc
         try:
-            start = process_start_time(await self.client._call("GET", "/metrics", timeout=timeout))
+            start = process_start_time(await read_metrics(self.client, timeout=timeout))
         except EngineError:
             start = None  # no metrics: its process cannot be told apart (a replaced one is seen by its version only)
         return ServerFacts(None if start is None else f"process_start_time_seconds {start!r}", version, model)
@@ -130,21 +183,6 @@ class VLLMAPI:
 
     async def close(self) -> None:
         await self.client.close()
-
-
-def process_start_time(metrics: str) -> float | None:
-    """Prometheus' ``process_start_time_seconds`` from vLLM's ``/metrics`` text: when its API server process
-    started, so a new process behind the same address is told apart (None when the metrics do not include it).
-    Read here, not by the client: ``/metrics`` is Prometheus text, outside the recorded JSON contract (the slow
-    tests/rollout/test_external_vllm.py reads it from a real server)."""
-    for line in metrics.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "process_start_time_seconds":
-            try:
-                return float(value.strip())
-            except ValueError:
-                return None
-    return None
 
 
 NOT_CONFIGURED = "Weight transfer not configured"  # vLLM's answer to a session on a server without a transfer engine

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -63,6 +64,48 @@ from engines.vllm.protocol import (
 )
 
 SamplingArg = SamplingParams | Mapping[str, Any]
+METRICS = "/metrics"
+# the Prometheus series of vLLM's scheduler, per engine core (summed over its labels): reported by the engine core
+# at every step it takes, so they freeze while it is wedged (--disable-log-stats turns them off: not passed)
+_SERIES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+}
+
+
+@dataclass(frozen=True)
+class EngineProgress:
+    """What the engine core last reported: requests it runs and holds, and the tokens it has processed so far."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+
+    @property
+    def tokens(self) -> float:
+        """Every token prefilled or generated: grows at every step a working engine takes with requests."""
+        return self.prompt_tokens + self.generation_tokens
+
+
+def parse_progress(text: str) -> EngineProgress:
+    """The scheduler's series in a /metrics answer (a missing one reads 0: an engine that exports none is
+    caught by the probe's own generation)."""
+    values = dict.fromkeys(_SERIES.values(), 0.0)
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        field = _SERIES.get(line.split("{", 1)[0].split(" ", 1)[0])
+        if field is None:
+            continue
+        try:
+            values[field] += float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+    return EngineProgress(**values)
+
 
 COMPLETIONS = "/v1/completions"
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request names none; vLLM's would be 16
@@ -419,3 +462,30 @@ class VLLMClient(HTTPTransport):
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.base_url!r}, engine_id={self.engine_id!r})"
+
+
+async def read_metrics(client: VLLMClient, *, timeout: float | None = None) -> str:
+    """GET /metrics (Prometheus text). Not one of the client's calls: /metrics is outside vLLM's OpenAPI document
+    and the recorded contract; the series read from it are pinned on real servers by
+    tests/engines/vllm/test_vllm_core.py (progress) and tests/rollout/test_external_vllm.py (the process)."""
+    return await client._call("GET", METRICS, timeout=timeout)
+
+
+async def read_progress(client: VLLMClient, *, timeout: float | None = None) -> EngineProgress:
+    """The engine core's own counters, as its API server last heard them: they stop moving when the engine core
+    stops, while /health (answered by the API server) stays 200."""
+    return parse_progress(await read_metrics(client, timeout=timeout))
+
+
+def process_start_time(metrics: str) -> float | None:
+    """Prometheus' ``process_start_time_seconds`` from vLLM's ``/metrics`` text: when its API server process
+    started, so a new process behind the same address is told apart (None when the metrics do not include it).
+    The slow tests/rollout/test_external_vllm.py reads it from a real server."""
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "process_start_time_seconds":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return None
+    return None

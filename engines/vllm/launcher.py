@@ -134,7 +134,8 @@ def vllm_command(
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(model)]
     cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len)]
     cmd += ["--seed", str(seed), "--weight-transfer-config", json.dumps({"backend": TRANSFER_BACKEND})]
-    cmd += ["--disable-log-stats", "--uvicorn-log-level", "warning"]
+    # no --disable-log-stats: it turns off the engine core's counters in /metrics, which the progress probe reads
+    cmd += ["--uvicorn-log-level", "warning"]
     if device == "cpu":  # eager: no compiled graphs to build at every (re)start -- 23-25 s instead of 35-60 s here,
         # for ~1.4x slower decoding of the tiny model; recovery relaunches engines, so start-up is what counts
         cmd += ["--gpu-memory-utilization", str(KV_CACHE_FRACTION), "--enforce-eager"]

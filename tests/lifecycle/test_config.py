@@ -1203,10 +1203,11 @@ def test_a_backend_without_broadcast_refuses_it(monkeypatch: pytest.MonkeyPatch)
 
 def test_every_backend_and_device_declares_its_abilities() -> None:
     from lifecycle.decide.backends import BACKENDS, CAPABILITIES, DEVICES, MEMORY_TAGS
+    from lifecycle.decide.config import HEALTH_ENDPOINTS
 
     assert set(CAPABILITIES) == {(b, d) for b in BACKENDS for d in DEVICES}
     for can in CAPABILITIES.values():
         assert can.releases <= MEMORY_TAGS and can.pause_modes and can.probes
-        assert set(can.probes) <= {"health_generate", "health"}
+        assert set(can.probes) <= set(HEALTH_ENDPOINTS)  # each answers only flag values
         if not can.releases:
             assert can.reason("release memory") != f"the {can.backend} backend cannot release memory on {can.device}"

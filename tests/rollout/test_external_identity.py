@@ -306,7 +306,7 @@ def servers() -> Iterator[list[ServerProcess]]:
 
 
 def test_vllms_process_identity_is_read_from_its_prometheus_text() -> None:
-    from engines.vllm.api import process_start_time
+    from engines.vllm.client import process_start_time
 
     text = "# HELP process_start_time_seconds Start time\nprocess_start_time_seconds 1.7965e+09\nvllm:x 1\n"
     assert process_start_time(text) == 1.7965e09

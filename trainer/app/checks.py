@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engines.apikey import given_api_key
+from lifecycle.decide.backends import capabilities
 from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig, parse_number
 from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.jsonio import JSONFileError, read_json
 from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
 from trainer.app.run_manifest import BOUNDS, check_lease, check_new_run
@@ -105,6 +107,32 @@ def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str 
             model,
             "--rollout-backend vllm serves Hugging Face checkpoints, not the project's char model",
             "use --model tiny-llama (the default with --rollout-backend vllm), or --hf-checkpoint DIR",
+        )
+    check_rollout_model(config, hf_checkpoint)
+
+
+def check_rollout_model(config: LifecycleConfig, hf_checkpoint: str | Path | None) -> None:
+    """A checkpoint the rollout backend cannot run is refused before any launch: its servers would start, pass
+    /health and die at the first generation (vLLM's CPU attention and ``head_dim`` < 32). Read from config.json
+    (``head_dim``, else ``hidden_size / num_attention_heads``); one that cannot be read is check_hf_checkpoint's."""
+    least = capabilities(config.rollout_backend, config.rollout_device).min_head_dim
+    if hf_checkpoint is None or not least or config.debug_train_only:
+        return
+    try:  # the bounded reader (a FIFO or a device is refused, not waited on); what it refuses is check_hf_checkpoint's
+        model_config = read_json(Path(hf_checkpoint) / "config.json", max_bytes=1 << 20)
+        head_dim = model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
+        head_dim = int(head_dim)
+    except (JSONFileError, ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError):
+        return
+    if head_dim < least:
+        raise ConfigError(
+            "--hf-checkpoint",
+            str(hf_checkpoint),
+            f"its attention heads have head_dim {head_dim} (config.json), and --rollout-backend "
+            f"{config.rollout_backend} on --rollout-device {config.rollout_device} runs head_dim {least} or more "
+            "(its engine would start, then die at the first generation)",
+            f"use a checkpoint with head_dim >= {least} (e.g. hidden_size / num_attention_heads = 64), or "
+            "--rollout-backend sglang",
         )
 
 
