@@ -64,6 +64,7 @@ PORT_TRIES = 3  # a router that exits before it answers is started again on anot
 
 # SMG's own health checks, where a user keeps them on as a second detector (``health_checks=True``): /health every
 # second, 2 failures to not_ready. Its verdict is news for the lifecycle, which decides (rollout.routing).
+GATEWAY_MARGIN = 2.0  # seconds a gateway client waits beyond SMG's request bound (see Router.client_timeout)
 HEALTH_CHECKS = ["--health-check-interval-secs", "1", "--health-check-timeout-secs", "1"]
 HEALTH_CHECKS += ["--health-failure-threshold", "2", "--health-success-threshold", "1", "--health-check-endpoint"]
 HEALTH_CHECKS += ["/health"]
@@ -211,6 +212,10 @@ class Router:
         self.health_checks = health_checks  # SMG's own checks on (a second detector): see HEALTH_CHECKS
         self.startup_timeout = startup_timeout
         self.request_timeout = request_timeout
+        # what a client of the gateway waits: past SMG's own bound (whole seconds, --request-timeout-secs), so SMG's
+        # answer -- a 504 naming the worker that did not answer -- arrives first; a client timing out at the same
+        # instant learns no engine, and the hung one got the next round of requests too
+        self.client_timeout = request_timeout + GATEWAY_MARGIN
         self.membership_timeout = membership_timeout
         self.log_path = log_path
         self.process: ServerProcess | None = None

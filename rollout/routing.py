@@ -216,9 +216,7 @@ class RouterRouting:
         if self.gateway is not None:
             await self.gateway.close()
         assert self.router.url is not None
-        self.gateway = gateway_client(
-            self.backend, self.router.url, name=self.name, timeout=self.router.request_timeout
-        )
+        self.gateway = gateway_client(self.backend, self.router.url, name=self.name, timeout=self.router.client_timeout)
         if self.log is not None:
             self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
         gen = self._gen
