@@ -357,7 +357,7 @@ def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
             "the run routed through the SMG gateway, which is not installed here",
             "pip install 'rl-lifecycle[router]'",
         )
-    from trainer.app.loop import RunOptions, run
+    from trainer.app.loop import RunOptions, check_run_options, run
     from trainer.job_state import LATEST, check_run_files, load_job_checkpoint
 
     assert config.load is not None
@@ -396,29 +396,7 @@ def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
         return 0
     check_run_files(run_dir, checkpoint, config)  # the log, the metrics, the engine ledger: as they were written
     try:  # the one check of a run's settings a Job runs too; in its own run directory only
-        check_run(
-            resumed,
-            run_dir=run_dir,
-            initial_checkpoint=hf,
-            model=opts.model,
-            model_size=opts.model_size,
-            engines_given=False,
-            launcher=opts.launcher,
-            ray_address=opts.ray_address,
-            ray_nodes=opts.ray_nodes,
-            engine_lease=opts.engine_lease,
-            workers=opts.workers,
-            keep_checkpoints=opts.keep_checkpoints,
-            steps=opts.steps,
-            seed=opts.seed,
-            metrics_port=opts.metrics_port,
-            metrics_host=opts.metrics_host,
-            rollout_fn=opts.rollout_fn,
-            data_source=opts.data_source,
-            timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
-            vllm_python=opts.vllm_python,
-            router=opts.router,
-        )
+        check_run_options(resumed, opts, initial_checkpoint=hf)
     except ConfigError as exc:
         ours = exc.flag.startswith("--") and exc.flag[2:].replace("-", "_") in _WITH_RESUME
         if exc.flag == "--run-dir" or ours or exc.flag.startswith("$"):

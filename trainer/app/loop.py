@@ -461,10 +461,25 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
+    check_run_options(config, opts, names=OPTION_NAMES)
+    if opts.ray_address:
+        check_gcs(opts.ray_address, "RunOptions.ray_address")
+
+
+def check_run_options(
+    config: LifecycleConfig,
+    opts: RunOptions,
+    *,
+    names: Mapping[str, str] | None = None,
+    initial_checkpoint: Path | None = None,
+) -> None:
+    """:func:`~trainer.app.checks.check_run` over a run's options (the API's, or a resume's from its run.json);
+    ``names``: how the caller spells the options (default the command line's flags); ``initial_checkpoint``: the
+    options' own, unless given (a resume's, relative to where the run started)."""
     check_run(
         config,
         run_dir=opts.run_dir,
-        initial_checkpoint=opts.hf_checkpoint,
+        initial_checkpoint=opts.hf_checkpoint if initial_checkpoint is None else initial_checkpoint,
         model=opts.model,
         model_size=opts.model_size,
         engines_given=opts.engine_launcher is not None,
@@ -483,10 +498,8 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
         timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
         vllm_python=opts.vllm_python,
         router=opts.router,
-        names=OPTION_NAMES,
+        **({} if names is None else {"names": names}),
     )
-    if opts.ray_address:
-        check_gcs(opts.ray_address, "RunOptions.ray_address")
 
 
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
