@@ -104,8 +104,8 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "replay_generate_calls_rollout_fn",
         "replay's generate calls the rollout function it never constructed (miles: TypeError on None)",
         EXECUTOR,
-        'if self.state == "Replay":\n            self._source("replay")\n            return self._samples',
-        'if False:\n            self._source("replay")\n            return self._samples',
+        'if self.state == "Replay":\n            self._source("replay")\n            return []',
+        'if False:\n            self._source("replay")\n            return []',
         (f"{T_CONTROLLER}::test_replay_constructs_nothing_and_starts_nothing",),
     ),
     RuntimeMutant(
