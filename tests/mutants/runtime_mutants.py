@@ -399,6 +399,23 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         '                if o.name in ("loaded", "refused"):\n',
         (f"{T_CORE}::test_an_engine_that_refuses_the_weights_never_serves_with_the_old_ones",),
     ),
+    # -- a resumed job is the job it continues -------------------------------------------------------------------
+    RuntimeMutant(
+        "resume_skips_python_rng",
+        "a resumed worker restores torch's generator but not Python's: its sampling after the resume is not the job's",
+        "trainer/workers.py",
+        '        if "python" in state:\n',
+        "        if False:\n",
+        ("tests/trainer/test_resume_fast.py::test_a_workers_generators_survive_the_checkpoint_on_disk",),
+    ),
+    RuntimeMutant(
+        "resume_engines_from_initial_weights",
+        "a resumed job's engines start from the initial weights, not the checkpoint's version (they serve version 0)",
+        "trainer/app/job.py",
+        "weights = await trainer.start() or await initial_weights(",
+        "weights = await trainer.start() and await initial_weights(",
+        ("tests/trainer/test_resume_fast.py::test_the_resumed_engines_start_from_the_checkpoints_version",),
+    ),
     RuntimeMutant(
         "launch_publishes",
         "an engine is registered for routing as soon as its server answers, before it holds the weights (miles #1724)",
