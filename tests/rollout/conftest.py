@@ -3,10 +3,11 @@ job (its handlers) writes real weights files without Ray actors. The real traine
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from engines.process import ServerProcess, torch_engine_command
 from lifecycle.decide.core import Command, Outcome
 from lifecycle.decide.runner import Runner
 
@@ -34,3 +35,22 @@ def bind_trainer_stand_in(runner: Runner, next_weights: Callable[[], Weights] | 
 @pytest.fixture
 def stand_in() -> Callable[..., None]:
     return bind_trainer_stand_in
+
+
+@pytest.fixture
+def servers() -> Iterator[list[ServerProcess]]:
+    """Two CPU engines started outside the job (external engines), both at once; killed after the test."""
+    procs = [ServerProcess(torch_engine_command(port=0, seed=0), engine_id=f"outside-{i}") for i in range(2)]
+    for p in procs:  # both start at once (their torch imports overlap), then each is waited for as _start does
+        p.spawn()
+    try:
+        for p in procs:
+            p.wait_ready(60.0)
+    except BaseException:
+        for p in procs:
+            p.close()
+        raise
+    yield procs
+    for p in procs:
+        if p.alive:
+            p.kill()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,24 +53,6 @@ def _start(port: int = 0) -> ServerProcess:
     proc = ServerProcess(torch_engine_command(port=port, seed=0), engine_id=f"outside-{port}")
     proc.start(60.0)
     return proc
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    procs = [ServerProcess(torch_engine_command(port=0, seed=0), engine_id=f"outside-{i}") for i in range(2)]
-    for p in procs:  # both start at once (their torch imports overlap), then each is waited for as _start does
-        p.spawn()
-    try:
-        for p in procs:
-            p.wait_ready(60.0)
-    except BaseException:
-        for p in procs:
-            p.close()
-        raise
-    yield procs
-    for p in procs:
-        if p.alive:
-            p.kill()
 
 
 class Job:

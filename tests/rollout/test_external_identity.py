@@ -287,24 +287,6 @@ def test_catches_a_start_failure_that_names_only_engines_failed_in_starting(
     assert str(info.value) == "the rollout servers did not start: rollout failed"
 
 
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    procs = [ServerProcess(torch_engine_command(port=0, seed=0), engine_id=f"outside-{i}") for i in range(2)]
-    for p in procs:
-        p.spawn()
-    try:
-        for p in procs:
-            p.wait_ready(60.0)
-    except BaseException:
-        for p in procs:
-            p.close()
-        raise
-    yield procs
-    for p in procs:
-        if p.alive:
-            p.kill()
-
-
 def test_vllms_process_identity_is_read_from_its_prometheus_text() -> None:
     from engines.vllm.client import process_start_time
 
