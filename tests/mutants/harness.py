@@ -153,7 +153,7 @@ def hypothesis_kill(name: str) -> HypothesisKill | None:
 
 
 def markdown_table() -> str:
-    """The kill table for the README: mutant | bug | explorer | hypothesis."""
+    """The kill table of ``docs/checking.md``: mutant | bug | explorer | hypothesis."""
     lines = [
         "| mutant | bug | killed by explorer (invariant, counterexample length) | killed by hypothesis (invariant) |",
         "|---|---|---|---|",

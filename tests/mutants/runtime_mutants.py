@@ -4,7 +4,7 @@ Each mutant is one textual change to one module of a *copy of the tree*; the fas
 (``pytest -m "not slow"``) must fail on it. Running the whole fast suite per mutant costs minutes
 each, so the proof runs, per mutant, the fast tests that kill it (``killers``): they belong to the fast
 suite, so the fast suite fails too. ``python tests/mutants/runtime_mutants.py --full NAME`` runs the
-entire fast suite on one mutant instead, and ``--table`` prints the README's table.
+entire fast suite on one mutant instead, and ``--table`` prints the table of ``docs/checking.md``.
 
 A mutant whose ``old`` text no longer occurs exactly once fails the harness (it would otherwise
 silently test nothing after a refactoring).
@@ -495,7 +495,7 @@ def markdown_table() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", action="store_true", help="print the README's table")
+    parser.add_argument("--table", action="store_true", help="print the table of docs/checking.md")
     parser.add_argument("--full", metavar="NAME", help="run the whole fast suite on mutant NAME (minutes)")
     args = parser.parse_args()
     if args.table:
