@@ -31,7 +31,7 @@ minutes.
 
 ``--gateway``: the same calls once more through the SMG gateway's RL fan-out (``/v1/rl/engine/PATH?selector=``,
 ``--enable-rl``), every engine registered there -- what the lifecycle would pay if its fleet operations went
-through the gateway instead of straight to the engines (README, "The gateway"). SMG fans out at most
+through the gateway instead of straight to the engines (``docs/gateway.md``). SMG fans out at most
 ``--rl-fanout-concurrency`` (32) calls at once.
 
 The job is measured as every job runs: :class:`trainer.app.Job` freezes its start-up heap (~420k objects at 1,024

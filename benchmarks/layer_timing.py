@@ -2,7 +2,7 @@
 
 Why a module of its own: both goals are about the layer's CPU alone -- the core's decision and the record --
 not the process around it (Ray, aiohttp, the garbage collector); the two benchmarks must time the same parts
-the same way, so the README's two figures mean the same thing.
+the same way, so the two figures of ``docs/measured.md`` mean the same thing.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ transition events alone, not through :mod:`lifecycle.observe.timeline`, and comp
 finds: one ``g.lane[data-lane]`` per machine instance, its ``rect.span`` elements (``data-state``,
 ``data-start-index``) one per stay, the fault marker inside engine-1's lane and drawn over it.
 Invariant violations (which a healthy run has none of) are checked on a tiny synthetic log.
-The screenshot of the real run is ``docs/timeline.png``, the picture the README shows.
+The screenshot of the real run is ``docs/timeline.png``, the picture ``docs/observability.md`` shows.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _open(page, html: Path) -> None:
 
 def test_every_lane_and_span_matches_the_log_and_the_fault_is_on_engine_1(page, tmp_path, monkeypatch):
     expected = _expected_lanes(FAULT_RUN)
-    monkeypatch.chdir(REPO)  # the page names the log as given: a relative path reads better in the README
+    monkeypatch.chdir(REPO)  # the page names the log as given: a relative path reads better in the docs
     _open(page, _timeline(tmp_path, FAULT_RUN.relative_to(REPO)))
     found = page.evaluate(READ_LANES)
 

@@ -352,7 +352,7 @@ def test_an_auth_refusal_is_one_paragraph() -> None:
 
 @contextlib.contextmanager
 def _token_head(home: Path) -> Iterator[str]:
-    """The README's ``ray start --head --port PORT`` as written (Ray's default: token authentication), with its
+    """``docs/running.md``'s ``ray start --head --port PORT`` as written (Ray's default: token authentication), with its
     own HOME (its token file) and temp dir; stopped by its process group, never ``ray stop``."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
@@ -390,10 +390,11 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_the_readme_recipe_against_a_head_with_token_auth(tmp_path: Path) -> None:
-    """README: ``ray start --head --port 6379`` then ``lifecycle run --ray-address 127.0.0.1:6379 --detach-engines``
-    -- Ray 2.60's head requires its token; the driver of the same user sends it. A driver without the token is
-    refused in one paragraph naming --ray-address, within seconds, leaving nothing behind."""
+def test_the_docs_recipe_against_a_head_with_token_auth(tmp_path: Path) -> None:
+    """``docs/running.md``: ``ray start --head --port 6379``, then
+    ``lifecycle run --ray-address 127.0.0.1:6379 --detach-engines`` -- Ray 2.60's head requires its token; the
+    driver of the same user sends it. A driver without the token is refused in one paragraph naming
+    --ray-address, within seconds, leaving nothing behind."""
     home = tmp_path / "home"
     home.mkdir()
     with _token_head(home) as address:
