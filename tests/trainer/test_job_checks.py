@@ -78,6 +78,8 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("events-int", {"events": 3}, ConfigError, "RunOptions.events"),
     ("task-none", {"task": None}, TaskError, "Job(task=)"),
     ("options-dict", {"options": {"seed": 1}}, ConfigError, "Job(options=)"),
+    ("loop-only-lr", {"lr": 0.5}, ConfigError, "RunOptions.lr"),
+    ("loop-only-backend", {"options": RunOptions(backend=BackendSpec("a:B"))}, ConfigError, "Job(backend="),
     ("detach-without-address", {"config": {"detach_engines": True}}, ConfigError, "--detach-engines"),
     ("vllm-without-checkpoint", {"config": {"rollout_backend": "vllm"}}, ConfigError, "Job(initial_checkpoint=)"),
     ("load-without-resume", {"config": {"load": "ckpt"}}, ConfigError, "RunOptions.resume"),

@@ -48,11 +48,12 @@ from rollout.task import Task, checked_task
 from trainer.app import heap
 from trainer.app.checks import check_run
 from trainer.app.dirlock import hold_run
-from trainer.app.options import API_NAMES, JOB_NAMES, OPTIONS, RunOptions
+from trainer.app.options import API_NAMES, JOB_NAMES, OPTIONS, RunOptions, loop_only
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.job_state import JobCheckpoint
 
 if TYPE_CHECKING:  # Ray: imported when the job starts
+    from engines.actor import Keep
     from trainer.app.metrics import MetricsServer
     from trainer.group import TrainerGroup
 
@@ -276,7 +277,7 @@ class Job:
         command = engine_command(self.options.seed, self.initial_checkpoint)
         return launcher_factory(self.options.launcher, command, api_key=key, keep=keep)
 
-    def _keep(self) -> Any:
+    def _keep(self) -> Keep | None:
         """--detach-engines: how the engines outlive this driver (named after the job, with a lease); else None."""
         if self.engine_ledger is None:
             return None
@@ -466,6 +467,15 @@ def _check_arguments(
 def _check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """The options only a Python caller can give of the wrong type, and a resume that does not fit the config."""
     resume, events = opts.resume, opts.events
+    ignored = loop_only(opts) if opts.job_id is None else []  # the loop's own job records them in its checkpoints
+    if ignored:
+        name, argument = ignored[0].name, ignored[0].argument
+        raise ConfigError(
+            API_NAMES[name],
+            getattr(opts, name),
+            "is an option of the run loop (run_loop, lifecycle run), which a Job does not read",
+            f"pass it as Job({argument}=)" if argument else "drop it, or give it to your own loop or backend",
+        )
     _argument(
         API_NAMES["resume"],
         resume,

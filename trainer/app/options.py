@@ -54,6 +54,7 @@ class Option:
     """One run option, as its :func:`option` field declares it (``name`` is the field's)."""
 
     name: str
+    default: Any  # the field's (dataclasses.MISSING where a factory makes it: run_dir)
     optional: bool  # None is a value of it (the field's default is None)
     help: str
     flag: str | None  # the command line's spelling; None: the API's only
@@ -570,7 +571,7 @@ def derive(cls: type = RunOptions) -> tuple[Option, ...]:
         spec = f.metadata.get("option")
         if spec is None:
             raise TypeError(f"RunOptions.{f.name} is not declared with option()")
-        found.append(Option(name=f.name, optional=f.default is None, **spec))
+        found.append(Option(name=f.name, default=f.default, optional=f.default is None, **spec))
     return tuple(found)
 
 
@@ -595,6 +596,12 @@ API_NAMES["router"] = "RunOptions.router=False"  # the flag that turns it off is
 JOB_NAMES: dict[str, str] = {
     **{opt.flag: f"Job({opt.argument}=)" if opt.argument else API_NAMES[opt.name] for opt in OPTIONS if opt.flag},
 }
+
+
+def loop_only(options: RunOptions) -> list[Option]:
+    """The options given (not at their default) that a Job does not read: the run loop's own."""
+    given = [o for o in OPTIONS if not o.job and o.default is not dataclasses.MISSING]
+    return [o for o in given if getattr(options, o.name) != o.default]
 
 
 def job_options(options: Mapping[str, Any]) -> dict[str, Any]:
