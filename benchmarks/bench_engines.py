@@ -30,7 +30,7 @@ from engines.process import torch_engine_command
 from lifecycle import LifecycleConfig
 from lifecycle.decide.core import ROLLOUT, Outcome
 from rollout.pattern import PatternTask
-from trainer.app import Job
+from trainer.app import Job, RunOptions
 
 
 def _job(interval: float, timeout: float, engines: int, run_dir: str) -> Job:
@@ -39,7 +39,7 @@ def _job(interval: float, timeout: float, engines: int, run_dir: str) -> Job:
     cfg = LifecycleConfig.from_mapping(
         {**config(interval, timeout).to_dict(), "rollout_num_gpus": engines, "engine_max_restarts": 100}
     )
-    return Job(cfg, PatternTask(), run_dir=run_dir, launcher="local", router=False)
+    return Job(cfg, PatternTask(), run_dir=run_dir, options=RunOptions(launcher="local", router=False))
 
 
 def _entered(job: Job, instance: str, state: str) -> asyncio.Event:

@@ -61,7 +61,7 @@ from engines.client import EngineClient
 from engines.sim.launcher import SimFleet
 from lifecycle import LifecycleConfig
 from rollout.pattern import PatternTask
-from trainer.app import Job
+from trainer.app import Job, RunOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # layer_timing, also when a test loads this file by path
 from layer_timing import Timer, timed_layer
@@ -178,7 +178,8 @@ async def measure(
     out: dict[str, Row] = {}
     try:
         with tempfile.TemporaryDirectory() as run_dir:
-            async with Job(config, PatternTask(), run_dir=run_dir, engines=fleet.launcher, router=False) as job:
+            options = RunOptions(router=False)
+            async with Job(config, PatternTask(), run_dir=run_dir, engines=fleet.launcher, options=options) as job:
                 FROZEN[size] = gc.get_freeze_count()
                 if unfrozen:
                     gc.unfreeze()

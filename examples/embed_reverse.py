@@ -34,7 +34,7 @@ from engines.models import build_tiny_llama
 from lifecycle import LifecycleConfig
 from lifecycle.decide.events import bind_context
 from trainer import BackendSpec
-from trainer.app import Job
+from trainer.app import Job, RunOptions
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,10 @@ async def main(
     # the project's part: Ray, the lifecycle core, the trainer group running ReverseBackend, the rollout manager
     # (CPU engines started from the checkpoint), the live invariant monitor, run_dir/events.jsonl -- and their
     # disposal (engines, then trainer), however this block ends
-    async with Job(config, task, run_dir=run_dir, backend=backend, initial_checkpoint=checkpoint, seed=seed) as job:
+    options = RunOptions(seed=seed)
+    async with Job(
+        config, task, run_dir=run_dir, backend=backend, initial_checkpoint=checkpoint, options=options
+    ) as job:
         for step in range(steps):
             with bind_context(step=step):  # the step's events carry it
                 if step == kill_engine_at:

@@ -24,6 +24,7 @@ from lifecycle.decide.backends import BACKENDS, DEVICES, capabilities
 from lifecycle.decide.errors import ConfigError, UsageError, bounded_repr
 from lifecycle.decide.predicates import (
     broadcasts_weights,
+    keeps_engines,
     offloads_rollout,
     releases_rollout_memory,
     rollout_backend_broadcasts,
@@ -720,6 +721,11 @@ class LifecycleConfig:
         if not starts_servers(self) or self.rollout_num_gpus is None:
             return 0
         return self.rollout_num_gpus // self.rollout_num_gpus_per_engine
+
+    @property
+    def keeps_engines(self) -> bool:
+        """Rollout engines outlive the driver (--detach-engines) and a resumed job adopts them: the predicate's."""
+        return keeps_engines(self)
 
     @property
     def num_eval_engines(self) -> int:

@@ -21,6 +21,7 @@ import lifecycle.decide.errors
 import trainer.app.checks
 import trainer.app.cli
 import trainer.app.faults
+import trainer.app.options
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, load_config_file
 from lifecycle.decide.errors import ConfigError
 
@@ -270,7 +271,7 @@ def test_an_error_echoes_a_bounded_value(case_id: str, tmp_path: Path, capsys: p
 def test_the_bounds_are_what_torch_takes() -> None:
     """--seed's bound is exactly what the trainer's torch.manual_seed(seed * 65536 + rank) accepts."""
     torch = pytest.importorskip("torch")
-    from trainer.app.run_manifest import BOUNDS
+    from trainer.app.options import BOUNDS
     from trainer.backend import worker_seed
 
     top = worker_seed(int(BOUNDS["seed"].hi), int(BOUNDS["workers"].hi) - 1)
@@ -410,9 +411,8 @@ def test_catches_keys_outside_the_table(
 def test_catches_an_unbounded_seed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import trainer.app.run_manifest
 
-    monkeypatch.setitem(trainer.app.run_manifest.BOUNDS, "seed", int)  # `type=int`, as before
+    monkeypatch.setitem(trainer.app.options.BOUNDS, "seed", int)  # `type=int`, as before
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-seed-past-64-bits"), tmp_path, capsys)
@@ -437,7 +437,7 @@ def test_catches_an_unbounded_fault_step(
 def test_catches_an_unchecked_ray_address(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.app.cli, "parse_ray_address", lambda text: text)
+    monkeypatch.setattr(trainer.app.options, "parse_ray_address", lambda text: text)
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-ray-address-empty"), tmp_path, capsys)
@@ -446,7 +446,7 @@ def test_catches_an_unchecked_ray_address(
 def test_catches_a_blank_value_read_as_not_given(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(trainer.app.cli, "nonblank", str)
+    monkeypatch.setattr(trainer.app.options, "nonblank", str)
     _stop_after_parsing(monkeypatch)
     with pytest.raises(RuntimeError, match="past parse"):
         check_in_process(_case("run-rollout-function-empty"), tmp_path, capsys)

@@ -334,7 +334,7 @@ def test_a_run_may_continue_its_own_directory_and_checkpoints(tmp_path: Path) ->
 
 def test_a_default_run_dir_is_a_fresh_one_each_time(tmp_path: Path) -> None:
     """`make run` twice in one second: the second run gets its own runs/<timestamp>-2, never the first's."""
-    from trainer.app.run_manifest import default_run_dir
+    from trainer.app.options import default_run_dir
 
     first = default_run_dir(tmp_path)
     first.mkdir()
@@ -399,11 +399,12 @@ def test_a_checkpoint_of_other_loop_settings_is_refused(tmp_path: Path) -> None:
 
 def test_every_option_that_changes_the_trained_state_is_in_the_fingerprint() -> None:
     from trainer.app.loop import RunOptions
-    from trainer.app.run_manifest import JOB_OPTIONS, OPTIONS, check_options
+    from trainer.app.options import JOB_OPTIONS, MANIFEST
+    from trainer.app.run_manifest import check_options
 
     assert set(JOB_CHANGES) == set(JOB_OPTIONS)
     manifest = RunOptions().manifest()
-    assert set(manifest) == set(OPTIONS)  # the schema --resume checks is the options the loop writes
+    assert set(manifest) == set(MANIFEST)  # the schema --resume checks is the options the loop writes
     check_options(manifest, "run.json")
 
 

@@ -245,7 +245,7 @@ def test_the_config_refuses_a_gateway_check_without_engines() -> None:
 
 
 def test_a_resumed_runs_lease_is_read_back_by_the_same_rule() -> None:
-    from trainer.app.run_manifest import OPTIONS
+    from trainer.app.options import MANIFEST as OPTIONS
 
     assert OPTIONS["engine_lease"](120.0) is None
     for bad in (math.inf, 1e10, 0.01, -1.0):
@@ -455,7 +455,7 @@ def test_catches_the_unbounded_lease(
         if lease is not None and not lease > 0:
             raise ConfigError(name, lease, "must be a positive number of seconds", "pass e.g. --engine-lease 120")
 
-    monkeypatch.setattr("trainer.app.run_manifest.check_lease", old)
+    monkeypatch.setattr("trainer.app.options.check_lease", old)
     monkeypatch.setattr("trainer.app.checks.check_lease", old)
     monkeypatch.setattr("trainer.app.cli._check_ray_address", lambda a: (_ for _ in ()).throw(RuntimeError("got past")))
     with pytest.raises(RuntimeError, match="got past"):

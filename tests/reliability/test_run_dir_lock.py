@@ -244,9 +244,11 @@ def _job(run_dir: Path, save: Path | None = None, **kw: Any) -> Any:
     from lifecycle.decide.config import LifecycleConfig
     from rollout.pattern import PatternTask
     from trainer.app.job import Job
+    from trainer.app.options import RunOptions
 
     values = {**_embedded("cpu"), **({"save": str(save)} if save else {})}
-    return Job(LifecycleConfig.from_mapping(values), PatternTask(seed=0), run_dir=run_dir, **kw)
+    options = RunOptions(**kw) if kw else None
+    return Job(LifecycleConfig.from_mapping(values), PatternTask(seed=0), run_dir=run_dir, options=options)
 
 
 def _job_refused(tmp: Path, holder: Any) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import TRANSITION, read_jsonl
 from rollout.pattern import PatternTask
-from trainer.app import Job
+from trainer.app import Job, RunOptions
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -38,7 +38,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_parts_exist_only_once_the_job_has_started(tmp_path: Path) -> None:
-    job = Job(LifecycleConfig.from_mapping({"rollout_num_gpus": 1}), PatternTask(), run_dir=tmp_path, events=None)
+    job = Job(
+        LifecycleConfig.from_mapping({"rollout_num_gpus": 1}),
+        PatternTask(),
+        run_dir=tmp_path,
+        options=RunOptions(events=None),
+    )
     for part in ("runner", "trainer", "manager"):
         with pytest.raises(RuntimeError, match=f"job.{part} exists once the job has started"):
             getattr(job, part)
@@ -47,7 +52,12 @@ def test_the_parts_exist_only_once_the_job_has_started(tmp_path: Path) -> None:
 def test_a_job_leaves_an_embedders_own_frozen_heap_frozen(tmp_path: Path) -> None:
     """A process that froze its heap before the job (its own collector policy) still has it frozen after the job
     closes: the job's unfreeze would be all or none, so it is none."""
-    job = Job(LifecycleConfig.from_mapping({"rollout_num_gpus": 1}), PatternTask(), run_dir=tmp_path, events=None)
+    job = Job(
+        LifecycleConfig.from_mapping({"rollout_num_gpus": 1}),
+        PatternTask(),
+        run_dir=tmp_path,
+        options=RunOptions(events=None),
+    )
     gc.freeze()
     try:
         before = gc.get_freeze_count()
@@ -62,7 +72,8 @@ def test_a_job_leaves_an_embedders_own_frozen_heap_frozen(tmp_path: Path) -> Non
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sinks(tmp_path: Path) -> None:
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 2})
-    job = Job(config, PatternTask(), run_dir=tmp_path, launcher="local", metrics_port=0, steps=1)
+    options = RunOptions(launcher="local", metrics_port=0, steps=1)
+    job = Job(config, PatternTask(), run_dir=tmp_path, options=options)
     seen: dict[str, object] = {}
 
     async def loop() -> None:

@@ -22,7 +22,7 @@ from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.runner import UnboundEffect
 from rollout.pattern import PatternTask
 from rollout.task import TaskError
-from trainer.app import Job
+from trainer.app import Job, RunOptions
 from trainer.app.job import JobReused
 from trainer.backend import BackendSpec
 from trainer.job_state import JobCheckpoint
@@ -55,31 +55,34 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("config-dict", {"config": {"rollout_num_gpus": 1}}, ConfigError, "Job(config=)"),
     ("run-dir-int", {"run_dir": 123}, ConfigError, "Job(run_dir=)"),
     ("run-dir-blank", {"run_dir": " "}, ConfigError, "Job(run_dir=)"),
-    ("workers-0", {"workers": 0}, ConfigError, "Job(workers=)"),
-    ("workers-float", {"workers": 1.5}, ConfigError, "Job(workers=)"),
-    ("metrics-port-70000", {"metrics_port": 70000}, ConfigError, "Job(metrics_port=)"),
-    ("metrics-port-str", {"metrics_port": "9400"}, ConfigError, "Job(metrics_port=)"),
-    ("metrics-host-no-port", {"metrics_host": "0.0.0.0"}, ConfigError, "Job(metrics_host=)"),
-    ("keep-checkpoints-bool", {"keep_checkpoints": True}, ConfigError, "Job(keep_checkpoints=)"),
-    ("steps-0", {"steps": 0}, ConfigError, "Job(steps=)"),
-    ("seed-negative", {"seed": -1}, ConfigError, "Job(seed=)"),
-    ("ray-nodes-0", {"ray_nodes": 0}, ConfigError, "Job(ray_nodes=)"),
-    ("ray-address-garbage", {"ray_address": "not an address"}, ConfigError, "Job(ray_address=)"),
-    ("ray-nodes-and-address", {"ray_nodes": 2, "ray_address": "127.0.0.1:6379"}, ConfigError, "Job(ray_nodes=)"),
-    ("launcher-unknown", {"launcher": "slurm"}, ConfigError, "Job(launcher=)"),
-    ("engine-lease-str", {"engine_lease": "120"}, ConfigError, "Job(engine_lease=)"),
-    ("timeouts-zero", {"timeouts": Timeouts(startup=0.0)}, ConfigError, "Job(timeouts=)"),
-    ("timeouts-dict", {"timeouts": {"startup": 5}}, ConfigError, "Job(timeouts=)"),
-    ("rollout-fn-no-attr", {"rollout_fn": "mypkg"}, ConfigError, "Job(rollout_fn=)"),
+    ("workers-0", {"workers": 0}, ConfigError, "RunOptions.workers"),
+    ("workers-float", {"workers": 1.5}, ConfigError, "RunOptions.workers"),
+    ("metrics-port-70000", {"metrics_port": 70000}, ConfigError, "RunOptions.metrics_port"),
+    ("metrics-port-str", {"metrics_port": "9400"}, ConfigError, "RunOptions.metrics_port"),
+    ("metrics-host-no-port", {"metrics_host": "0.0.0.0"}, ConfigError, "RunOptions.metrics_host"),
+    ("keep-checkpoints-bool", {"keep_checkpoints": True}, ConfigError, "RunOptions.keep_checkpoints"),
+    ("steps-0", {"steps": 0}, ConfigError, "RunOptions.steps"),
+    ("seed-negative", {"seed": -1}, ConfigError, "RunOptions.seed"),
+    ("ray-nodes-0", {"ray_nodes": 0}, ConfigError, "RunOptions.ray_nodes"),
+    ("ray-address-garbage", {"ray_address": "not an address"}, ConfigError, "RunOptions.ray_address"),
+    ("ray-nodes-and-address", {"ray_nodes": 2, "ray_address": "127.0.0.1:6379"}, ConfigError, "RunOptions.ray_nodes"),
+    ("launcher-unknown", {"launcher": "slurm"}, ConfigError, "RunOptions.launcher"),
+    ("engine-lease-str", {"engine_lease": "120"}, ConfigError, "RunOptions.engine_lease"),
+    ("timeouts-zero", {"timeouts": Timeouts(startup=0.0)}, ConfigError, "RunOptions.timeouts"),
+    ("timeouts-dict", {"timeouts": {"startup": 5}}, ConfigError, "RunOptions.timeouts"),
+    ("rollout-fn-no-attr", {"rollout_fn": "mypkg"}, ConfigError, "RunOptions.rollout_fn"),
     ("initial-checkpoint-int", {"initial_checkpoint": 7}, ConfigError, "Job(initial_checkpoint=)"),
     ("initial-checkpoint-missing", {"initial_checkpoint": "/no/such/model"}, ConfigError, "Job(initial_checkpoint=)"),
     ("backend-str", {"backend": "trainer.grpo:GRPOBackend"}, ConfigError, "Job(backend=)"),
     ("engines-not-callable", {"engines": "ray"}, ConfigError, "Job(engines=)"),
-    ("events-int", {"events": 3}, ConfigError, "Job(events=)"),
+    ("events-int", {"events": 3}, ConfigError, "RunOptions.events"),
     ("task-none", {"task": None}, TaskError, "Job(task=)"),
+    ("options-dict", {"options": {"seed": 1}}, ConfigError, "Job(options=)"),
+    ("loop-only-lr", {"lr": 0.5}, ConfigError, "RunOptions.lr"),
+    ("loop-only-backend", {"options": RunOptions(backend=BackendSpec("a:B"))}, ConfigError, "Job(backend="),
     ("detach-without-address", {"config": {"detach_engines": True}}, ConfigError, "--detach-engines"),
     ("vllm-without-checkpoint", {"config": {"rollout_backend": "vllm"}}, ConfigError, "Job(initial_checkpoint=)"),
-    ("load-without-resume", {"config": {"load": "ckpt"}}, ConfigError, "Job(resume=)"),
+    ("load-without-resume", {"config": {"load": "ckpt"}}, ConfigError, "RunOptions.resume"),
 ]
 
 
@@ -88,7 +91,12 @@ def _job(tmp_path: Path, **given: Any) -> Job:
     if isinstance(config, dict) and given.pop("_build_config", True) and "rollout_num_gpus" not in config:
         config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, **config})
     task = given.pop("task", PatternTask())
-    return Job(config, task, **{"run_dir": tmp_path / "run", **given})
+    own = {name: given.pop(name) for name in list(given) if name in JOB_ARGUMENTS}
+    options = RunOptions(**given) if given else own.pop("options", None)
+    return Job(config, task, **{"run_dir": tmp_path / "run", **own}, options=options)
+
+
+JOB_ARGUMENTS = ("run_dir", "backend", "initial_checkpoint", "engines", "options")  # the rest: RunOptions
 
 
 @pytest.mark.parametrize(("name", "given", "error", "names"), BAD, ids=[b[0] for b in BAD])
@@ -105,14 +113,14 @@ def test_each_bad_argument_is_named_before_anything_starts(
 
 def test_a_resume_without_config_load_is_refused(tmp_path: Path) -> None:
     checkpoint = JobCheckpoint(step=1, weight_version="1", trainer={}, path=tmp_path / "ckpt" / "job-1")
-    with pytest.raises(ConfigError, match=r"Job\(resume=\).*config.load is unset"):
+    with pytest.raises(ConfigError, match=r"RunOptions.resume.*config.load is unset"):
         _job(tmp_path, resume=checkpoint)
 
 
 def test_a_resume_with_another_number_of_workers_is_refused(tmp_path: Path) -> None:
     checkpoint = JobCheckpoint(1, "1", {}, rng={"ranks": [{}, {}]}, path=tmp_path / "ckpt" / "job-1")
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, "load": str(tmp_path / "ckpt")})
-    with pytest.raises(ConfigError, match=r"Job\(workers=\).*written by 2 workers.*workers=2"):
+    with pytest.raises(ConfigError, match=r"RunOptions.workers.*written by 2 workers.*workers=2"):
         _job(tmp_path, config=config, resume=checkpoint, workers=1)
 
 
@@ -147,11 +155,13 @@ def test_a_resumed_job_writes_only_into_its_own_run_directory(tmp_path: Path) ->
     own = LifecycleConfig.from_mapping(
         {"rollout_num_gpus": 1, "save": str(tmp_path / "ckpt"), "load": str(tmp_path / "ckpt")}
     )
-    Job(own, PatternTask(), run_dir=run, resume=checkpoint, events=None)  # its own: accepted (nothing starts yet)
+    Job(
+        own, PatternTask(), run_dir=run, options=RunOptions(resume=checkpoint, events=None)
+    )  # its own: accepted (nothing starts yet)
     other = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, "load": str(tmp_path / "other")})
     before = _snapshot(run)
     with pytest.raises(ConfigError, match=r"Job\(run_dir=\).*already holds a run"):
-        Job(other, PatternTask(), run_dir=run, resume=checkpoint)
+        Job(other, PatternTask(), run_dir=run, options=RunOptions(resume=checkpoint))
     assert _snapshot(run) == before
 
 
@@ -162,9 +172,9 @@ def test_the_cli_and_a_job_refuse_with_the_same_check(tmp_path: Path, monkeypatc
 
     calls: list[str] = []
 
-    def counting(config: object, **given: Any) -> None:
-        calls.append(str(given["run_dir"]))
-        raise ConfigError("--run-dir", str(given["run_dir"]), "refused by the one check", "none")
+    def counting(config: object, options: RunOptions, **given: Any) -> None:
+        calls.append(str(options.run_dir))
+        raise ConfigError("--run-dir", str(options.run_dir), "refused by the one check", "none")
 
     import trainer.app.cli as cli_module  # imported before the patch: an import under it would keep the stand-in
 
@@ -230,7 +240,7 @@ def _stood_in(monkeypatch: pytest.MonkeyPatch, version: str = "0") -> list[int]:
 
 def _entered_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     builds = _stood_in(monkeypatch)
-    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", events=None)
+    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", options=RunOptions(events=None))
 
     async def twice() -> None:
         async with job:
@@ -249,7 +259,7 @@ def test_a_job_is_entered_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_a_job_entered_while_it_runs_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     builds = _stood_in(monkeypatch)
-    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", events=None)
+    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", options=RunOptions(events=None))
 
     async def nested() -> None:
         async with job:
@@ -264,7 +274,7 @@ def test_a_job_entered_while_it_runs_is_refused(tmp_path: Path, monkeypatch: pyt
 def _versions_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: str = "0") -> None:
     """The versions a loop pushes only increase, from the version the job started on; a refused one sends nothing."""
     _stood_in(monkeypatch, version=started)
-    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", events=None)
+    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", options=RunOptions(events=None))
     first = int(started) + 2
 
     async def loop() -> None:
@@ -290,7 +300,7 @@ def test_versions_a_loop_pushes_must_increase(tmp_path: Path, monkeypatch: pytes
 def test_a_resumed_jobs_first_version_is_above_its_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _versions_refused(tmp_path, monkeypatch, started="5")
     _stood_in(monkeypatch, version="5")
-    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "again", events=None)
+    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "again", options=RunOptions(events=None))
 
     async def loop() -> None:
         async with job:
@@ -305,7 +315,7 @@ def _start_fails_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **given: 
     """Enter a job whose build fails after the trainer group exists (Ray not started: its cluster is skipped);
     the exception the caller sees."""
     monkeypatch.setattr("engines.actor.init_local_cluster", lambda **kwargs: None)
-    job = Job(given.pop("config", CONFIG), PatternTask(), run_dir=tmp_path / "run", **given)
+    job = Job(given.pop("config", CONFIG), PatternTask(), run_dir=tmp_path / "run", options=RunOptions(**given))
 
     async def enter() -> None:
         async with job:
@@ -348,7 +358,7 @@ def _cleanup_failure_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         raise Boom("the start failed")
 
     for where in ("start", "body"):
-        job = Job(CONFIG, PatternTask(), run_dir=tmp_path / where, events=None)
+        job = Job(CONFIG, PatternTask(), run_dir=tmp_path / where, options=RunOptions(events=None))
         if where == "start":
             monkeypatch.setattr(Job, "_start", failing_start)
 
@@ -414,7 +424,9 @@ def _alive(pid: int) -> bool:
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_real_job_is_entered_once_and_refuses_a_lower_version(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    job = Job(CONFIG, PatternTask(), run_dir=tmp_path / "run", launcher="local", router=False, steps=1)
+    job = Job(
+        CONFIG, PatternTask(), run_dir=tmp_path / "run", options=RunOptions(launcher="local", router=False, steps=1)
+    )
     seen: dict[str, list[int]] = {}
 
     async def loop() -> None:
@@ -437,7 +449,7 @@ def test_a_real_job_is_entered_once_and_refuses_a_lower_version(tmp_path: Path) 
 
 # -- the old behaviour, put back, is caught ---------------------------------------------------------------------------
 def test_catches_a_job_without_the_shared_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(job_module, "check_run", lambda config, **given: None)
+    monkeypatch.setattr(job_module, "check_run", lambda config, options, **given: None)
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         _refused_into_a_finished_run(tmp_path)
 

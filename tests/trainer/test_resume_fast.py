@@ -31,6 +31,7 @@ pytest.importorskip("ray")  # trainer.workers imports it; no cluster is started 
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 from trainer.app.job import Job
+from trainer.app.options import RunOptions
 from trainer.backend import BackendSpec, worker_seed
 from trainer.group import TrainerGroup
 from trainer.job_state import JobCheckpoint, load_job_checkpoint, save_job_checkpoint
@@ -164,7 +165,8 @@ def _resumed_job(tmp_path: Path, version: str) -> tuple[Job, list[tuple[str, tup
     checkpoint = JobCheckpoint(step, version, {"w": torch.zeros(2)}, {"restarts": [[], []]}, {"ranks": rng})
     save_job_checkpoint(tmp_path / "ckpt", checkpoint, config)
     resume = load_job_checkpoint(tmp_path / "ckpt", config)
-    job = Job(config, TASK, run_dir=tmp_path / "run", backend=BACKEND, resume=resume, events=None, workers=2)
+    options = RunOptions(resume=resume, events=None, workers=2)
+    job = Job(config, TASK, run_dir=tmp_path / "run", backend=BACKEND, options=options)
     runner = Runner(config, log=job.log, ledger=job.ledger)
     job._runner = runner
     job._trainer = ProcessGroup(config, job.run_dir, workers=2, runner=runner, backend=BACKEND, resume=resume)

@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainer.app.broadcast import WeightBroadcast
     from trainer.app.job import Job
-    from trainer.app.loop import RunOptions, RunResult, run_loop
+    from trainer.app.loop import RunResult, run_loop
     from trainer.app.metrics import Metrics, MetricsServer, serve_metrics
+    from trainer.app.options import RunOptions
 
 _EXPORTS = {
     "Job": "trainer.app.job",
     "Metrics": "trainer.app.metrics",
     "MetricsServer": "trainer.app.metrics",
     "serve_metrics": "trainer.app.metrics",
-    "RunOptions": "trainer.app.loop",
+    "RunOptions": "trainer.app.options",
     "RunResult": "trainer.app.loop",
     "run_loop": "trainer.app.loop",
     "WeightBroadcast": "trainer.app.broadcast",

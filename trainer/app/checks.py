@@ -11,24 +11,31 @@ import glob
 import importlib.util
 import math
 import os
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engines.apikey import given_api_key
 from lifecycle.decide.backends import capabilities
-from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig, parse_number
+from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.jsonio import JSONFileError, read_json
 from lifecycle.decide.predicates import offloads_rollout, replay
 from trainer.app.faults import Fault
-from trainer.app.run_manifest import BOUNDS, check_lease, check_new_run
-
-METRICS_HOST = "127.0.0.1"
-LAUNCHERS = ("ray", "local")  # engines.launcher.LauncherKind
-PORT = Bounded(0, 65535, why="a TCP port; 0 picks a free one")
-_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
+from trainer.app.options import (
+    API_NAMES,
+    BOUNDS,
+    BY_NAME,
+    FLAGS,
+    LAUNCHERS,
+    METRICS_HOST,
+    MODELS,
+    TIMEOUT_FLAGS,
+    RunOptions,
+    check_lease,
+    parse_ray_address,
+)
+from trainer.app.run_manifest import check_new_run
 
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
@@ -88,9 +95,6 @@ def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
         ) from None
 
 
-MODELS = ("char", "tiny-llama")
-
-
 def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str | Path | None) -> None:
     """vLLM serves Hugging Face checkpoints: the project's char model is refused before anything starts; and
     external vLLM servers serve their own, which the trainer must start from (--hf-checkpoint)."""
@@ -148,20 +152,6 @@ def check_model(model: str, hf_checkpoint: str | Path | None) -> None:
             "--hf-checkpoint gives the model already (its config.json's model_type)",
             f"drop --model {model}, or drop --hf-checkpoint",
         )
-
-
-# how each caller spells the options the checks below name: the command line's flags by default (check_options
-# passes RunOptions' fields)
-FLAGS = {
-    "engine_lease": "--engine-lease",
-    "vllm_python": "--vllm-python",
-    "router": "--no-router",
-    "ray_address": "--ray-address",
-    "launcher": "--launcher",
-    "rollout_fn": "--rollout-function",
-    "data_source": "--data-source",
-    "ray_nodes": "--ray-nodes",
-}
 
 
 def check_detach(
@@ -311,25 +301,6 @@ def check_engine_key(config: LifecycleConfig) -> None:
         given_api_key()
 
 
-def parse_ray_address(text: str) -> str:
-    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``, the port in 1..65535. A blank one is
-    refused: ``if ns.ray_address`` would read it as "no address" and start a local cluster instead."""
-    fix = "pass HOST:PORT of a running Ray head (e.g. 127.0.0.1:6379), ray://HOST:10001, or auto; omit it to start one"
-    address = text.strip()
-    if not address:
-        raise ConfigError("--ray-address", text, "the address is empty", fix)
-    if address == "auto":
-        return address
-    m = _RAY_ADDRESS.fullmatch(address)
-    if m is None:
-        raise ConfigError("--ray-address", text, "not a Ray address", fix)
-    try:
-        parse_number(m["port"], int, 1, 65535)
-    except ValueError as exc:
-        raise ConfigError("--ray-address", text, f"the port is {exc}", fix) from None
-    return address
-
-
 def check_metrics(port: int | None, host: str) -> None:
     """The exporter's extra and its address, before Ray starts: each problem names its own flag (a host that is
     not this machine's was blamed on --metrics-port), and a --metrics-host without a port is not ignored."""
@@ -361,15 +332,8 @@ def check_metrics(port: int | None, host: str) -> None:
 
 
 # -- one check of a run's settings, whoever starts the run ------------------------------------------------------------
-# The CLI's flags, run_loop's RunOptions and a Job's arguments all come here, so none of them accepts what another
-# refuses. Errors name the flag; a Job renames them to its arguments (trainer.app.job.JOB_ARGUMENTS).
-TIMEOUT_FLAGS = {
-    "startup": "--engine-startup-timeout",
-    "request": "--engine-request-timeout",
-    "death": "timeouts.death",
-}
-
-
+# The CLI's flags, run_loop's RunOptions and a Job's options all come here, so none of them accepts what another
+# refuses. Errors name the flag; a Job renames them to its arguments (trainer.app.job.job_error).
 def _integer(flag: str, value: object, bounds: Bounded, fix: str) -> int:
     """An int (not a bool, not a float) in the CLI's bounds of ``flag``."""
     lo, hi = int(bounds.lo), int(bounds.hi)
@@ -414,33 +378,17 @@ def _factory_path(flag: str, value: object) -> None:
 
 def check_run(
     config: object,
+    options: RunOptions,
     *,
-    run_dir: object,
-    initial_checkpoint: object = None,
-    model: str = "char",
-    model_size: str = "tiny",
     engines_given: bool = False,
-    launcher: object = "ray",
-    ray_address: object = None,
-    ray_nodes: object = 1,
-    engine_lease: object = None,
-    workers: object = 1,
-    keep_checkpoints: object = 3,
-    steps: object = None,
-    seed: object = 0,
-    metrics_port: object = None,
-    metrics_host: object = METRICS_HOST,
-    rollout_fn: object = None,
-    data_source: object = None,
-    timeouts: Mapping[str, object] | None = None,
-    vllm_python: str | None = None,
-    router: bool | None = None,
     names: Mapping[str, str] = FLAGS,
 ) -> None:
     """Every check of a run's settings that needs no runtime, before anything starts or is written: what
     ``lifecycle run`` refuses, a :class:`~trainer.app.job.Job` refuses the same way. Types and bounds first (the
     CLI's own), then the combinations, then what is on disk (another run's directory, the initial checkpoint).
-    ``engines_given``: the caller brings its own engine launcher (the backend's launch checks do not apply)."""
+    ``options.hf_checkpoint`` is the initial checkpoint; ``engines_given``: the caller brings its own engine
+    launcher (the backend's launch checks do not apply); ``names``: how the caller spells the options in the
+    combinations' fixes (the command line's flags by default)."""
     if not isinstance(config, LifecycleConfig):
         raise ConfigError(
             "config",
@@ -448,56 +396,70 @@ def check_run(
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
         )
-    path = _path("--run-dir", run_dir)
+    o = options
+    path = _path(FLAGS["run_dir"], o.run_dir)
     assert path is not None
-    checkpoint = _path("--hf-checkpoint", initial_checkpoint, optional=True)
-    _integer("--trainer-workers", workers, BOUNDS["workers"], "pass a number of trainer workers, e.g. 1")
-    _integer("--keep-checkpoints", keep_checkpoints, BOUNDS["keep_checkpoints"], "keep at least 1, e.g. 3")
-    if steps is not None:
-        _integer("--steps", steps, BOUNDS["steps"], "pass the run's number of steps, e.g. 30")
-    _integer("--seed", seed, BOUNDS["seed"], "pass a non-negative seed, e.g. 0")
-    _integer("--ray-nodes", ray_nodes, BOUNDS["ray_nodes"], "pass 1 (a local Ray node), or more for lose-node tests")
-    if not isinstance(launcher, str) or launcher not in LAUNCHERS:
-        raise ConfigError("--launcher", launcher, f"unknown launcher (known: {', '.join(LAUNCHERS)})", "use ray")
-    if ray_address is not None and not isinstance(ray_address, str):
-        raise ConfigError("--ray-address", ray_address, "must be a string or None", "pass HOST:PORT or auto")
-    if ray_address is not None:
-        parse_ray_address(ray_address)
-        if ray_nodes != 1:
-            raise ConfigError("--ray-nodes", ray_nodes, "starts a local cluster, --ray-address joins one", "use one")
-    lease: float | None = None
-    if engine_lease is not None:
-        if isinstance(engine_lease, bool) or not isinstance(engine_lease, int | float):
-            raise ConfigError("--engine-lease", engine_lease, "must be a number of seconds or None", "pass e.g. 120")
-        lease = engine_lease
-    for key, value in (timeouts or {}).items():
-        _seconds(TIMEOUT_FLAGS.get(key, f"timeouts.{key}"), value)
-    _factory_path("--rollout-function", rollout_fn)
-    _factory_path("--data-source", data_source)
-    port = None if metrics_port is None else _integer("--metrics-port", metrics_port, PORT, "use 1..65535, or 0")
-    if not isinstance(metrics_host, str) or not metrics_host.strip():
+    checkpoint = _path(FLAGS["hf_checkpoint"], o.hf_checkpoint, optional=True)
+    for name, bounds in BOUNDS.items():  # every numbered option: an int in its flag's bounds
+        value = getattr(o, name)
+        if value is not None or not BY_NAME[name].optional:
+            _integer(FLAGS[name], value, bounds, BY_NAME[name].fix)
+    if not isinstance(o.launcher, str) or o.launcher not in LAUNCHERS:
+        raise ConfigError(FLAGS["launcher"], o.launcher, f"unknown launcher (known: {', '.join(LAUNCHERS)})", "use ray")
+    if o.ray_address is not None and not isinstance(o.ray_address, str):
+        raise ConfigError(FLAGS["ray_address"], o.ray_address, "must be a string or None", "pass HOST:PORT or auto")
+    if o.ray_address is not None:
+        parse_ray_address(o.ray_address)
+        if o.ray_nodes != 1:
+            raise ConfigError(
+                FLAGS["ray_nodes"], o.ray_nodes, "starts a local cluster, --ray-address joins one", "use one"
+            )
+    lease = o.engine_lease
+    if lease is not None and (isinstance(lease, bool) or not isinstance(lease, int | float)):
+        raise ConfigError(FLAGS["engine_lease"], lease, "must be a number of seconds or None", "pass e.g. 120")
+    _check_timeouts(o.timeouts)
+    _factory_path(FLAGS["rollout_fn"], o.rollout_fn)
+    _factory_path(FLAGS["data_source"], o.data_source)
+    if not isinstance(o.metrics_host, str) or not o.metrics_host.strip():
         raise ConfigError(
-            "--metrics-host", metrics_host, "must be a non-empty address", "pass 127.0.0.1 (default), or 0.0.0.0"
+            FLAGS["metrics_host"], o.metrics_host, "must be a non-empty address", "pass 127.0.0.1 (default), or 0.0.0.0"
         )
     # the combinations
-    check_model(model, checkpoint)
+    check_model(o.model, checkpoint)
     if not engines_given:
-        check_detach(config, launcher, ray_address, lease, names)
-        check_backend_model(config, model, checkpoint)
+        check_detach(config, o.launcher, o.ray_address, lease, names)
+        check_backend_model(config, o.model, checkpoint)
         check_effects(
             config,
-            vllm_python=vllm_python,
-            router=router,
-            rollout_fn=rollout_fn if isinstance(rollout_fn, str) else None,
-            data_source=data_source if isinstance(data_source, str) else None,
-            ray_nodes=ray_nodes if isinstance(ray_nodes, int) else 1,
-            launcher=launcher,
+            vllm_python=o.vllm_python,
+            router=o.router,
+            rollout_fn=o.rollout_fn,
+            data_source=o.data_source,
+            ray_nodes=o.ray_nodes,
+            launcher=o.launcher,
             names=names,
         )
-        check_rollout_device(config, ray_address if isinstance(ray_address, str) else None)
+        check_rollout_device(config, o.ray_address)
     check_engine_key(config)
-    check_metrics(port, metrics_host)
+    check_metrics(o.metrics_port, o.metrics_host)
     # what is on disk: the initial checkpoint read whole, then what the run would write over
     if checkpoint is not None:
-        check_hf_checkpoint(checkpoint, model_size)
+        check_hf_checkpoint(checkpoint, o.model_size)
     check_new_run(path, save=config.save, load=config.load, hf_checkpoint=checkpoint)
+
+
+def _check_timeouts(timeouts: object) -> None:
+    """The engines' bounds: an ``engines.engine.Timeouts`` (or None: the backend's) of finite seconds."""
+    from engines.engine import Timeouts  # the HTTP client: imported where a run is checked, not for --help
+
+    if timeouts is None:
+        return
+    if not isinstance(timeouts, Timeouts):
+        raise ConfigError(
+            API_NAMES["timeouts"],
+            timeouts,
+            f"must be an engines.engine.Timeouts or None, not {type(timeouts).__name__}",
+            "pass Timeouts(startup=..., request=..., death=...) (seconds), or None for the backend's",
+        )
+    for key, value in vars(timeouts).items():
+        _seconds(TIMEOUT_FLAGS.get(key, f"timeouts.{key}"), value)

@@ -18,34 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_from_args
-from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig, arg_type, nonblank
+from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.faults import FAULTS
-from trainer.app.checks import (
-    LAUNCHERS,
-    METRICS_HOST,
-    MODELS,
-    check_async,
-    check_engine_options,
-    check_run,
-    check_steps,
-    parse_ray_address,
-)
+from trainer.app.checks import check_async, check_engine_options, check_run, check_steps
 from trainer.app.dirlock import DirLocks
-from trainer.app.faults import check_faults, fault_arg
-from trainer.app.run_manifest import BOUNDS
-
-# Each number is bounded where the command line is parsed (issue 27: a 64-bit-plus --seed crashed the trainer).
-SECONDS = Bounded(0, MAX_SECONDS, kind=float)
-
-
-def _parse_host(text: str) -> str:
-    """``--metrics-host``: a blank one would listen on every interface (``''`` is 0.0.0.0), not what was meant."""
-    if not text.strip():
-        raise ConfigError(
-            "--metrics-host", text, "the address is empty", "pass 127.0.0.1 (default), or 0.0.0.0 for every interface"
-        )
-    return text.strip()
+from trainer.app.faults import check_faults
+from trainer.app.options import CUSTOM, FLAGS, WITH_RESUME, RunOptions, add_run_arguments, default_run_dir
 
 
 def register(sub: Any) -> None:
@@ -58,162 +36,7 @@ def register(sub: Any) -> None:
             "metrics.jsonl, reward.png (with matplotlib) and timeline.html into the run directory."
         ),
     )
-    p.add_argument("--steps", type=BOUNDS["steps"], default=None, metavar="N", help="RL steps (default 30)")
-    p.add_argument(
-        "--resume",
-        type=nonblank,
-        default=None,
-        metavar="RUN_DIR",
-        help="continue the run in RUN_DIR (its driver died) from its latest job checkpoint, with its own settings "
-        "(RUN_DIR/run.json); the run must have been started with --save DIR. Only --steps, --quiet, --ray-address "
-        "and --metrics-port/--metrics-host may be given with it",
-    )
-    p.add_argument(
-        "--engines",
-        type=Bounded(1, MAX_COUNT),
-        default=None,
-        metavar="N",
-        help="rollout engines (sets --rollout-num-gpus)",
-    )
-    p.add_argument(
-        "--seed", type=BOUNDS["seed"], default=0, help="seed of data, sampling and initial weights (default 0)"
-    )
-    p.add_argument(
-        "--ray-address",
-        type=arg_type(parse_ray_address, "address"),
-        default=None,
-        metavar="ADDR",
-        help="connect to this Ray cluster: HOST:PORT, ray://HOST:PORT or auto",
-    )
-    p.add_argument(
-        "--inject",
-        action="append",
-        type=fault_arg,
-        default=[],
-        metavar="FAULT:INDEX@STEP",
-        help="inject a fault at a step's start, e.g. kill-engine:1@3; FAULT is one of "
-        f"{', '.join(FAULTS)} (see docs/reliability.md); "
-        "with --async, step k's generation is already running, so an engine fault at step k hits generate(k+1)",
-    )
-    p.add_argument(
-        "--ray-nodes",
-        type=BOUNDS["ray_nodes"],
-        default=1,
-        metavar="N",
-        help="start a local multi-node Ray cluster: a head plus N-1 worker nodes hosting the engines (lose-node)",
-    )
-    p.add_argument(
-        "--run-dir", type=nonblank, default=None, metavar="DIR", help="output folder (default runs/<timestamp>)"
-    )
-    p.add_argument("--launcher", choices=LAUNCHERS, default="ray", help="engine processes in Ray actors")
-    p.add_argument(
-        "--engine-lease",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="with --detach-engines: how long a kept engine outlives its driver without a renewal before it exits "
-        "(default 120; 20 s to 30 days: the driver renews it every third); a resume must come within it to adopt "
-        "the engines",
-    )
-    p.add_argument(
-        "--trainer-workers",
-        type=BOUNDS["workers"],
-        default=1,
-        metavar="N",
-        help="trainer workers (default 1)",
-    )
-    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (default 1e-2)")
-    p.add_argument(
-        "--engine-request-timeout",
-        type=SECONDS,
-        default=30.0,
-        metavar="S",
-        help="bound on every engine HTTP request; one that runs out marks the engine Unhealthy (default 30)",
-    )
-    p.add_argument(
-        "--engine-startup-timeout",
-        type=SECONDS,
-        default=None,
-        metavar="S",
-        help="bound on an engine's start until it generates; then start_failed (default 60; 300 with "
-        "--rollout-backend vllm, whose servers take 25-60 s to start on 2 cores)",
-    )
-    p.add_argument(
-        "--rollout-function",
-        type=nonblank,
-        default=None,
-        metavar="MODULE:ATTR",
-        help="your rollout fn factory: factory(task) -> async rollout_fn(rollout_id, controller) -> samples",
-    )
-    p.add_argument(
-        "--data-source",
-        type=nonblank,
-        default=None,
-        metavar="MODULE:ATTR",
-        help="your prompts: factory(task) -> object with prompts(rollout_id) -> list[str] (miles' data source)",
-    )
-    p.add_argument(
-        "--async",
-        dest="async_mode",
-        action="store_true",
-        help="overlap the next step's generation with training (one step off-policy, miles' train_async; no offload)",
-    )
-    p.add_argument(
-        "--keep-checkpoints",
-        type=BOUNDS["keep_checkpoints"],
-        default=3,
-        metavar="K",
-        help="weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "
-        "is never removed)",
-    )
-    p.add_argument(
-        "--hf-checkpoint",
-        type=nonblank,
-        default=None,
-        metavar="DIR",
-        help="initial weights: a Hugging Face checkpoint directory (config.json + model.safetensors): the char "
-        "model's (RUN_DIR/weights/step-N of an earlier run) or any local transformers causal LM with its "
-        "tokenizer files (its model_type picks the family); default: the seed's weights, written as "
-        "RUN_DIR/weights/step-0",
-    )
-    p.add_argument(
-        "--model",
-        choices=MODELS,
-        default=None,
-        help="the policy: char (default, the built-in char-level model, fastest) or tiny-llama (a tiny random-init "
-        "Hugging Face LlamaForCausalLM and a BPE tokenizer trained locally, built into RUN_DIR/model and served "
-        "and trained through transformers; needs pip install 'rl-lifecycle[hf]'; slower, see the README; the "
-        "default with --rollout-backend vllm). --hf-checkpoint gives the model instead",
-    )
-    p.add_argument(
-        "--vllm-python",
-        metavar="PATH",
-        help="--rollout-backend vllm: the python of the vLLM engine environment (default: $LIFECYCLE_VLLM_PYTHON, "
-        "else .venv-vllm/bin/python, which `make engine-env` builds)",
-    )
-    p.add_argument(
-        "--no-router",
-        action="store_true",
-        help="route requests in-process instead of through the SMG gateway (the default where "
-        "'rl-lifecycle[router]' is installed; engines are registered only while Serving, and routable only once SMG "
-        "says ready)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=Bounded(0, 65535, why="a TCP port; 0 picks a free one"),
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus metrics of every machine at http://HOST:PORT/metrics while the run lasts (0: any free "
-        "port, printed); needs pip install 'rl-lifecycle[metrics]'",
-    )
-    p.add_argument(
-        "--metrics-host",
-        type=arg_type(_parse_host, "host"),
-        default=METRICS_HOST,
-        metavar="HOST",
-        help="address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 exposes it to the network)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_run_arguments(p)  # every run option's flag, from its one declaration (trainer.app.options)
     add_debug_argument(p)
     add_config_arguments(p)
     # every option's default and spelling, so --resume can name each one that was given with it
@@ -305,11 +128,8 @@ def _vllm_python(config: LifecycleConfig, given: str | None) -> str | None:
     return find_python(given)
 
 
-# what may be given with --resume: everything else is the run's own (RUN_DIR/run.json)
-# (and the vLLM environment's python: a path of this machine, not of the job)
-_WITH_RESUME = frozenset(
-    {"steps", "quiet", "ray_address", "metrics_port", "metrics_host", "resume", "debug", "vllm_python"}
-)
+# what may be given with --resume: everything else is the run's own (RUN_DIR/run.json); and --debug
+_WITH_RESUME = WITH_RESUME | {"debug"}
 
 
 def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
@@ -332,46 +152,36 @@ def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
 
     run_dir = Path(ns.resume).resolve()
     manifest = read_run_manifest(run_dir)  # checked whole: nothing is imported, entered or written before
-    options = manifest.options
-    if options.get("custom"):
+    custom = manifest.options.get(CUSTOM)
+    if custom:
         raise ConfigError(
             "--resume",
             str(run_dir),
-            f"that run was given Python objects ({', '.join(options['custom'])}) that run.json cannot hold",
+            f"that run was given Python objects ({', '.join(custom)}) that run.json cannot hold",
             "resume it through the API: run_loop(config, RunOptions(..., run_dir=RUN_DIR)) with load=the save dir",
         )
     try:
         config = LifecycleConfig.from_mapping({**manifest.config, "load": manifest.config["save"]})
-        steps = ns.steps if ns.steps is not None else int(options["steps"])
     except ConfigError as exc:
         raise exc.with_source(str(manifest.path)) from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(
-            "--resume", str(manifest.path), f"lacks the option steps, or it is malformed ({exc})", "pass --steps N"
-        ) from None
-    _positive("--steps", steps)
-    if options.get("router") and importlib.util.find_spec("smg") is None:
+    # the run's options, but for what this command line gives (the flags of this machine: WITH_RESUME)
+    here = {"steps": ns.steps} if ns.steps is not None else {}
+    here.update(run_dir=run_dir, ray_address=ns.ray_address, quiet=ns.quiet, metrics_port=ns.metrics_port)
+    opts = RunOptions.from_manifest(manifest.options, manifest.path, metrics_host=ns.metrics_host, **here)
+    _positive(FLAGS["steps"], opts.steps)
+    if opts.router and importlib.util.find_spec("smg") is None:
         raise ConfigError(
             "--resume",
             str(run_dir),
             "the run routed through the SMG gateway, which is not installed here",
             "pip install 'rl-lifecycle[router]'",
         )
-    from trainer.app.loop import RunOptions, check_run_options, run
+    from trainer.app.loop import check_run_options, run
     from trainer.job_state import LATEST, check_run_files, load_job_checkpoint
 
     assert config.load is not None
-    opts = RunOptions.from_manifest(
-        options,
-        manifest.path,
-        steps=steps,
-        run_dir=run_dir,
-        ray_address=ns.ray_address,
-        quiet=ns.quiet,
-        metrics_port=ns.metrics_port,
-        metrics_host=ns.metrics_host,
-        vllm_python=_vllm_python(config, ns.vllm_python),
-    )
+    opts = dataclasses.replace(opts, vllm_python=_vllm_python(config, ns.vllm_python))
+    steps = opts.steps
     # the run's relative paths (--save runs/x/ckpt) mean what they meant where it started (not entered yet)
     save = manifest.cwd / config.load
     hf = None if opts.hf_checkpoint is None else manifest.cwd / opts.hf_checkpoint
@@ -405,7 +215,7 @@ def _resume(ns: argparse.Namespace, locks: DirLocks) -> int:
     _check_run_dir(run_dir)
     os.chdir(manifest.cwd)
     try:  # last: importing the run's rollout function runs its module's code, only once all else is checked
-        _check_environment(str(options["model"]), options["rollout_fn"], options["data_source"])
+        _check_environment(opts.model, opts.rollout_fn, opts.data_source)
     except ConfigError as exc:
         raise exc.with_source(str(manifest.path)) from None
     opts = dataclasses.replace(opts, resume=checkpoint)
@@ -422,8 +232,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
 def _start(ns: argparse.Namespace, locks: DirLocks) -> int:
     """``lifecycle run``: a new job."""
-    if ns.steps is None:
-        ns.steps = 30
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
     vllm = config.rollout_backend == "vllm"
@@ -446,81 +254,40 @@ def _start(ns: argparse.Namespace, locks: DirLocks) -> int:
             values = {**config.to_dict(), "rollout_num_gpus": ns.engines * config.rollout_num_gpus_per_engine}
             config = LifecycleConfig.from_mapping(values)
     # before the loop's imports (torch and Ray: seconds), so a bad folder or address fails at once
-    from trainer.app.run_manifest import default_run_dir
+    from engines.engine import Timeouts
 
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
+    timeouts = Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout)
+    opts = RunOptions.from_args(ns, run_dir=run_dir, timeouts=timeouts)
     # the one check of a run's settings a Job runs too (a run never writes over another run, another job's
     # checkpoints or its own input; the model, the engines' backend, --detach-engines, the metrics address)
-    check_run(
-        config,
-        run_dir=run_dir,
-        initial_checkpoint=ns.hf_checkpoint,
-        model=ns.model,
-        launcher=ns.launcher,
-        ray_address=ns.ray_address,
-        ray_nodes=ns.ray_nodes,
-        engine_lease=ns.engine_lease,
-        workers=ns.trainer_workers,
-        keep_checkpoints=ns.keep_checkpoints,
-        steps=ns.steps,
-        seed=ns.seed,
-        metrics_port=ns.metrics_port,
-        metrics_host=ns.metrics_host,
-        rollout_fn=ns.rollout_function,
-        data_source=ns.data_source,
-        timeouts={"startup": ns.engine_startup_timeout, "request": ns.engine_request_timeout},
-        vllm_python=ns.vllm_python,
-        router=False if ns.no_router else None,
-    )
-    ns.vllm_python = _vllm_python(config, ns.vllm_python)
-    _check_environment(ns.model, ns.rollout_function, ns.data_source)  # runs the user's modules: after the flags
-    if ns.ray_address:
-        _check_ray_address(ns.ray_address)
-    faults = tuple(ns.inject)  # parsed by --inject's type
-    router = not ns.no_router and importlib.util.find_spec("smg") is not None  # engines.router's test
+    check_run(config, opts)
+    opts = dataclasses.replace(opts, vllm_python=_vllm_python(config, opts.vllm_python))
+    _check_environment(opts.model, opts.rollout_fn, opts.data_source)  # runs the user's modules: after the flags
+    if opts.ray_address:
+        _check_ray_address(opts.ray_address)
+    router = opts.router is None and importlib.util.find_spec("smg") is not None  # engines.router's test
+    opts = dataclasses.replace(opts, router=router)
     check_faults(
-        faults,
+        opts.faults,
         config,
-        ray_nodes=ns.ray_nodes,
-        workers=ns.trainer_workers,
-        launcher=ns.launcher,
+        ray_nodes=opts.ray_nodes,
+        workers=opts.workers,
+        launcher=opts.launcher,
         router=router,
-        steps=ns.steps,
+        steps=opts.steps,
     )
-    check_steps(faults, ns.steps)
+    check_steps(opts.faults, opts.steps)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    _join_ray(ns.ray_address)  # the last check: it imports Ray
+    _join_ray(opts.ray_address)  # the last check: it imports Ray
     # last: they create the folders, and a refused run must leave nothing behind (a refused lock removes them)
     locks.take(run_dir, "--run-dir")
     locks.take(config.save, "--save")
     _check_run_dir(run_dir)
+    if opts.hf_checkpoint is not None:
+        opts = dataclasses.replace(opts, hf_checkpoint=opts.hf_checkpoint.resolve())
     # the loop's imports (torch, Ray) only once every check has passed
-    from engines.engine import Timeouts
-    from trainer.app.loop import RunOptions, run
+    from trainer.app.loop import run
 
-    opts = RunOptions(
-        steps=ns.steps,
-        seed=ns.seed,
-        run_dir=run_dir,
-        ray_address=ns.ray_address,
-        faults=faults,
-        ray_nodes=ns.ray_nodes,
-        launcher=ns.launcher,
-        workers=ns.trainer_workers,
-        lr=ns.lr,
-        rollout_fn=ns.rollout_function,
-        data_source=ns.data_source,
-        quiet=ns.quiet,
-        async_mode=ns.async_mode,
-        keep_checkpoints=ns.keep_checkpoints,
-        model=ns.model,
-        router=router,
-        hf_checkpoint=Path(ns.hf_checkpoint).resolve() if ns.hf_checkpoint else None,
-        timeouts=Timeouts(startup=ns.engine_startup_timeout, request=ns.engine_request_timeout),
-        metrics_port=ns.metrics_port,
-        metrics_host=ns.metrics_host,
-        vllm_python=ns.vllm_python,
-        engine_lease=ns.engine_lease,
-    )
     run(config, opts)
     return 0

@@ -5,7 +5,7 @@ same order (Ray, the job's one lifecycle core, the trainer group, the rollout ma
 shell, the live invariant monitor, the Prometheus exporter), and gives the loop the step verbs in miles'
 order::
 
-    async with Job(config, task, backend=backend, run_dir=run_dir, initial_checkpoint=ckpt) as job:
+    async with Job(config, task, run_dir=run_dir, backend=backend, options=RunOptions(seed=1)) as job:
         for step in range(steps):
             samples = await job.generate(step)
             await job.train(samples)
@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engines.apikey import run_api_key
 from engines.engine import Timeouts
-from engines.launcher import Launcher, LauncherFactory, LauncherKind, launcher_factory
+from engines.launcher import Launcher, LauncherFactory, launcher_factory
 from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger
 from engines.models.family import is_char_checkpoint
 from engines.process import torch_engine_command
@@ -46,18 +45,17 @@ from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.task import Task, checked_task
+from trainer.app import heap
 from trainer.app.checks import check_run
 from trainer.app.dirlock import hold_run
+from trainer.app.options import API_NAMES, JOB_NAMES, OPTIONS, RunOptions, loop_only
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.job_state import JobCheckpoint
 
 if TYPE_CHECKING:  # Ray: imported when the job starts
+    from engines.actor import Keep
     from trainer.app.metrics import MetricsServer
     from trainer.group import TrainerGroup
-
-
-_FROZEN_JOBS = 0  # jobs of this process that froze the heap and have not closed (Job._freeze)
-_EMBEDDER_FROZE = False  # the process had frozen its own heap before the first of them: never unfreeze it
 
 
 def engine_command(seed: int, checkpoint: str | Path | None) -> Callable[[], list[str]]:
@@ -87,10 +85,12 @@ class Job:
     The user's parts: ``task`` (a :class:`rollout.task.Task`), ``backend`` (the trainer each worker runs;
     default the project's GRPO trainer), ``initial_checkpoint`` (version 0's weights), ``engines`` (an engine
     launcher factory; default the config's --rollout-backend on Ray with the run's API key: the project's CPU
-    engine, or real vLLM servers on ``initial_checkpoint`` run by ``vllm_python``) -- engines started elsewhere
-    come from the config (``rollout_external_engine_addrs``). ``metrics_port`` serves Prometheus
-    metrics; ``events`` (relative to ``run_dir``; None: none) is where the event log is appended.
-    ``job.log`` exists from construction, so a caller can log before the job starts (a resume's event).
+    engine, or real vLLM servers on ``initial_checkpoint`` run by ``options.vllm_python``) -- engines started
+    elsewhere come from the config (``rollout_external_engine_addrs``). ``options``: the run's options
+    (:class:`~trainer.app.options.RunOptions`); a Job reads those declared ``job=True`` (the steps, seed, trainer
+    workers, engines' launcher and timeouts, ``resume``, ``metrics_port``, ``events``, ...); the run loop's own
+    (``lr``, ``faults``, ``async_mode``, ...) are the loop's. ``job.log`` exists from construction, so a caller
+    can log before the job starts (a resume's event).
     """
 
     def __init__(
@@ -102,80 +102,27 @@ class Job:
         backend: BackendSpec | None = None,
         initial_checkpoint: str | Path | None = None,
         engines: LauncherFactory | None = None,
-        launcher: LauncherKind = "ray",
-        steps: int | None = None,
-        seed: int = 0,
-        workers: int = 1,
-        keep_checkpoints: int = 3,
-        resume: JobCheckpoint | None = None,
-        settings: Mapping[str, Any] | None = None,
-        timeouts: Timeouts | None = None,
-        rollout_fn: str | None = None,
-        data_source: str | None = None,
-        router: bool | None = None,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
-        ray_address: str | None = None,
-        ray_nodes: int = 1,
-        vllm_python: str | None = None,
-        log: EventLog | None = None,
-        events: str | Path | None = "events.jsonl",
-        engine_lease: float | None = None,
+        options: RunOptions | None = None,
     ) -> None:
-        _check_arguments(
-            config,
-            task,
-            run_dir=run_dir,
-            backend=backend,
-            initial_checkpoint=initial_checkpoint,
-            engines=engines,
-            launcher=launcher,
-            steps=steps,
-            seed=seed,
-            workers=workers,
-            keep_checkpoints=keep_checkpoints,
-            resume=resume,
-            settings=settings,
-            timeouts=timeouts,
-            rollout_fn=rollout_fn,
-            data_source=data_source,
-            router=router,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-            ray_address=ray_address,
-            ray_nodes=ray_nodes,
-            vllm_python=vllm_python,
-            log=log,
-            events=events,
-            engine_lease=engine_lease,
-        )
+        _check_arguments(config, task, run_dir, backend, initial_checkpoint, engines, options)
+        opts = options if options is not None else RunOptions()
         self.config = config
-        # --detach-engines: each kept engine exits unless this driver renews its lease (seconds) in time
-        self.engine_lease = engine_lease
+        self.options = opts
         self.task = task
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
         self.engines = engines
-        self.launcher: LauncherKind = launcher
-        self.steps = steps if steps is not None else config.num_rollout  # the run's end: a checkpoint is due
-        self.seed = seed
-        self.workers = workers
-        self.keep_checkpoints = keep_checkpoints
-        self.resume = resume
-        self.settings = settings
-        self.timeouts = timeouts or default_timeouts(config)
-        self.rollout_fn = rollout_fn
-        self.data_source = data_source
-        self.router = router
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
-        self.ray_address = ray_address
-        self.ray_nodes = ray_nodes
-        self.vllm_python = vllm_python  # --rollout-backend vllm: the engine environment's python (else found)
-        self.log = log if log is not None else EventLog()
+        # the run's end, where a checkpoint is due: the options', else the config's number of rollouts
+        self.steps = opts.steps if options is not None else config.num_rollout
+        self.resume = opts.resume
+        # what each job checkpoint records besides the config: the options that change the trained state, and
+        # the job's identity (a run loop's job has one; a bare Job's checkpoints are matched on the config)
+        self.settings = None if opts.job_id is None else {**opts.job_settings(), "id": opts.job_id}
+        self.timeouts = opts.timeouts or default_timeouts(config)
+        self.log = EventLog()
         # a relative name is the run directory's file; an absolute path is taken as it is
-        self.events: Path | None = None if events is None else self.run_dir / events
+        self.events: Path | None = None if opts.events is None else self.run_dir / opts.events
         # before the first write (the sink below): one driver at a time writes the run and its checkpoints
         self._dirs = hold_run(self.run_dir, config.save, run_flag="run_dir=", save_flag="config.save")
         weakref.finalize(self, self._dirs.release)  # a job never closed frees them when it is collected
@@ -185,7 +132,7 @@ class Job:
         self.monitor = MonitorSink(self.log, config)  # the live invariant monitor: a violation is logged
         self.log.add_sink(self.monitor)
         self.ledger = EffectLedger()
-        self.exporter: MetricsServer | None = None  # the Prometheus exporter (metrics_port)
+        self.exporter: MetricsServer | None = None  # the Prometheus exporter (options.metrics_port)
         self.weights: tuple[str, str] | None = None  # the initial weights the engines were started with
         self._runner: Runner | None = None
         self._trainer: TrainerGroup | None = None
@@ -194,7 +141,7 @@ class Job:
         self._entered = False  # a job is entered once: its parts, once disposed of, are not built again
         self._closed = False
         self._version: int | None = None  # the last weight version pushed (or started from): each push is above it
-        self._froze = False  # this job moved the start-up heap out of the collector's reach (see _freeze)
+        self._froze = False  # this job moved the start-up heap out of the collector's reach (trainer.app.heap)
 
     # -- the parts, for advanced users (they exist once the job has started; still readable after it ends) --
 
@@ -254,49 +201,45 @@ class Job:
         from trainer.group import TrainerGroup
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        init_local_cluster(num_cpus=2, address=self.ray_address, nodes=self.ray_nodes)
+        init_local_cluster(num_cpus=2, address=self.options.ray_address, nodes=self.options.ray_nodes)
         self._runner = Runner(self.config, log=self.log, ledger=self.ledger)
         self._trainer = TrainerGroup(
             self.config,
             self.run_dir,
             runner=self._runner,
-            workers=self.workers,
+            workers=self.options.workers,
             backend=self.backend,
-            keep_checkpoints=self.keep_checkpoints,
+            keep_checkpoints=self.options.keep_checkpoints,
             initial_checkpoint=self.initial_checkpoint,
             resume=self.resume,
-            seed=self.seed,
+            seed=self.options.seed,
             job=self.settings,
         )
         self.backend = self._trainer.backend  # the project's default, when none was given
-        if self.config.detach_engines:
-            # a resume reads what the dead driver left; a new job starts a new ledger (a previous job's engines in
-            # this directory are not this job's: they run out their lease)
-            path = self.run_dir / LEDGER
-            if self.resume is None:
-                path.unlink(missing_ok=True)
-            self.engine_ledger = EngineLedger.read(path, namespace=KEEP_NAMESPACE)
+        if self.config.keeps_engines:
+            self.engine_ledger = _engine_ledger(self.run_dir, resumed=self.resume is not None)
         engines = self.engines or self._engines()
         self._manager = RolloutManager(
             self.config,
             self.task,
             runner=self._runner,
             launcher_factory=engines,
-            seed=self.seed,
-            rollout_fn_path=self.rollout_fn,
-            data_source_path=self.data_source,
+            seed=self.options.seed,
+            rollout_fn_path=self.options.rollout_fn,
+            data_source_path=self.options.data_source,
             timeouts=self.timeouts,
-            router=self._router(),
+            router=router_available() if self.options.router is None else self.options.router,  # SMG, if installed
             log_dir=str(self.run_dir),
             engine_ledger=self.engine_ledger,
         )
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
         # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
         WeightBroadcast(self._runner, self._manager.controller, self._trainer)
-        if self.metrics_port is not None:
+        port, host = self.options.metrics_port, self.options.metrics_host
+        if port is not None:
             from trainer.app.metrics import serve_metrics
 
-            self.exporter = serve_metrics(self.log, self.metrics_port, host=self.metrics_host, config=self.config)
+            self.exporter = serve_metrics(self.log, port, host=host, config=self.config)
 
     def _engines(self) -> LauncherFactory:
         """The config's engine backend, launched per slot: the project's CPU engine (SGLang's API), or a real
@@ -319,33 +262,29 @@ class Job:
                         "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
                     )
                 factory = vllm_launcher_factory(
-                    self.launcher,
+                    self.options.launcher,
                     checkpoint,
-                    python=find_python(self.vllm_python),
+                    python=find_python(self.options.vllm_python),
                     api_key=key,
                     device="cuda" if self.config.rollout_device == "cuda" else "cpu",
-                    seed=self.seed,
+                    seed=self.options.seed,
                     startup_timeout=startup,
                     keep=keep,
                 )
                 return factory(engine_id)
 
             return vllm_engines
-        command = engine_command(self.seed, self.initial_checkpoint)
-        return launcher_factory(self.launcher, command, api_key=key, keep=keep)
+        command = engine_command(self.options.seed, self.initial_checkpoint)
+        return launcher_factory(self.options.launcher, command, api_key=key, keep=keep)
 
-    def _keep(self) -> Any:
+    def _keep(self) -> Keep | None:
         """--detach-engines: how the engines outlive this driver (named after the job, with a lease); else None."""
         if self.engine_ledger is None:
             return None
         from engines.actor import Keep  # imports Ray: only where engines are Ray actors
 
-        job_id = str((self.settings or {}).get("id") or self.run_dir.resolve().name)
-        return Keep(job_id, self.engine_ledger.namespace, self.engine_lease or Keep.DEFAULT_LEASE)
-
-    def _router(self) -> bool:
-        """The SMG gateway in front of the engines (either backend) where it is installed."""
-        return router_available() if self.router is None else self.router
+        job_id = self.options.job_id or self.run_dir.resolve().name
+        return Keep(job_id, self.engine_ledger.namespace, self.options.engine_lease or Keep.DEFAULT_LEASE)
 
     async def _start(self) -> None:
         """The trainer's initial weights (under --debug-rollout-only no trainer exists: the backend's seed
@@ -363,22 +302,9 @@ class Job:
         _feed_policy_source(manager, weights)
 
     def _freeze(self) -> None:
-        """Move the start-up heap out of the cyclic garbage collector's reach, once everything long-lived exists.
-
-        The driver holds ~420k objects after start-up at 1,024 engines (the imports, Ray, the engines' clients, the
-        machines, the trainer), all alive until the job ends. A fleet operation's requests allocate enough for the
-        collector to run full collections, each walking that whole heap: 190-445 ms of a fleet operation's CPU at
-        N = 1,024 (issue 32, P7). ``gc.freeze()`` puts it in the permanent generation that no collection walks;
-        the collect before it keeps start-up's garbage out of it. Undone when the last frozen job closes, so what
-        the job held is collectable again (a process that runs many jobs -- the tests -- does not keep it), unless
-        the process froze its own heap first: an embedder's freeze is its own policy, and unfreezing is all or none."""
-        global _FROZEN_JOBS, _EMBEDDER_FROZE
-        if not _FROZEN_JOBS:
-            _EMBEDDER_FROZE = gc.get_freeze_count() > 0
-        gc.collect()
-        gc.freeze()
+        """The start-up heap out of the collector's reach while the job runs (:mod:`trainer.app.heap`)."""
+        heap.freeze()
         self._froze = True
-        _FROZEN_JOBS += 1
 
     async def close(self) -> None:
         """Engines first (they load the trainer's checkpoints), then the trainer, the exporter, the sinks: each
@@ -409,12 +335,9 @@ class Job:
                 self._dirs.release()
 
     def _unfreeze(self) -> None:
-        global _FROZEN_JOBS
         if self._froze:
             self._froze = False
-            _FROZEN_JOBS -= 1
-            if not _FROZEN_JOBS and not _EMBEDDER_FROZE:  # another job still runs, or the embedder froze: stays
-                gc.unfreeze()
+            heap.release()
 
     # -- the step verbs, in miles' order: generate, train, update_weights (eval, checkpoint) ------------
 
@@ -480,158 +403,144 @@ def _as_version(text: str) -> int | None:
         return None
 
 
-# the CLI's flags, as a Job's caller knows them: the one check of a run's settings (trainer.app.checks.check_run)
-# names the flag; a Job names its argument
-JOB_ARGUMENTS = {
-    "config": "config",
-    "--run-dir": "run_dir",
-    "--hf-checkpoint": "initial_checkpoint",
-    "--model": "initial_checkpoint",
-    "--trainer-workers": "workers",
-    "--keep-checkpoints": "keep_checkpoints",
-    "--steps": "steps",
-    "--seed": "seed",
-    "--ray-nodes": "ray_nodes",
-    "--ray-address": "ray_address",
-    "--engine-lease": "engine_lease",
-    "--metrics-port": "metrics_port",
-    "--metrics-host": "metrics_host",
-    "--launcher": "launcher",
-    "--rollout-function": "rollout_fn",
-    "--data-source": "data_source",
-    "--engine-startup-timeout": "timeouts",
-    "--engine-request-timeout": "timeouts",
-    "timeouts.death": "timeouts",
-}
-
-
-def _job_error(exc: ConfigError) -> ConfigError:
-    """``exc`` naming the Job's argument instead of the CLI's flag; a setting of the config says it came from it."""
-    argument = JOB_ARGUMENTS.get(exc.flag)
+def job_error(exc: ConfigError) -> ConfigError:
+    """``exc`` naming the Job's argument (or its options' field) instead of the CLI's flag; a setting of the config
+    says it came from it."""
+    argument = JOB_NAMES.get(exc.flag)
+    if exc.flag in API_NAMES.values():
+        return exc  # named as the options' field already
     if argument is None:
         return exc if exc.source else exc.with_source("Job(config=)")
-    return ConfigError(f"Job({argument}=)", exc.value, exc.problem, exc.fix, source=exc.source)
+    return ConfigError(argument, exc.value, exc.problem, exc.fix, source=exc.source)
 
 
 def _argument(name: str, value: object, ok: bool, expected: str, fix: str) -> None:
     if not ok:
-        raise ConfigError(f"Job({name}=)", value, f"must be {expected}, not {type(value).__name__}", fix)
+        raise ConfigError(name, value, f"must be {expected}, not {type(value).__name__}", fix)
 
 
-def _check_arguments(config: object, task: object, **given: Any) -> None:
+def _check_arguments(
+    config: object,
+    task: object,
+    run_dir: Any,
+    backend: object,
+    initial_checkpoint: Any,
+    engines: object,
+    options: object,
+) -> None:
     """A Job's arguments, checked when it is constructed -- before Ray starts or anything is written: the one check
     of a run's settings that ``lifecycle run`` runs too, plus the types only a Python caller can get wrong."""
+    _argument(
+        "Job(options=)",
+        options,
+        options is None or isinstance(options, RunOptions),
+        "a trainer.app.RunOptions or None",
+        "pass RunOptions(seed=..., metrics_port=..., ...), or None for the defaults",
+    )
+    opts = options if isinstance(options, RunOptions) else RunOptions()
+    # the options a Job reads; the ones it takes as its own arguments (run_dir, initial_checkpoint, ...) from those
+    given = {o.name: getattr(opts, o.name) for o in OPTIONS if o.job}
+    checked = RunOptions(**given, run_dir=run_dir, hf_checkpoint=initial_checkpoint, model_size=_model_size(backend))
     try:
-        check_run(
-            config,
-            run_dir=given["run_dir"],
-            initial_checkpoint=given["initial_checkpoint"],
-            model_size=_model_size(given["backend"]),
-            engines_given=given["engines"] is not None,
-            launcher=given["launcher"],
-            ray_address=given["ray_address"],
-            ray_nodes=given["ray_nodes"],
-            engine_lease=given["engine_lease"],
-            workers=given["workers"],
-            keep_checkpoints=given["keep_checkpoints"],
-            steps=given["steps"],
-            seed=given["seed"],
-            metrics_port=given["metrics_port"],
-            metrics_host=given["metrics_host"],
-            rollout_fn=given["rollout_fn"],
-            data_source=given["data_source"],
-            timeouts=vars(given["timeouts"]) if isinstance(given["timeouts"], Timeouts) else None,
-        )
+        check_run(config, checked, engines_given=engines is not None, names=API_NAMES)
     except ConfigError as exc:
-        raise _job_error(exc) from None
+        raise job_error(exc) from None
     assert isinstance(config, LifecycleConfig)  # check_run's first check
     checked_task(task, "Job(task=)")
     _argument(
-        "backend",
-        given["backend"],
-        given["backend"] is None or isinstance(given["backend"], BackendSpec),
+        "Job(backend=)",
+        backend,
+        backend is None or isinstance(backend, BackendSpec),
         "a trainer.BackendSpec or None",
         "pass BackendSpec('mypkg.train:MyBackend', {...}), or None for the project's GRPO trainer",
     )
     _argument(
-        "timeouts",
-        given["timeouts"],
-        given["timeouts"] is None or isinstance(given["timeouts"], Timeouts),
-        "an engines.engine.Timeouts or None",
-        "pass Timeouts(startup=..., request=..., death=...) (seconds), or None for the backend's",
-    )
-    _argument(
-        "engines",
-        given["engines"],
-        given["engines"] is None or callable(given["engines"]),
+        "Job(engines=)",
+        engines,
+        engines is None or callable(engines),
         "callable",
         "pass a launcher factory (engine_id -> Launcher), or None",
     )
+    _check_options(config, opts)
+
+
+def _check_options(config: LifecycleConfig, opts: RunOptions) -> None:
+    """The options only a Python caller can give of the wrong type, and a resume that does not fit the config."""
+    resume, events = opts.resume, opts.events
+    ignored = loop_only(opts) if opts.job_id is None else []  # the loop's own job records them in its checkpoints
+    if ignored:
+        name, argument = ignored[0].name, ignored[0].argument
+        raise ConfigError(
+            API_NAMES[name],
+            getattr(opts, name),
+            "is an option of the run loop (run_loop, lifecycle run), which a Job does not read",
+            f"pass it as Job({argument}=)" if argument else "drop it, or give it to your own loop or backend",
+        )
     _argument(
-        "resume",
-        given["resume"],
-        given["resume"] is None or isinstance(given["resume"], JobCheckpoint),
+        API_NAMES["resume"],
+        resume,
+        resume is None or isinstance(resume, JobCheckpoint),
         "a JobCheckpoint or None",
         "read it with trainer.load_job_checkpoint(config.load, config)",
     )
     _argument(
-        "settings",
-        given["settings"],
-        given["settings"] is None or isinstance(given["settings"], Mapping),
-        "a mapping or None",
-        "pass a dict of the job's settings",
-    )
-    _argument(
-        "router",
-        given["router"],
-        given["router"] is None or isinstance(given["router"], bool),
+        API_NAMES["router"],
+        opts.router,
+        opts.router is None or isinstance(opts.router, bool),
         "True, False or None",
         "pass router=False to route in-process, None where SMG is installed",
     )
     _argument(
-        "vllm_python",
-        given["vllm_python"],
-        given["vllm_python"] is None or isinstance(given["vllm_python"], str),
+        API_NAMES["vllm_python"],
+        opts.vllm_python,
+        opts.vllm_python is None or isinstance(opts.vllm_python, str),
         "a path (str) or None",
         "pass the vLLM environment's python, or None to find it",
     )
     _argument(
-        "log",
-        given["log"],
-        given["log"] is None or isinstance(given["log"], EventLog),
-        "an EventLog or None",
-        "pass None: the job makes its own",
-    )
-    events = given["events"]
-    _argument(
-        "events",
+        API_NAMES["events"],
         events,
         events is None or (isinstance(events, str | os.PathLike) and bool(str(events).strip())),
         "a file name (relative to run_dir), a path, or None",
         "pass 'events.jsonl' (the default), or None for no event log",
     )
-    resume = given["resume"]
+    _argument(
+        API_NAMES["job_id"],
+        opts.job_id,
+        opts.job_id is None or (isinstance(opts.job_id, str) and 0 < len(opts.job_id) <= 128),
+        "a short string or None",
+        "pass None (a bare Job's checkpoints are matched on the config alone)",
+    )
     if resume is not None and config.load is None:
         raise ConfigError(
-            "Job(resume=)",
+            API_NAMES["resume"],
             str(resume.path),
             "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
             "set config.load to the directory it was read from",
         )
-    if resume is not None and resume.ranks != given["workers"]:
+    if resume is not None and resume.ranks != opts.workers:
         raise ConfigError(
-            "Job(workers=)",
-            given["workers"],
+            API_NAMES["workers"],
+            opts.workers,
             f"the job checkpoint {resume.path} was written by {resume.ranks} workers (one RNG state each)",
             f"resume with workers={resume.ranks}",
         )
     if resume is None and config.load is not None:
         raise ConfigError(
-            "Job(resume=)",
+            API_NAMES["resume"],
             None,
             f"config.load is {config.load!r}: the job continues the checkpoint there, which its trainer needs",
-            "read it with trainer.load_job_checkpoint(config.load, config) and pass it as resume=",
+            "read it with trainer.load_job_checkpoint(config.load, config) and pass it as RunOptions(resume=)",
         )
+
+
+def _engine_ledger(run_dir: Path, *, resumed: bool) -> EngineLedger:
+    """--detach-engines: RUN_DIR/engines.json. A resume reads what the dead driver left; a new job starts a new
+    ledger (a previous job's engines in this directory are not this job's: they run out their lease)."""
+    path = run_dir / LEDGER
+    if not resumed:
+        path.unlink(missing_ok=True)
+    return EngineLedger.read(path, namespace=KEEP_NAMESPACE)
 
 
 def _model_size(backend: object) -> str:

@@ -22,12 +22,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from engines.engine import Timeouts
-from engines.launcher import LauncherFactory, LauncherKind
 from engines.rayconnect import check_gcs
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
@@ -36,17 +34,18 @@ from lifecycle.observe.timeline import write_timeline
 from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample
-from rollout.task import Task, checked_task
+from rollout.task import checked_task
 from trainer.app.checks import check_async, check_run
 from trainer.app.dirlock import hold_run
-from trainer.app.faults import Fault, FaultInjector, parse_fault
+from trainer.app.faults import Fault, FaultInjector
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import engine_command as job_engine_command
 from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
-from trainer.app.run_manifest import default_run_dir, job_options, write_run_manifest
-from trainer.backend import BackendSpec
+from trainer.app.options import API_NAMES
+from trainer.app.options import RunOptions as RunOptions  # re-exported: run_loop's argument
+from trainer.app.run_manifest import write_run_manifest
 from trainer.grpo import grpo_backend
-from trainer.job_state import JobCheckpoint, check_run_files, continue_metrics, load_job_checkpoint
+from trainer.job_state import check_run_files, continue_metrics, load_job_checkpoint
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
     from trainer.group import TrainerGroup
@@ -65,101 +64,6 @@ SHORT = {
     "Disposed": "D",
     "Stopped": "X",
 }
-
-
-@dataclass
-class RunOptions:
-    steps: int = 30
-    seed: int = 0
-    run_dir: Path = field(default_factory=default_run_dir)
-    ray_address: str | None = None
-    faults: tuple[Fault, ...] = ()
-    ray_nodes: int = 1  # > 1: a local multi-node Ray cluster (head + workers hosting the engines)
-    timeouts: Timeouts | None = None  # engine startup/request/death bounds (tests shorten them)
-    launcher: LauncherKind = "ray"
-    workers: int = 1
-    lr: float = 1e-2
-    model_size: str = "tiny"
-    rollout_fn: str | None = None
-    data_source: str | None = None  # MODULE:ATTR of a prompts source (miles --data-source-path)
-    task: Task | None = None  # None: the project's PatternTask of the seed
-    backend: BackendSpec | None = None  # None: the project's GRPO trainer of model_size, seed, lr
-    quiet: bool = False
-    async_mode: bool = False  # --async: overlap generate(k+1) with train(k)
-    keep_checkpoints: int = 3  # --keep-checkpoints: step directories kept under run_dir/weights
-    hf_checkpoint: Path | None = None  # --hf-checkpoint: the initial weights (version 0), a checkpoint directory
-    model: str = "char"  # --model: char (built in) or tiny-llama (a HF Llama built into run_dir/model)
-    router: bool | None = None  # the real SMG gateway in the rollout path; None: where it is installed
-    engine_launcher: LauncherFactory | None = None  # engine_id -> Launcher (scripts/gpu_check.py: SGLang servers)
-    metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics at http://metrics_host:PORT/metrics
-    metrics_host: str = "127.0.0.1"
-    timeline: bool = True  # write RUN_DIR/timeline.html (lifecycle trace timeline) when the run ends
-    resume: JobCheckpoint | None = None  # the checkpoint of config.load, read and checked already (else read here)
-    engine_lease: float | None = None  # --engine-lease: seconds a kept engine (--detach-engines) outlives its driver
-    vllm_python: str | None = None  # --vllm-python: the vLLM engine environment's python (not in run.json: a path
-    # of this machine; found again on a resume)
-
-    def manifest(self) -> dict[str, Any]:
-        """The options RUN_DIR/run.json keeps, so that ``lifecycle run --resume RUN_DIR`` starts the same job
-        (a Python task, backend or launcher object cannot be written down: an API caller passes it again)."""
-        timeouts = self.timeouts or Timeouts()
-        return {
-            "steps": self.steps,
-            "seed": self.seed,
-            "faults": [str(f) for f in self.faults],
-            "ray_nodes": self.ray_nodes,
-            "timeouts": dataclasses.asdict(timeouts),
-            "launcher": self.launcher,
-            "workers": self.workers,
-            "lr": self.lr,
-            "model_size": self.model_size,
-            "rollout_fn": self.rollout_fn,
-            "data_source": self.data_source,
-            "async_mode": self.async_mode,
-            "keep_checkpoints": self.keep_checkpoints,
-            "hf_checkpoint": None if self.hf_checkpoint is None else str(self.hf_checkpoint),
-            "model": self.model,
-            "router": self.router,
-            "engine_lease": self.engine_lease,
-            "custom": [name for name in ("task", "backend", "engine_launcher") if getattr(self, name) is not None],
-        }
-
-    def job_settings(self) -> dict[str, Any]:
-        """What, besides the config, a job checkpoint belongs to: every option that changes the trained state
-        (a Python backend object by its factory and arguments)."""
-        backend = None if self.backend is None else {"factory": self.backend.factory, "kwargs": self.backend.kwargs}
-        return {**job_options(self.manifest()), "backend": backend}
-
-    @classmethod
-    def from_manifest(cls, options: Mapping[str, Any], where: Path, **given: Any) -> RunOptions:
-        """The options of :meth:`manifest` again (``where``: the run.json they came from, for the error);
-        ``given``: what this driver sets itself (run_dir, steps, quiet, the checkpoint, ...)."""
-        try:
-            faults = tuple(parse_fault(f) for f in options["faults"])
-            hf = options["hf_checkpoint"]
-            return cls(
-                seed=int(options["seed"]),
-                faults=tuple(f for f in faults if f.kind != "kill-driver"),  # it has done its part
-                ray_nodes=int(options["ray_nodes"]),
-                timeouts=Timeouts(**options["timeouts"]),
-                launcher=options["launcher"],
-                workers=int(options["workers"]),
-                lr=float(options["lr"]),
-                model_size=str(options["model_size"]),
-                rollout_fn=options["rollout_fn"],
-                data_source=options["data_source"],
-                keep_checkpoints=int(options["keep_checkpoints"]),
-                hf_checkpoint=Path(hf) if hf else None,
-                model=str(options["model"]),
-                router=options["router"],
-                engine_lease=options.get("engine_lease"),  # runs written before issue 31 have none
-                **given,
-            )
-        except (KeyError, TypeError, ValueError, ConfigError) as exc:
-            problem = f"lacks the option {exc}" if isinstance(exc, KeyError) else f"is malformed ({exc})"
-            raise ConfigError(
-                "--resume", str(where), problem, "restore the run.json lifecycle run wrote into the run directory"
-            ) from None
 
 
 @dataclass
@@ -285,9 +189,10 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     if opts.timeouts is None:  # the backend's bounds, written down so a resume starts its engines as patiently
         opts = dataclasses.replace(opts, timeouts=default_timeouts(config))
     manifest = opts.manifest()  # written once the Job has checked the run directory (below)
+    events_path = run_dir / "events.jsonl"
     # what the job's checkpoints belong to: the options as given (a --model tiny-llama run builds its initial
     # checkpoint below, in the run directory: a path of this run, not a setting -- a resume builds it again)
-    settings = {**opts.job_settings(), "id": job_id}
+    job_opts = dataclasses.replace(opts, resume=resume, job_id=job_id, events=events_path.name)
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from engines.models import build_tiny_llama
 
@@ -300,7 +205,6 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     backend = opts.backend or grpo_backend(
         model_size=opts.model_size, seed=opts.seed, lr=opts.lr, temperature=task.temperature, checkpoint=checkpoint
     )
-    events_path = run_dir / "events.jsonl"
     torn = cut_torn_tail(events_path) if resume is not None else b""  # the dead driver's unended last line
     job = Job(
         config,
@@ -309,24 +213,7 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
         backend=backend,
         initial_checkpoint=opts.hf_checkpoint,
         engines=opts.engine_launcher,  # None: the Job launches the config's --rollout-backend
-        launcher=opts.launcher,
-        vllm_python=opts.vllm_python,
-        steps=opts.steps,
-        seed=opts.seed,
-        workers=opts.workers,
-        keep_checkpoints=opts.keep_checkpoints,
-        resume=resume,
-        settings=settings,
-        timeouts=opts.timeouts,
-        rollout_fn=opts.rollout_fn,
-        data_source=opts.data_source,
-        router=opts.router,
-        metrics_port=opts.metrics_port,
-        metrics_host=opts.metrics_host,
-        ray_address=opts.ray_address,
-        ray_nodes=opts.ray_nodes,
-        engine_lease=opts.engine_lease,
-        events=events_path.name,  # relative to run_dir (which may itself be relative: make run's runs/<time>)
+        options=job_opts,
     )
     write_run_manifest(run_dir, dataclasses.replace(config, load=None), manifest, job_id=job_id)
     metrics_path = run_dir / "metrics.jsonl"
@@ -438,19 +325,6 @@ def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -
         raise
 
 
-# how the checks name the options they refuse, for an API caller
-OPTION_NAMES = {
-    "engine_lease": "RunOptions.engine_lease",
-    "vllm_python": "RunOptions.vllm_python",
-    "router": "RunOptions.router=False",
-    "ray_address": "RunOptions.ray_address",
-    "launcher": "RunOptions.launcher",
-    "rollout_fn": "RunOptions.rollout_fn",
-    "data_source": "RunOptions.data_source",
-    "ray_nodes": "RunOptions.ray_nodes",
-}
-
-
 def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
     """Refuse combinations the machines cannot honour, before anything starts (API callers too)."""
     check_async(config, opts.async_mode)
@@ -461,7 +335,7 @@ def check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             "is a job checkpoint, but config.load is unset: the lifecycle would start the job afresh",
             "set config.load to the directory it came from (or pass no resume: the loop reads config.load)",
         )
-    check_run_options(config, opts, names=OPTION_NAMES)
+    check_run_options(config, opts, names=API_NAMES)
     if opts.ray_address:
         check_gcs(opts.ray_address, "RunOptions.ray_address")
 
@@ -476,30 +350,9 @@ def check_run_options(
     """:func:`~trainer.app.checks.check_run` over a run's options (the API's, or a resume's from its run.json);
     ``names``: how the caller spells the options (default the command line's flags); ``initial_checkpoint``: the
     options' own, unless given (a resume's, relative to where the run started)."""
-    check_run(
-        config,
-        run_dir=opts.run_dir,
-        initial_checkpoint=opts.hf_checkpoint if initial_checkpoint is None else initial_checkpoint,
-        model=opts.model,
-        model_size=opts.model_size,
-        engines_given=opts.engine_launcher is not None,
-        launcher=opts.launcher,
-        ray_address=opts.ray_address,
-        ray_nodes=opts.ray_nodes,
-        engine_lease=opts.engine_lease,
-        workers=opts.workers,
-        keep_checkpoints=opts.keep_checkpoints,
-        steps=opts.steps,
-        seed=opts.seed,
-        metrics_port=opts.metrics_port,
-        metrics_host=opts.metrics_host,
-        rollout_fn=opts.rollout_fn,
-        data_source=opts.data_source,
-        timeouts=None if opts.timeouts is None else dataclasses.asdict(opts.timeouts),
-        vllm_python=opts.vllm_python,
-        router=opts.router,
-        **({} if names is None else {"names": names}),
-    )
+    checked = opts if initial_checkpoint is None else dataclasses.replace(opts, hf_checkpoint=initial_checkpoint)
+    engines_given = opts.engine_launcher is not None
+    check_run(config, checked, engines_given=engines_given, **({} if names is None else {"names": names}))
 
 
 def engine_command(opts: RunOptions) -> Callable[[], list[str]]:

@@ -13,36 +13,21 @@ Infinity, every option of its schema typed and bounded, the config through :clas
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.ledger import MIN_LEASE
-from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, LifecycleConfig
+from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.jsonio import JSONFileError, read_json
-from trainer.backend import RANKS
+from trainer.app.options import MANIFEST, SINCE
 
 RUN_MANIFEST = "run.json"
 RUN_FORMAT = "rl-lifecycle/run@1"
 # what a run writes into its directory: one of these there means the directory holds a run
 RUN_FILES = ("run.json", "events.jsonl", "metrics.jsonl", "metrics.superseded.jsonl", "weights")
-# the loop options that change the trained state: a job checkpoint belongs to these (and the config's settings)
-JOB_OPTIONS = (
-    "seed",
-    "workers",
-    "lr",
-    "model_size",
-    "model",
-    "hf_checkpoint",
-    "rollout_fn",
-    "data_source",
-    "async_mode",
-)
 _FIX = "pass the --run-dir of a run that lifecycle run started with --save"
 _RESTORE = "restore the run.json lifecycle run wrote into the run directory"
 
@@ -74,130 +59,19 @@ def write_run_manifest(
     return path
 
 
-# -- the bounds of lifecycle run's numbered options: its flags (trainer.app.cli) parse with these, and run.json is
-# checked against the same ones -- a run.json holds nothing a command line could not give ------------------------
-BOUNDS: dict[str, Bounded] = {
-    "steps": Bounded(1, MAX_COUNT),
-    "seed": Bounded(0, 2**64 // RANKS - 1, why="a worker's torch seed is seed * 65536 + its rank, a 64-bit number"),
-    "ray_nodes": Bounded(1, 64, why="each is a Ray node process on this machine"),
-    "workers": Bounded(1, RANKS, why="a worker's torch seed is seed * 65536 + its rank"),
-    "keep_checkpoints": Bounded(1, MAX_COUNT),
-}
-
-
-# -- the options' schema: each checker returns the problem, or None -----------------------------------------------
-def _int(name: str) -> Callable[[Any], str | None]:
-    low, high = BOUNDS[name].lo, BOUNDS[name].hi
-
-    def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-        return None if ok else f"must be an integer in {int(low)}..{int(high)}"
-
-    return check
-
-
-def _positive_number(v: Any, high: float = 1e9) -> str | None:
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= high
-    return None if ok else f"must be a finite number greater than 0 (at most {high:g})"
-
-
-def check_lease(lease: float | None, name: str = "--engine-lease") -> None:
-    """A kept engine's lease: finite (``inf`` was written into run.json as ``Infinity``, which the job's own
-    ``--resume`` then refused), long enough that a live driver renews it in time, at most the project's bound
-    on any wait (``1e10`` s outlives every driver: an engine that never exits)."""
-    if lease is None:
-        return
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or not MIN_LEASE <= lease <= MAX_SECONDS:
-        raise ConfigError(
-            name,
-            lease,
-            f"must be a number of seconds in {MIN_LEASE:g}..{MAX_SECONDS} (a driver renews the lease every third of "
-            f"it, each renewal taking up to {MIN_LEASE / 2:g} s: a shorter lease lapses while the driver lives; a "
-            "kept engine whose driver never comes back must exit within days, not hold its GPU for ever)",
-            f"pass e.g. {name} 120 (the default)",
-        )
-
-
-def _lease(v: Any) -> str | None:
-    """A kept engine's lease, by the rule its flag was checked with (:func:`check_lease`)."""
-    try:
-        check_lease(v)
-    except ConfigError as exc:
-        return exc.problem
-    return None
-
-
-def _text(*, optional: bool = False, factory: bool = False) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        if v is None and optional:
-            return None
-        if not isinstance(v, str) or not v or len(v) > 4096:
-            return "must be a non-empty string" + (" or null" if optional else "")
-        if factory and (not v.partition(":")[0] or not v.partition(":")[2]):
-            return "must be MODULE:ATTR"
-        return None
-
-    return check
-
-
-def _one_of(*allowed: object) -> Callable[[Any], str | None]:
-    return lambda v: (
-        None if any(v is a or (type(v) is type(a) and v == a) for a in allowed) else f"must be one of {allowed}"
-    )
-
-
-def _strings(v: Any) -> str | None:
-    ok = isinstance(v, list) and len(v) <= 1000 and all(isinstance(s, str) and len(s) <= 4096 for s in v)
-    return None if ok else "must be a list of strings"
-
-
-def _timeouts(v: Any) -> str | None:
-    if not isinstance(v, dict) or set(v) != {"startup", "request", "death"}:
-        return "must be an object of startup, request and death"
-    return next((f"{k} {p}" for k, x in v.items() if (p := _positive_number(x, MAX_SECONDS))), None)
-
-
-# the bounds of lifecycle run's own flags (trainer.app.cli): a run.json holds nothing a command line could not give
-OPTIONS: dict[str, Callable[[Any], str | None]] = {
-    "steps": _int("steps"),
-    "seed": _int("seed"),
-    "faults": _strings,
-    "ray_nodes": _int("ray_nodes"),
-    "timeouts": _timeouts,
-    "launcher": _one_of("ray", "local"),
-    "workers": _int("workers"),
-    "lr": _positive_number,
-    "model_size": _text(),
-    "rollout_fn": _text(optional=True, factory=True),
-    "data_source": _text(optional=True, factory=True),
-    "async_mode": _one_of(True, False),
-    "keep_checkpoints": _int("keep_checkpoints"),
-    "hf_checkpoint": _text(optional=True),
-    "model": _text(),
-    "router": _one_of(True, False, None),
-    "engine_lease": lambda v: None if v is None else _lease(v),
-    "custom": _strings,
-}
-SINCE = {"engine_lease"}  # options added after runs were written without them (absent: the default)
-
-
 def check_options(options: Mapping[str, Any], path: Path | str) -> None:
     """Every option of ``RunOptions.manifest()`` there, of its type and in its range; nothing else."""
-    missing = [k for k in OPTIONS if k not in options and k not in SINCE]
+    missing = [k for k in MANIFEST if k not in options and k not in SINCE]
     if missing:
         raise ConfigError("--resume", str(path), f"lacks the option {', '.join(missing)}", _RESTORE)
-    unknown = sorted(k for k in options if k not in OPTIONS)
+    unknown = sorted(k for k in options if k not in MANIFEST)
     if unknown:
         raise ConfigError("--resume", str(path), f"has unknown options {', '.join(unknown)[:200]}", _RESTORE)
-    for key, check in OPTIONS.items():
-        problem = check(options[key])
-        if problem:
-            raise ConfigError("--resume", str(path), f"option {key} {problem}", _RESTORE)
-
-
-def job_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of a run (``RunOptions.manifest()``) that its job checkpoints belong to."""
-    return {k: options.get(k) for k in JOB_OPTIONS}
+    for key, check in MANIFEST.items():
+        if key in options:
+            problem = check(options[key])
+            if problem:
+                raise ConfigError("--resume", str(path), f"option {key} {problem}", _RESTORE)
 
 
 def read_run_manifest(run_dir: str | os.PathLike[str]) -> RunManifest:
@@ -239,17 +113,6 @@ def read_run_manifest(run_dir: str | os.PathLike[str]) -> RunManifest:
 
 
 # -- what a run may write over -------------------------------------------------------------------------------------
-def default_run_dir(root: Path = Path("runs")) -> Path:
-    """``runs/<timestamp>``, or ``runs/<timestamp>-2``, ... : a run started without --run-dir never lands in
-    another's directory (two in one second, a clock set back)."""
-    base = root / time.strftime("%Y%m%d-%H%M%S")
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
 def holds_run(run_dir: Path) -> list[str]:
     """What of a run ``run_dir`` holds (empty: no run there)."""
     return [name for name in RUN_FILES if (run_dir / name).exists()]
