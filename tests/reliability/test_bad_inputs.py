@@ -7,7 +7,7 @@ also run as true subprocesses (``python -m lifecycle.cli``). Engine cases start 
 processes; one slow case runs a real replay job on Ray whose second replay file is corrupt, so the
 error is raised *inside* a running ``lifecycle run``.
 
-This complements tests/lifecycle/test_config.py (LifecycleConfig on its own) with what a user types.
+This complements tests/lifecycle/decide/test_config.py (LifecycleConfig on its own) with what a user types.
 """
 
 from __future__ import annotations

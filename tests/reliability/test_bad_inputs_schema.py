@@ -34,7 +34,7 @@ from lifecycle.decide import events, jsonio
 
 pytestmark = pytest.mark.bad_input
 
-GOLDEN = REPO / "tests" / "trainer" / "golden" / "short-run.events.jsonl"
+GOLDEN = REPO / "tests" / "trainer" / "app" / "golden" / "short-run.events.jsonl"
 Damage = Callable[[list[dict[str, Any]]], None]
 
 

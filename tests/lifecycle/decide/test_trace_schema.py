@@ -19,12 +19,12 @@ from lifecycle.decide.schema import Mismatch, SchemaError, checker, expected, fo
 from lifecycle.graph import graph_document
 from lifecycle.graph.model import GraphJSON, to_json
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 REAL_LOGS = [
-    TESTS / "trainer" / "golden" / "short-run.events.jsonl",
+    TESTS / "trainer" / "app" / "golden" / "short-run.events.jsonl",
     TESTS / "lifecycle" / "data" / "fault_run_events.jsonl",
     TESTS / "lifecycle" / "data" / "resumed_run_events.jsonl",
-    TESTS / "telemetry" / "data" / "rollout_ft_kill_events.jsonl",
+    TESTS / "lifecycle" / "data" / "rollout_ft_kill_events.jsonl",
 ]
 
 

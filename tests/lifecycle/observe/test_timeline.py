@@ -18,7 +18,7 @@ from lifecycle.observe.timeline import (
     write_timeline,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 FAULT_RUN = DATA / "fault_run_events.jsonl"
 
 

@@ -2,7 +2,7 @@
 trainer worker 0 (rank 0) *and* every engine that joined leave, whoever of them can no longer answer -- an
 engine left in the group refuses the next ``/init_weights_update_group`` ("exists; destroy it first"), and a
 rank 0 left in it keeps its rendezvous port. The shell runs here on stand-ins for worker 0 and the engines;
-the group itself (gloo, real engines) is in ``tests/cpu_engine/test_distributed.py``.
+the group itself (gloo, real engines) is in ``tests/engines/cpu/test_distributed.py``.
 """
 
 from __future__ import annotations

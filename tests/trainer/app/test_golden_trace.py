@@ -2,8 +2,9 @@
 
 The golden file pins behaviour across refactors: a restructuring that changes which machine moves,
 in which order, with which guards and effects, fails here with the first divergent event. When a
-change of behaviour is intended, regenerate it (``LIFECYCLE_WRITE_GOLDEN=1 pytest tests/trainer/test_golden_trace.py``)
-and review the diff of ``tests/trainer/golden/short-run.events.jsonl`` with the change.
+change of behaviour is intended, regenerate it
+(``LIFECYCLE_WRITE_GOLDEN=1 pytest tests/trainer/app/test_golden_trace.py``) and review the diff of
+``tests/trainer/app/golden/short-run.events.jsonl`` with the change.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from .kill_mid_update import KILL_ENV
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 STEPS, KILL_AT = 4, 3
 

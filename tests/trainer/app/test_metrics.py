@@ -24,7 +24,7 @@ from lifecycle.decide.machines import ENGINE
 from lifecycle.observe.monitor import JUDGED
 from trainer.app.metrics import Metrics, serve_metrics
 
-LOG = Path(__file__).resolve().parent / "data" / "rollout_ft_kill_events.jsonl"
+LOG = Path(__file__).resolve().parents[2] / "lifecycle" / "data" / "rollout_ft_kill_events.jsonl"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
