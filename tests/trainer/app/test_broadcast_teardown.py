@@ -95,7 +95,7 @@ def test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_
     import torch
 
     from engines.models.weight_group import WeightGroup, WeightGroupError
-    from trainer.app.broadcast import free_port
+    from tests.helpers import free_port
 
     port, members = free_port(), {}
 

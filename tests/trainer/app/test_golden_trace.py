@@ -17,11 +17,11 @@ import pytest
 
 from lifecycle.cli import main
 from lifecycle.observe.trace import diff, load
+from tests.helpers import GOLDEN_RUN
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-GOLDEN = Path(__file__).parent / "golden" / "short-run.events.jsonl"
 # no monitor (its probes follow the wall clock), offload and eval on: every machine but the fleet moves
 ARGV = ["--config", "none", "--rollout-num-gpus", "2", "--offload-rollout", "--eval-interval", "1"]
 
@@ -33,6 +33,6 @@ def test_short_run_writes_the_golden_event_log(tmp_path: Path) -> None:
     assert main(["run", *ARGV, "--steps", "2", "--seed", "0", "--quiet", "--run-dir", str(run_dir)]) == 0
     events = load(run_dir / "events.jsonl")
     if os.environ.get("LIFECYCLE_WRITE_GOLDEN") == "1":
-        GOLDEN.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in events))
-    found = diff(load(GOLDEN), events)
+        GOLDEN_RUN.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in events))
+    found = diff(load(GOLDEN_RUN), events)
     assert found is None, found.describe("golden", "this run")
