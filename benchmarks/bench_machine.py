@@ -21,8 +21,10 @@ from typing import Any
 
 from transitions import Machine
 
-from lifecycle import ENGINE, EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle import EffectLedger, EventLog, LifecycleConfig
+from lifecycle.decide.machines import ENGINE
 from lifecycle.decide.predicates import evaluate
+from lifecycle.decide.runtime import LifecycleMachine
 
 CONFIG = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 CYCLE = ("mark_unhealthy", "recover", "restart", "ready", "begin_update", "finish_update", "resume")

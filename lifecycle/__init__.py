@@ -1,42 +1,58 @@
 """rl-lifecycle: an explicit, checkable lifecycle for RL post-training jobs.
 
-The public API -- what a training loop imports -- is re-exported here.
+What a loop that embeds the lifecycle imports, re-exported here: the config, the core's step function and
+the values a loop sends it and reads back (``Core(config).step(state, event)``), the runtime's driver of
+the core (``Runner``) with its event log and effect ledger, and the errors. The specs, predicates and
+``transitions`` machines behind them stay in their modules (``lifecycle.decide.machines``,
+``lifecycle.decide.predicates``, ``lifecycle.decide.runtime``).
 """
 
 from lifecycle.decide.config import ConfigWarning, LifecycleConfig, add_lifecycle_arguments
-from lifecycle.decide.errors import ConfigError, IllegalTransition, LifecycleError, SpecError
-from lifecycle.decide.events import EventLog, bind_context, capture
+from lifecycle.decide.core import (
+    EVAL,
+    ROLLOUT,
+    Command,
+    Completed,
+    Core,
+    EngineState,
+    Event,
+    Failure,
+    JobState,
+    Move,
+    Op,
+    Outcome,
+    Refusal,
+    Result,
+)
+from lifecycle.decide.errors import ConfigError, LifecycleError
+from lifecycle.decide.events import EventLog
 from lifecycle.decide.ledger import EffectLedger
-from lifecycle.decide.machines import ENGINE, EVAL_FLEET, MACHINES, MONITOR, ROLLOUT, TRAINER, WEIGHT_SYNC
-from lifecycle.decide.predicates import PREDICATES, evaluate
-from lifecycle.decide.runtime import FireResult, LifecycleMachine
-from lifecycle.decide.spec import MachineSpec, StateSpec, T
+from lifecycle.decide.runner import OperationRefused, RunFailed, Runner
 
 __all__ = [
-    "ENGINE",
-    "EVAL_FLEET",
-    "MACHINES",
-    "MONITOR",
-    "PREDICATES",
+    "EVAL",
     "ROLLOUT",
-    "TRAINER",
-    "WEIGHT_SYNC",
+    "Command",
+    "Completed",
     "ConfigError",
     "ConfigWarning",
+    "Core",
     "EffectLedger",
+    "EngineState",
+    "Event",
     "EventLog",
-    "FireResult",
-    "IllegalTransition",
+    "Failure",
+    "JobState",
     "LifecycleConfig",
     "LifecycleError",
-    "LifecycleMachine",
-    "MachineSpec",
-    "SpecError",
-    "StateSpec",
-    "T",
+    "Move",
+    "Op",
+    "OperationRefused",
+    "Outcome",
+    "Refusal",
+    "Result",
+    "RunFailed",
+    "Runner",
     "add_lifecycle_arguments",
-    "bind_context",
-    "capture",
-    "evaluate",
 ]
 __version__ = "0.1.0"

@@ -67,6 +67,14 @@ class TrainerBackend(Protocol):
     def onload(self) -> None: ...
 
 
+@runtime_checkable
+class NamedWeights(Protocol):
+    """What ``--update-weight-transfer-mode broadcast`` needs of a backend besides :class:`TrainerBackend`: its
+    tensors by the checkpoint's names (rank 0 broadcasts them; the engines load them under those names)."""
+
+    def named_weights(self) -> Mapping[str, Any]: ...
+
+
 class BackendError(LifecycleError, TypeError):
     """A backend factory gave something that is not a trainer backend (names the factory and the fix)."""
 

@@ -13,12 +13,15 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from trainer.backend import BackendError, BackendSpec, checked_grads, checked_save, worker_seed
+from trainer.backend import BackendError, BackendSpec, NamedWeights, checked_grads, checked_save, worker_seed
+
+if TYPE_CHECKING:
+    from engines.models.weight_group import WeightGroup
 
 
 class WorkerCrashed(Exception):
@@ -45,6 +48,7 @@ class TrainerWorker:
         self.rank = rank
         self.spec = spec
         self.backend = build_backend(spec, rank)
+        self._group: WeightGroup | None = None  # the weight-update group, once joined (rank 0 broadcasts)
 
     def pid(self) -> int:
         return os.getpid()
@@ -106,25 +110,24 @@ class TrainerWorker:
         return [(n, dtype_name(t.dtype), list(t.shape)) for n, t in self._named_weights().items()]
 
     def _named_weights(self) -> dict[str, Any]:
-        named = getattr(self.backend, "named_weights", None)
-        if named is None:
+        if not isinstance(self.backend, NamedWeights):
             raise BackendError(
                 f"trainer backend {self.spec.factory}: --update-weight-transfer-mode broadcast needs a "
                 "named_weights() method (name -> tensor, the checkpoint's names); add it, or use disk"
             )
-        return dict(named())
+        return dict(self.backend.named_weights())
 
     def join_weight_group(self, address: str, port: int, world_size: int, name: str, timeout: float) -> None:
         from engines.models.weight_group import WeightGroup
 
         self.leave_weight_group()
-        self._group: WeightGroup | None = WeightGroup(address, port, 0, world_size, timeout=timeout, name=name)
+        self._group = WeightGroup(address, port, 0, world_size, timeout=timeout, name=name)
 
     def broadcast_bucket(self, names: list[str]) -> str:
         """Broadcast these tensors; "" or why it failed (a failed collective is not a crashed worker)."""
         from engines.models.weight_group import WeightGroupError
 
-        group = getattr(self, "_group", None)
+        group = self._group
         if group is None:
             return "no weight-update group: join_weight_group first"
         weights = self._named_weights()
@@ -138,7 +141,7 @@ class TrainerWorker:
         return ""
 
     def leave_weight_group(self) -> None:
-        group = getattr(self, "_group", None)
+        group = self._group
         if group is not None:
             group.close()
             self._group = None

@@ -195,7 +195,7 @@ class ModelMemory:
         if TAG_KV_CACHE in chosen:
             self.kv.release()
         # no gc.collect(): the dropped tensors' storage is freed by reference counting the moment the last
-        # reference goes (tests/cpu_engine: RSS falls with collection disabled), and a full collection here ran
+        # reference goes (tests/engines/cpu: RSS falls with collection disabled), and a full collection here ran
         # on the event loop, in every release request's path (tens of ms with torch loaded)
 
     async def resume(self, tags: list[str] | None) -> None:

@@ -13,7 +13,7 @@ state (:class:`lifecycle.decide.core.JobState`) and the checker's world (process
 A state or step invariant that reads the checker's world (process health, group flags) or the action's name is
 registered with ``world=True``; every other one reads only the job (and, for a step, the job before it and the
 moves), so the explorer judges it once per job state, or once per decision of the core, not once per node
-(:class:`Verdicts`; ``tests/lifecycle/test_explore.py`` shows a world-reading invariant left unmarked is caught).
+(:class:`Verdicts`; ``tests/lifecycle/check/test_explore.py`` shows a world-reading invariant left unmarked is caught).
 
 ``no_deadlock`` and ``no_stuck_recovery`` are properties of the whole state graph; the explorer
 implements them and lists them here so that ``--invariant`` can select them.

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import structlog
 import structlog.contextvars
@@ -270,6 +270,27 @@ def event_kind(event: Mapping[str, Any]) -> str:
 
 Sink = Callable[[dict[str, Any]], None]  # reads the event; must not change it (a held line is encoded later)
 
+
+@runtime_checkable
+class HoldingSink(Protocol):
+    """A sink that can keep a burst's lines and write them at once (:meth:`EventLog.batch`): ``JsonlSink``."""
+
+    def __call__(self, event: dict[str, Any]) -> None: ...
+
+    def hold(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+@runtime_checkable
+class ClosingSink(Protocol):
+    """A sink that holds something to release when it leaves the log (a file descriptor, an exporter)."""
+
+    def __call__(self, event: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 # one encoder, built once: json.dumps with non-default arguments builds a new one per call
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 _escape: Callable[[str], str] = encode_basestring_ascii  # what _ENCODER does to a str (ensure_ascii)
@@ -486,9 +507,7 @@ class EventLog:
         """What :meth:`send` calls: each sink, or its ``line`` (it takes a pre-encoded head: JsonlSink), and
         the sinks that can hold a burst's lines (hold/flush); a new list, so a sink may leave mid-event."""
         self._targets: list[tuple[Sink, Any]] = [(s, s.line if isinstance(s, JsonlSink) else None) for s in self._sinks]
-        self._holding: list[Any] = [
-            s for s in self._sinks if callable(getattr(s, "hold", None)) and callable(getattr(s, "flush", None))
-        ]
+        self._holding: list[HoldingSink] = [s for s in self._sinks if isinstance(s, HoldingSink)]
 
     @property
     def enabled(self) -> bool:
@@ -502,9 +521,8 @@ class EventLog:
     def remove_sink(self, sink: Sink) -> None:
         self._sinks.remove(sink)
         self._retarget()
-        close = getattr(sink, "close", None)
-        if callable(close):
-            close()  # a held sink writes what it holds first
+        if isinstance(sink, ClosingSink):
+            sink.close()  # a held sink writes what it holds first
 
     def batch(self) -> LogBatch:
         """``with log.batch():`` -- the events inside are written to the JSONL sinks with one ``write(2)`` when

@@ -20,7 +20,7 @@ ALIASES = {
     "weight_sync": "WeightSyncStateName",
 }
 HEADER = '''"""The names of the machines' states, triggers and predicates as types (written from the specs by
-``python -m lifecycle.decide.names_render``; ``tests/lifecycle/test_names.py`` fails when they drift).
+``python -m lifecycle.decide.names_render``; ``tests/lifecycle/decide/test_names.py`` fails when they drift).
 
 A comparison with a name that no spec has (``state == "Serveing"``) is a mypy error
 (``comparison-overlap`` under ``--strict``) instead of an expression that is silently ``False``.

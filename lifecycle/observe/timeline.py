@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -891,66 +892,9 @@ def _summary(tl: Timeline, source: str | None) -> str:
     return f'{where}<div class="summary">{text}</div>{notable}{config}'
 
 
-_CSS = """
-body{margin:0;padding:20px 24px;background:#f8fafc;color:#0f172a;
-font:13px/1.45 -apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
-#timeline{width:1200px;background:#fff;border:1px solid #e2e8f0;border-radius:10px;padding:16px 0 8px;
-box-shadow:0 1px 3px rgba(15,23,42,.06)}
-header{padding:0 20px 4px}
-h1{font-size:18px;margin:0 0 2px;font-weight:650}
-.source{color:#64748b;font:12px ui-monospace,SFMono-Regular,Menlo,monospace;margin-bottom:2px}
-.summary{color:#334155}.bad{color:#dc2626;font-weight:700}.good{color:#15803d}
-.notable{margin:6px 0 0;padding:0;list-style:none;font-size:12px}
-.notable li{padding:1px 0}.notable li.fault::before{content:"⚡ ";color:#c026d3}
-.notable li.violation{color:#b91c1c;font-weight:600}.notable li.violation::before{content:"✖ "}
-details{margin-top:4px;font-size:12px;color:#475569}pre{max-height:240px;overflow:auto;background:#f1f5f9;padding:8px}
-.legend{padding:8px 20px 4px;display:flex;flex-direction:column;gap:4px}
-.states,.marks{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;color:#334155}
-.key{display:inline-flex;align-items:center;gap:5px;white-space:nowrap}
-.key i{display:inline-block;width:14px;height:10px;border-radius:2px;border:1px solid rgba(15,23,42,.15)}
-.key i.hatch{background:repeating-linear-gradient(45deg,#fff 0 2px,#94a3b8 2px 3.5px)}
-.sym{display:inline-block;width:14px;text-align:center;font-size:12px}
-.sym.dot{color:#fff;border-radius:50%;width:13px;height:13px;line-height:13px;font-size:10px}
-svg{display:block;font-family:inherit;margin-top:4px}
-.lane-label{font-size:12.5px;font-weight:600;fill:#1e293b;text-anchor:end}
-.axis-name{font-size:11px;fill:#64748b;text-anchor:end}
-.span-label{font-size:10.5px;text-anchor:middle;pointer-events:none}
-.step-label{font-size:11px;font-weight:700;fill:#475569}
-.tick{font-size:10.5px;fill:#475569;text-anchor:middle}
-.gap-label{font-size:10px;fill:#64748b;text-anchor:middle}
-.pill{font-size:10.5px;font-weight:700;fill:#fff}
-.violation-mark{font-size:12px;font-weight:800;fill:#fff;text-anchor:middle;pointer-events:none}
-rect.span:hover{stroke:#0f172a;stroke-width:1.5}
-#tip{position:fixed;display:none;max-width:420px;background:#0f172a;color:#f8fafc;padding:6px 9px;border-radius:6px;
-font-size:12px;white-space:pre-wrap;pointer-events:none;box-shadow:0 4px 12px rgba(0,0,0,.25);z-index:9}
-#tip b{color:#fff}
-"""
-
-# The native <title> tooltip waits a second and cannot be styled; this shows the same text at
-# once. It moves each <title> into data-tip, so the text stays in the page for readers without JS.
-_JS = """
-(function(){
-  var tip=document.getElementById('tip');
-  document.querySelectorAll('#timeline-svg title').forEach(function(t){
-    var p=t.parentNode; p.setAttribute('data-tip',t.textContent); p.removeChild(t);
-  });
-  document.getElementById('timeline-svg').addEventListener('mousemove',function(ev){
-    var el=ev.target.closest('[data-tip]');
-    if(!el){tip.style.display='none';return;}
-    var lines=el.getAttribute('data-tip').split('\\n');
-    tip.textContent='';
-    var b=document.createElement('b'); b.textContent=lines[0]; tip.appendChild(b);
-    if(lines.length>1){tip.appendChild(document.createTextNode('\\n'+lines.slice(1).join('\\n')));}
-    tip.style.display='block';
-    var x=ev.clientX+14, y=ev.clientY+14;
-    if(x+tip.offsetWidth>window.innerWidth){x=ev.clientX-tip.offsetWidth-10;}
-    if(y+tip.offsetHeight>window.innerHeight){y=ev.clientY-tip.offsetHeight-10;}
-    tip.style.left=x+'px'; tip.style.top=y+'px';
-  });
-  document.getElementById('timeline-svg').addEventListener('mouseleave',function(){tip.style.display='none';});
-  document.body.setAttribute('data-ready','true');
-})();
-"""
+def _asset(name: str) -> str:
+    """The page's CSS and script, kept as files (package data) so editors and linters treat them as such."""
+    return (resources.files("lifecycle.observe") / "assets" / name).read_text(encoding="utf-8")
 
 
 def render_html(
@@ -967,10 +911,12 @@ def render_html(
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{_a(title)}</title>'
-        f"<style>{_CSS}</style></head>\n"
+        f"<style>\n{_asset('timeline.css')}</style></head>\n"
         f'<body><div id="timeline" data-lanes="{len(tl.lanes)}"><header><h1>{_a(title)}</h1>{_summary(tl, source)}'
         f"</header>{_legend(tl)}\n{_svg(tl, scale)}\n</div>"
-        f'<div id="tip"></div><script>{_JS}</script></body></html>\n'
+        # the script shows each <title> at once, styled (the native tooltip waits a second); it moves the text
+        # into data-tip, so the text stays in the page for readers without JS
+        f'<div id="tip"></div><script>\n{_asset("timeline.js")}</script></body></html>\n'
     )
 
 

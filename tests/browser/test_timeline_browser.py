@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
+from tests.helpers import EVENT_LOGS
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
-FAULT_RUN = REPO / "tests" / "lifecycle" / "data" / "fault_run_events.jsonl"
+FAULT_RUN = EVENT_LOGS / "fault_run_events.jsonl"
 SCREENSHOT = REPO / "docs" / "timeline.png"
 DRIVERS = ["rollout", "monitor", "eval_fleet", "weight_sync", "trainer"]  # the lane order the page promises
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from engines.errors import (
 )
 from engines.protocol import PauseMode, SamplingParams
 from lifecycle.decide.errors import LifecycleError
+from tests.helpers import free_port
 
 
 @dataclass
@@ -242,12 +242,6 @@ def test_bad_arguments_fail_before_any_request():
         EngineClient("http://127.0.0.1:1", engine_id="e0", timeout=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_typed_errors_name_engine_and_endpoint():
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(0.5)
@@ -296,7 +290,7 @@ def test_typed_errors_name_engine_and_endpoint():
                     await call()
                 except EngineError as exc:
                     errors[name] = exc
-        async with EngineClient(f"http://127.0.0.1:{_free_port()}", engine_id="e8") as gone:
+        async with EngineClient(f"http://127.0.0.1:{free_port()}", engine_id="e8") as gone:
             try:
                 await gone.generate("x")
             except EngineError as exc:

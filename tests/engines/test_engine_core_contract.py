@@ -218,7 +218,7 @@ async def _old_wait_healthy(self: Engine) -> None:
 
 
 def _start_dying(tmp_path: Path) -> tuple[str, float]:
-    from engines.router import free_port
+    from tests.helpers import free_port
 
     port = free_port()
     script = tmp_path / "dying.py"

@@ -2,7 +2,7 @@
 
 The monitor runs on a fake time source (its ``clock`` and ``sleep``), so every round is driven exactly;
 its reports are collected as they would reach the runner; what a report *does* (mark, count, discard) is
-the core's, tested in ``tests/lifecycle/test_core.py`` and, with real engines, in ``tests/rollout``.
+the core's, tested in ``tests/lifecycle/decide/test_core.py`` and, with real engines, in ``tests/rollout``.
 """
 
 from __future__ import annotations

@@ -18,17 +18,9 @@ from engines.errors import EngineStartError
 from engines.launcher import Keepable, launcher_factory
 from engines.ledger import LEDGER, EngineLedger, Kept, LedgerError
 from engines.process import torch_engine_command
+from tests.helpers import alive
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (dead, its parent not yet reaped it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] not in ("Z", "X")
 
 
 def _launcher(keep: Keep, engine_id: str = "engine-0") -> RayLauncher:
@@ -52,7 +44,7 @@ def test_a_kept_engine_outlives_its_launcher_and_is_adopted_only_as_the_ledgers_
         with pytest.raises(EngineStartError, match="server_pid is"):
             await second.adopt(3, pid + 1)
         assert await second.adopt(3, pid) == url  # the same process: its URL, no restart
-        assert await second.server_pid() == pid and _alive(pid)
+        assert await second.server_pid() == pid and alive(pid)
         second.shutdown()  # a normal end: the actor and its server go
 
     asyncio.run(scenario())
@@ -76,9 +68,9 @@ def test_a_relaunch_takes_over_the_name_of_a_process_that_was_not_adopted() -> N
         assert new_pid is not None and new_pid != old_pid
         assert (await new.info())["server_pid"] == new_pid
         deadline = time.monotonic() + 30
-        while old_pid is not None and _alive(old_pid) and time.monotonic() < deadline:
+        while old_pid is not None and alive(old_pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        assert old_pid is not None and not _alive(old_pid)  # its actor was killed, and its server with it
+        assert old_pid is not None and not alive(old_pid)  # its actor was killed, and its server with it
         new.shutdown()
 
     asyncio.run(scenario())
@@ -108,11 +100,11 @@ def test_an_orphaned_engine_exits_after_its_lease() -> None:
         return pid
 
     pid = asyncio.run(launch())
-    assert _alive(pid)
+    assert alive(pid)
     deadline = time.monotonic() + 60  # a bound on the test, not a claim about speed: the lease is 4 s
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.5)
-    assert not _alive(pid), "the orphaned engine's server outlived its lease"
+    assert not alive(pid), "the orphaned engine's server outlived its lease"
     while time.monotonic() < deadline:
         try:
             ray.get_actor(keep.actor_name("engine-0"), namespace=keep.namespace)
@@ -133,7 +125,7 @@ def test_a_renewed_lease_keeps_the_engine() -> None:
         pid = await launcher.server_pid()
         assert pid is not None
         await asyncio.sleep(8)  # well past one lease: the launcher's renewals keep it
-        assert _alive(pid) and launcher.alive()
+        assert alive(pid) and launcher.alive()
         launcher.shutdown()
         return pid
 
@@ -188,15 +180,15 @@ def test_a_server_dies_with_its_actor_however_the_actor_dies() -> None:
             await launcher.info()
         info = await launcher.info()
         server, actor = info["server_pid"], info["actor_pid"]
-        assert server is not None and _alive(server)
+        assert server is not None and alive(server)
         launcher._renewal.cancel()  # type: ignore[union-attr]
         os.kill(actor, signal.SIGKILL)
         deadline = time.monotonic() + 30  # a bound on the test: the kernel's signal is immediate
-        while _alive(server) and time.monotonic() < deadline:
+        while alive(server) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        alive = _alive(server)
-        if alive:
+        survived = alive(server)
+        if survived:
             os.killpg(server, signal.SIGKILL)  # leave nothing behind for the next test
-        assert not alive, "the server outlived its SIGKILLed actor"
+        assert not survived, "the server outlived its SIGKILLed actor"
 
     asyncio.run(scenario())

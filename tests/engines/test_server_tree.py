@@ -23,6 +23,7 @@ import pytest
 from engines import process
 from engines.errors import EngineStartError
 from engines.process import ServerProcess
+from tests.helpers import alive
 
 # the fake server: forks a child (same group) and a grandchild that leaves the group, writes all pids, waits
 SERVER = textwrap.dedent(
@@ -70,14 +71,6 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _kill_driver_and_count_survivors(tmp_path: Path, mode: str) -> list[int]:
     script = tmp_path / "server.py"
     script.write_text("import os\n" + DESC + SERVER)
@@ -94,9 +87,9 @@ def _kill_driver_and_count_survivors(tmp_path: Path, mode: str) -> list[int]:
         driver.kill()
         driver.wait(10)
     deadline = time.monotonic() + 3  # the kernel's signal is immediate; the reaper's kill takes milliseconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    survivors = [p for p in pids if _alive(p)]
+    survivors = [p for p in pids if alive(p)]
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     return survivors

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib.machinery
 import importlib.util
-import socket
 import sys
 import time
 from pathlib import Path
@@ -34,15 +33,10 @@ from engines.sglang import (
 )
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError, LifecycleError
+from tests.helpers import free_port
 
 MODEL = "Qwen/Qwen3-0.6B"
 HEALTH, FLUSH = "/health_generate", "/flush_cache"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rollout_config(**flags: Any) -> LifecycleConfig:

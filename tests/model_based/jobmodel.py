@@ -30,13 +30,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from lifecycle import EffectLedger, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle import EffectLedger, EventLog, LifecycleConfig
 from lifecycle.check.explore import lattice
 from lifecycle.check.invariants import NEVER_IN_REPLAY, check_state, check_step
 from lifecycle.check.world import Action, Checker, Node, Transition
 from lifecycle.decide.core import OPERATIONS
 from lifecycle.decide.events import TRANSITION, MemorySink
 from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.runtime import LifecycleMachine
 from lifecycle.decide.spec import MachineSpec
 
 VALID_CONFIGS: tuple[LifecycleConfig, ...] = tuple(lattice().valid)

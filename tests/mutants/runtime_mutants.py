@@ -44,8 +44,8 @@ CORE, PLAN, HEALTH, FLEET = (
 )
 T_CONTROLLER, T_CORE, T_RUNNER = (
     "tests/rollout/test_controller.py",
-    "tests/lifecycle/test_core.py",
-    "tests/lifecycle/test_runner.py",
+    "tests/lifecycle/decide/test_core.py",
+    "tests/lifecycle/decide/test_runner.py",
 )
 GROUP, ROUTING, ENGINE, LAUNCHER, BROADCAST, WEIGHT_GROUP = (
     "trainer/group.py",
@@ -60,8 +60,8 @@ T_RESUME, T_WITHDRAW, T_HEALTH, T_SLOT, T_STOP, T_TEARDOWN = (
     "tests/rollout/test_routing_withdraw.py",
     "tests/engines/test_health.py",
     "tests/engines/test_engine_slot_duties.py",
-    "tests/lifecycle/test_core_stop.py",
-    "tests/trainer/test_broadcast_teardown.py",
+    "tests/lifecycle/decide/test_core_stop.py",
+    "tests/trainer/app/test_broadcast_teardown.py",
 )
 
 MUTANTS: tuple[RuntimeMutant, ...] = (
@@ -88,7 +88,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "if self.epoch is not None and trigger in self.core.fenced[part] and self.stale(part, trigger, src, group, i):",
         "if False:",
         (
-            "tests/lifecycle/test_core_epochs.py::test_a_late_report_after_a_restart_leaves_the_new_process_serving",
+            "tests/lifecycle/decide/test_core_epochs.py::test_a_late_report_after_a_restart_leaves_the_new_process_serving",
             f"{T_CONTROLLER}::test_a_late_verdict_about_a_replaced_process_is_fenced_and_the_new_one_keeps_serving",
         ),
     ),
@@ -369,7 +369,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "group = self.groups.pop(body.group_name, None)",
         "group = self.groups.get(body.group_name)",
         (
-            "tests/cpu_engine/test_distributed.py::"
+            "tests/engines/cpu/test_distributed.py::"
             "test_a_destroyed_group_is_gone_from_the_engine_and_the_next_update_forms_it_again",
         ),
     ),
@@ -406,7 +406,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "trainer/workers.py",
         '        if "python" in state:\n',
         "        if False:\n",
-        ("tests/trainer/test_resume_fast.py::test_a_workers_generators_survive_the_checkpoint_on_disk",),
+        ("tests/trainer/app/test_resume_fast.py::test_a_workers_generators_survive_the_checkpoint_on_disk",),
     ),
     RuntimeMutant(
         "resume_engines_from_initial_weights",
@@ -414,7 +414,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         "trainer/app/job.py",
         "weights = await trainer.start() or await initial_weights(",
         "weights = await trainer.start() and await initial_weights(",
-        ("tests/trainer/test_resume_fast.py::test_the_resumed_engines_start_from_the_checkpoints_version",),
+        ("tests/trainer/app/test_resume_fast.py::test_the_resumed_engines_start_from_the_checkpoints_version",),
     ),
     RuntimeMutant(
         "launch_publishes",

@@ -3,7 +3,8 @@ passes -- exit 2, ONE paragraph naming the input and the fix, no traceback (``--
 nothing written: the case's folder is byte for byte what its setup left (``tree_snapshot``).
 
 Shared by ``test_bad_inputs.py`` and the other corpus files of this folder (imported by name: the folder's
-conftest puts it on ``sys.path``).
+conftest puts it on ``sys.path``); a corpus file declares its ``CASES`` and takes its two tests from
+:func:`in_process_test` and :func:`subprocess_test`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,8 +23,8 @@ import pytest
 
 import lifecycle.cli as cli
 from rollout.replay import save_rollout
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SAMPLE = {
     "index": 0,
     "group": 0,
@@ -82,12 +82,6 @@ def _small_checkpoint(path: Path) -> None:
     from engines.models import TinyCausalLM
 
     TinyCausalLM("small", seed=0).save_pretrained(path)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -237,3 +231,25 @@ def check_subprocess(case: Case, tmp: Path, *, debug: bool = False) -> None:
     if debug:
         traced = _cli(["--debug", *argv])
         assert traced.returncode == 2 and "Traceback (most recent call last)" in traced.stderr, traced
+
+
+# -- the two tests of a corpus file ------------------------------------------------------------------------------
+def in_process_test(cases: list[Case]) -> Callable[..., None]:
+    """Every case through ``lifecycle.cli.main`` in this process (assign it to ``test_bad_input_in_process``)."""
+
+    @pytest.mark.parametrize("case", cases, ids=[c.id for c in cases])
+    def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        check_in_process(case, tmp_path, capsys)
+
+    return test_bad_input_in_process
+
+
+def subprocess_test(cases: list[Case], *, debug: bool = False) -> Callable[..., None]:
+    """The cases marked ``proc`` as a real process (assign it to ``test_bad_input_subprocess``)."""
+    proc = [c for c in cases if c.proc]
+
+    @pytest.mark.parametrize("case", proc, ids=[c.id for c in proc])
+    def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
+        check_subprocess(case, tmp_path, debug=debug)
+
+    return test_bad_input_subprocess

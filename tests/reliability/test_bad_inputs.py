@@ -7,7 +7,7 @@ also run as true subprocesses (``python -m lifecycle.cli``). Engine cases start 
 processes; one slow case runs a real replay job on Ray whose second replay file is corrupt, so the
 error is raised *inside* a running ``lifecycle run``.
 
-This complements tests/lifecycle/test_config.py (LifecycleConfig on its own) with what a user types.
+This complements tests/lifecycle/decide/test_config.py (LifecycleConfig on its own) with what a user types.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from badinput import (
     SAMPLE,
     Case,
     _edit_json,
-    _free_port,
     _mkdir,
     _paragraph_problems,
     _replay,
@@ -39,13 +38,15 @@ from badinput import (
     _small_checkpoint,
     _write,
     check_in_process,
-    check_subprocess,
+    in_process_test,
+    subprocess_test,
 )
 
 import lifecycle.cli as cli
 import lifecycle.cli.trace as trace_cli
 from lifecycle.decide.errors import LifecycleError
 from rollout.replay import SCHEMA, save_rollout
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.bad_input
 
@@ -348,7 +349,7 @@ CASES: list[Case] = [
         (),
         ("--ray-address",),
         proc=True,
-        argv_fn=lambda: ("run", "--run-dir", "{tmp}/run", "--ray-address", f"127.0.0.1:{_free_port()}"),
+        argv_fn=lambda: ("run", "--run-dir", "{tmp}/run", "--ray-address", f"127.0.0.1:{free_port()}"),
     ),
     Case(
         "run-ray-address-malformed",
@@ -495,17 +496,9 @@ CASES: list[Case] = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    check_in_process(case, tmp_path, capsys)
-
-
+test_bad_input_in_process = in_process_test(CASES)
+test_bad_input_subprocess = subprocess_test(CASES, debug=True)
 PROC = [c for c in CASES if c.proc]
-
-
-@pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
-def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
-    check_subprocess(case, tmp_path, debug=True)
 
 
 def test_corpus_is_large_and_distinct() -> None:

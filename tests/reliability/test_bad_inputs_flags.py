@@ -37,7 +37,6 @@ from badinput import (
     REPLAY,
     REPO,
     Case,
-    _free_port,
     _paragraph_problems,
     _replay,
     check_in_process,
@@ -48,6 +47,7 @@ import lifecycle.cli as cli
 from engines.ledger import MIN_LEASE, RENEWAL_TIMEOUT, RENEWALS_PER_LEASE
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.bad_input
 
@@ -354,7 +354,7 @@ def test_an_auth_refusal_is_one_paragraph() -> None:
 def _token_head(home: Path) -> Iterator[str]:
     """``docs/running.md``'s ``ray start --head --port PORT`` as written (Ray's default: token authentication), with its
     own HOME (its token file) and temp dir; stopped by its process group, never ``ray stop``."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
     env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
     ray = Path(sys.executable).parent / "ray"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from badinput import Case, check_in_process, check_subprocess
+from badinput import Case, check_in_process, in_process_test, subprocess_test
 
 from lifecycle.decide.config import LifecycleConfig
 
@@ -353,17 +353,8 @@ CASES: list[Case] = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    check_in_process(case, tmp_path, capsys)
-
-
-PROC = [c for c in CASES if c.proc]
-
-
-@pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
-def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
-    check_subprocess(case, tmp_path)
+test_bad_input_in_process = in_process_test(CASES)
+test_bad_input_subprocess = subprocess_test(CASES)
 
 
 def _case(case_id: str) -> Case:

@@ -27,7 +27,8 @@ from badinput import (
     _replay,
     _write,
     check_in_process,
-    check_subprocess,
+    in_process_test,
+    subprocess_test,
 )
 
 import lifecycle.cli as cli
@@ -169,17 +170,8 @@ CASES: list[Case] = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    check_in_process(case, tmp_path, capsys)
-
-
-PROC = [c for c in CASES if c.proc]
-
-
-@pytest.mark.parametrize("case", PROC, ids=[c.id for c in PROC])
-def test_bad_input_subprocess(case: Case, tmp_path: Path) -> None:
-    check_subprocess(case, tmp_path)
+test_bad_input_in_process = in_process_test(CASES)
+test_bad_input_subprocess = subprocess_test(CASES)
 
 
 def test_corpus_is_distinct_and_covers_every_trace_subcommand() -> None:

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from badinput import REPO, Case, _paragraph_problems, check_in_process
+from badinput import REPO, Case, _paragraph_problems, check_in_process, in_process_test
 
 import lifecycle.cli as cli
 import lifecycle.graph.model as graph_model
 from lifecycle.decide import events, jsonio
+from tests.helpers import GOLDEN_RUN
 
 pytestmark = pytest.mark.bad_input
 
-GOLDEN = REPO / "tests" / "trainer" / "golden" / "short-run.events.jsonl"
 Damage = Callable[[list[dict[str, Any]]], None]
 
 
@@ -58,7 +58,7 @@ def _log(name: str, damage: Damage | None = None) -> Callable[[Path], None]:
     """The golden run's log (a real ``lifecycle run``'s, canonical), optionally damaged, as ``name``."""
 
     def setup(tmp: Path) -> None:
-        log = [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+        log = [json.loads(line) for line in GOLDEN_RUN.read_text().splitlines()]
         if damage is not None:
             damage(log)
         (tmp / name).write_text("".join(json.dumps(e) + "\n" for e in log))
@@ -68,7 +68,7 @@ def _log(name: str, damage: Damage | None = None) -> Callable[[Path], None]:
 
 def _line_of(damage: Damage) -> int:
     """The line of the golden log a damage changes (the error must name it)."""
-    log = [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+    log = [json.loads(line) for line in GOLDEN_RUN.read_text().splitlines()]
     before = [json.dumps(e) for e in log]
     damage(log)
     return next(i for i, (a, e) in enumerate(zip(before, log, strict=True), start=1) if a != json.dumps(e))
@@ -208,9 +208,7 @@ def _not_file_cases() -> list[Case]:
 CASES = [*_typed_cases(), *GRAPH_CASES, *_not_file_cases()]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_in_process(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    check_in_process(case, tmp_path, capsys)
+test_bad_input_in_process = in_process_test(CASES)
 
 
 def test_a_real_log_and_a_real_export_are_still_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,7 +216,7 @@ def test_a_real_log_and_a_real_export_are_still_read(tmp_path: Path, capsys: pyt
     _log("e.jsonl")(tmp_path)
     _graph(lambda doc: None)(tmp_path)
     assert cli.main(["trace", "check", str(tmp_path / "e.jsonl")]) == 0
-    assert cli.main(["trace", "diff", str(GOLDEN), str(tmp_path / "e.jsonl")]) == 0
+    assert cli.main(["trace", "diff", str(GOLDEN_RUN), str(tmp_path / "e.jsonl")]) == 0
     assert (
         cli.main(["graph", "--format", "html", "--compare", str(tmp_path / "ref.json"), "-o", str(tmp_path / "r.html")])
         == 0

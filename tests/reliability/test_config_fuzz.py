@@ -1,6 +1,6 @@
 """Hypothesis over the whole config space: every entry point either builds a config or raises ConfigError.
 
-tests/lifecycle/test_config.py fuzzes ``from_mapping`` with known keys and a fixed value pool. This goes
+tests/lifecycle/decide/test_config.py fuzzes ``from_mapping`` with known keys and a fixed value pool. This goes
 wider, at every door a user or an embedding script can come through:
 
 * ``from_mapping`` with every key at once, every spelling (``rollout_num_gpus``, ``rollout-num-gpus``,

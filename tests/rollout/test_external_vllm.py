@@ -28,9 +28,9 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: pip i
 from engines.engine import Timeouts
 from engines.models import build_tiny_llama
 from engines.process import ServerProcess
-from engines.router import free_port
 from engines.vllm.launcher import DEV_MODE, vllm_command
 from rollout.controller import ControllerError
+from tests.helpers import free_port
 
 from .test_external import Job
 

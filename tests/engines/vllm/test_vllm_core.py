@@ -245,7 +245,7 @@ def test_a_dead_engine_core_is_a_dead_server_seen_at_once_with_its_error(slot: S
 def test_an_engine_core_that_dies_at_its_first_generation_fails_the_start_at_once_quoting_its_error(
     tmp_path: Path, vllm_python: str
 ) -> None:
-    """head_dim 16 (refused up front by the CLI: tests/trainer/test_bad_inputs_vllmcore.py): started directly, the
+    """head_dim 16 (refused up front by the CLI: tests/reliability/test_bad_inputs_vllmcore.py): started directly, the
     server passes /health, its first generation kills the engine core. The start fails within seconds of that,
     quoting the worker's own error -- not after the 300 s start-up bound, naming neither."""
     model = build_tiny_llama(tmp_path / "hd16", seed=0)  # head_dim 16

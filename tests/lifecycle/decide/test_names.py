@@ -14,7 +14,7 @@ from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.names_render import ALIASES, render
 from lifecycle.decide.predicates import PREDICATES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_names_module_is_written_from_the_specs() -> None:

@@ -2,7 +2,7 @@
 
 Started with ``--weights DIR``: the directory's ``model_type`` picks the family, so the engine serves
 ``LlamaForCausalLM`` with the directory's own tokenizer, context and EOS. Same checks as the char
-model's (tests/cpu_engine/test_http_api.py): generation is the reference model's, weights load by
+model's (tests/engines/cpu/test_http_api.py): generation is the reference model's, weights load by
 directory and change outputs, memory is really released and restored, errors are SGLang's bodies.
 """
 

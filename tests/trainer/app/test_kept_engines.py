@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 
 from lifecycle.decide.events import read_jsonl
+from tests.helpers import alive
 
 from .kill_mid_update import KILL_ENV
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 STEPS, KILL_AT = 4, 3
 
@@ -74,14 +75,6 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("kept")
@@ -95,7 +88,7 @@ def runs(cluster: tuple[str, dict[str, str]], tmp_path_factory: pytest.TempPathF
             assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
             ledger = json.loads((run_dir / "engines.json").read_text())["engines"]
             pids = [int(e["server_pid"]) for e in ledger.values()]
-            assert len(pids) == 2 and all(_alive(p) for p in pids)  # the driver is dead, its engines are not
+            assert len(pids) == 2 and all(alive(p) for p in pids)  # the driver is dead, its engines are not
             (run_dir / "ledger.at-death.json").write_text(json.dumps(ledger))
             resumed = _resume(cluster, run_dir)
             assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -183,4 +176,4 @@ def test_a_finished_run_leaves_no_engine_behind(runs: dict[str, Path]) -> None:
         assert ledger["engines"] == {}  # every engine's death was confirmed at the end
     for name in ("at-checkpoint", "after-checkpoint", "mid-update"):
         at_death = json.loads((runs[name] / "ledger.at-death.json").read_text())
-        assert not any(_alive(int(e["server_pid"])) for e in at_death.values())
+        assert not any(alive(int(e["server_pid"])) for e in at_death.values())

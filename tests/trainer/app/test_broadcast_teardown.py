@@ -2,7 +2,7 @@
 trainer worker 0 (rank 0) *and* every engine that joined leave, whoever of them can no longer answer -- an
 engine left in the group refuses the next ``/init_weights_update_group`` ("exists; destroy it first"), and a
 rank 0 left in it keeps its rendezvous port. The shell runs here on stand-ins for worker 0 and the engines;
-the group itself (gloo, real engines) is in ``tests/cpu_engine/test_distributed.py``.
+the group itself (gloo, real engines) is in ``tests/engines/cpu/test_distributed.py``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_
     import torch
 
     from engines.models.weight_group import WeightGroup, WeightGroupError
-    from trainer.app.broadcast import free_port
+    from tests.helpers import free_port
 
     port, members = free_port(), {}
 

@@ -16,7 +16,7 @@ import pytest
 
 from lifecycle.decide.events import read_jsonl
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 PROJECT = ("lifecycle", "engines", "rollout", "trainer")

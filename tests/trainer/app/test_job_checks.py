@@ -22,6 +22,7 @@ from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.runner import UnboundEffect
 from rollout.pattern import PatternTask
 from rollout.task import TaskError
+from tests.helpers import alive
 from trainer.app import Job, RunOptions
 from trainer.app.job import JobReused
 from trainer.backend import BackendSpec
@@ -412,14 +413,6 @@ def test_a_half_built_groups_workers_are_killed_even_when_its_dispose_fails() ->
 
 
 # -- a real job: entered once, increasing versions, nothing left running (Ray, CPU engines) ---------------------------
-def _alive(pid: int) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] not in ("Z", "X")
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_real_job_is_entered_once_and_refuses_a_lower_version(tmp_path: Path) -> None:
@@ -443,7 +436,7 @@ def test_a_real_job_is_entered_once_and_refuses_a_lower_version(tmp_path: Path) 
                 pass
 
     asyncio.run(loop())
-    assert seen["pids"] and not [p for p in seen["pids"] if _alive(p)], "an engine server outlived the job"
+    assert seen["pids"] and not [p for p in seen["pids"] if alive(p)], "an engine server outlived the job"
     assert set(job.manager.controller.states().values()) == {"Disposed"}
 
 

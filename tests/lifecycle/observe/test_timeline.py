@@ -17,9 +17,9 @@ from lifecycle.observe.timeline import (
     state_colour,
     write_timeline,
 )
+from tests.helpers import EVENT_LOGS
 
-DATA = Path(__file__).parent / "data"
-FAULT_RUN = DATA / "fault_run_events.jsonl"
+FAULT_RUN = EVENT_LOGS / "fault_run_events.jsonl"
 
 
 def _tr(machine: str, instance: str, src: str, dst: str, trigger: str, **kw: object) -> dict[str, object]:
@@ -208,7 +208,7 @@ def test_bad_input_is_one_clear_error(
 def test_a_resumed_run_shows_the_driver_gone_then_every_lane_from_init() -> None:
     """A log a killed driver left and a resumed one continued (tests/lifecycle/data): between the last event of
     the dead driver and the resume no lane stays in the state it died in, and the resume is labelled."""
-    events = load_events(DATA / "resumed_run_events.jsonl")
+    events = load_events(EVENT_LOGS / "resumed_run_events.jsonl")
     tl = build_timeline(events)
     resumed = next(i for i, e in enumerate(events) if e["event"] == "job.resumed")
     (marker,) = [m for m in tl.markers if m.kind == "resumed"]

@@ -18,13 +18,13 @@ from lifecycle.decide.presets import preset
 from lifecycle.decide.schema import Mismatch, SchemaError, checker, expected, found
 from lifecycle.graph import graph_document
 from lifecycle.graph.model import GraphJSON, to_json
+from tests.helpers import EVENT_LOGS, GOLDEN_RUN, REPO
 
-TESTS = Path(__file__).resolve().parents[1]
 REAL_LOGS = [
-    TESTS / "trainer" / "golden" / "short-run.events.jsonl",
-    TESTS / "lifecycle" / "data" / "fault_run_events.jsonl",
-    TESTS / "lifecycle" / "data" / "resumed_run_events.jsonl",
-    TESTS / "telemetry" / "data" / "rollout_ft_kill_events.jsonl",
+    GOLDEN_RUN,
+    EVENT_LOGS / "fault_run_events.jsonl",
+    EVENT_LOGS / "resumed_run_events.jsonl",
+    EVENT_LOGS / "rollout_ft_kill_events.jsonl",
 ]
 
 
@@ -163,7 +163,7 @@ def _written_kinds() -> dict[str, str]:
     names = {k: v for mod in (ev, faults) for k, v in vars(mod).items() if k.isupper() and isinstance(v, str)}
     found: dict[str, str] = {}
     for package in ("lifecycle", "engines", "rollout", "trainer"):
-        for path in sorted((TESTS.parent / package).rglob("*.py")):
+        for path in sorted((REPO / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
                     continue
@@ -172,7 +172,7 @@ def _written_kinds() -> dict[str, str]:
                 ):
                     continue
                 first = node.args[0]
-                where = f"{path.relative_to(TESTS.parent)}:{node.lineno}"
+                where = f"{path.relative_to(REPO)}:{node.lineno}"
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):
                     found[first.value] = where
                 elif isinstance(first, ast.Name) and first.id in names:

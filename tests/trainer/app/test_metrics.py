@@ -22,9 +22,10 @@ from prometheus_client.registry import CollectorRegistry
 from lifecycle.decide.events import EventLog, read_jsonl
 from lifecycle.decide.machines import ENGINE
 from lifecycle.observe.monitor import JUDGED
+from tests.helpers import EVENT_LOGS, free_port
 from trainer.app.metrics import Metrics, serve_metrics
 
-LOG = Path(__file__).resolve().parent / "data" / "rollout_ft_kill_events.jsonl"
+LOG = EVENT_LOGS / "rollout_ft_kill_events.jsonl"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -143,12 +144,6 @@ def test_two_exporters_keep_their_own_registries() -> None:
     assert "rl_lifecycle_committed_weight_version 0.0" in generate_latest(b.registry).decode()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.recovery
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_scrape_during_a_run_shows_engine_1_leave_serving_the_transitions_one_recovery_and_the_versions(
@@ -157,7 +152,7 @@ def test_a_scrape_during_a_run_shows_engine_1_leave_serving_the_transitions_one_
     pytest.importorskip("torch")
     from lifecycle.cli import main
 
-    port = _free_port()
+    port = free_port()
     argv = ["run", "--steps", "5", "--inject", "kill-engine:1@3", "--use-fault-tolerance", "--ft-components"]
     argv += ["rollout", "--quiet", "--run-dir", str(tmp_path / "run"), "--metrics-port", str(port)]
     result: list[int] = []

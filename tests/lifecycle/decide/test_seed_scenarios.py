@@ -16,10 +16,12 @@ from collections.abc import Mapping
 
 import pytest
 
-from lifecycle import ENGINE, EVAL_FLEET, MONITOR, ROLLOUT, TRAINER, LifecycleConfig, MachineSpec
+from lifecycle import LifecycleConfig
 from lifecycle.check.mutants import MUTANTS
 from lifecycle.decide.core import ROLLOUT as ROLLOUT_GROUP
 from lifecycle.decide.core import Outcome, Refusal
+from lifecycle.decide.machines import ENGINE, EVAL_FLEET, MONITOR, ROLLOUT, TRAINER
+from lifecycle.decide.spec import MachineSpec
 
 from .test_core import Drive
 

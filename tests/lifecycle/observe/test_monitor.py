@@ -20,8 +20,9 @@ from lifecycle.cli import main
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import VIOLATED, EventLog, JsonlSink, read_jsonl
 from lifecycle.observe.monitor import JUDGED, EventMonitor, InvariantViolated, MonitorSink
+from tests.helpers import EVENT_LOGS
 
-LOG = Path(__file__).resolve().parents[1] / "telemetry" / "data" / "rollout_ft_kill_events.jsonl"
+LOG = EVENT_LOGS / "rollout_ft_kill_events.jsonl"
 Event = dict[str, Any]
 
 
@@ -254,7 +255,7 @@ def test_the_runner_writes_its_config_line_once_first() -> None:
 
 
 # -- resume (issue 18): weight versions never go backwards ------------------------------------------------------------
-RESUMED_LOG = Path(__file__).resolve().parent / "data" / "resumed_run_events.jsonl"
+RESUMED_LOG = EVENT_LOGS / "resumed_run_events.jsonl"
 
 
 def resumed() -> list[Event]:

@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 from transitions import Machine
 
-from lifecycle import (
-    ENGINE,
-    MONITOR,
-    EffectLedger,
-    IllegalTransition,
-    LifecycleConfig,
-    LifecycleMachine,
-)
-from lifecycle.decide.runtime import build_transitions_machine
+from lifecycle import EffectLedger, LifecycleConfig
+from lifecycle.decide.errors import IllegalTransition
+from lifecycle.decide.machines import ENGINE, MONITOR
+from lifecycle.decide.runtime import LifecycleMachine, build_transitions_machine
 
 FT_ROLLOUT = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FT_TRAIN = LifecycleConfig(use_fault_tolerance=True, ft_components=["train"], rollout_num_gpus=2)

@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
-from lifecycle import ENGINE, EventLog, LifecycleConfig, LifecycleMachine, bind_context, capture
-from lifecycle.decide.events import TRANSITION, StructlogSink, canonical, read_jsonl, utc_now
+from lifecycle import EventLog, LifecycleConfig
+from lifecycle.decide.events import TRANSITION, StructlogSink, bind_context, canonical, capture, read_jsonl, utc_now
+from lifecycle.decide.machines import ENGINE
+from lifecycle.decide.runtime import LifecycleMachine
 
 CFG = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
 FIELDS = {"event", "machine", "instance", "seq", "src", "dst", "trigger", "guards", "effects", "ts"}
@@ -98,7 +100,9 @@ def test_jsonl_lines_survive_sigkill(tmp_path):
     path = tmp_path / "events.jsonl"
     code = f"""
 import os, signal
-from lifecycle import ENGINE, EventLog, LifecycleConfig, LifecycleMachine
+from lifecycle import EventLog, LifecycleConfig
+from lifecycle.decide.machines import ENGINE
+from lifecycle.decide.runtime import LifecycleMachine
 log = EventLog()
 log.add_sink(__import__("lifecycle.decide.events", fromlist=["JsonlSink"]).JsonlSink({str(path)!r}))
 cfg = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)

@@ -1,4 +1,4 @@
-"""A rollout function for ``tests/trainer/test_kept_engines.py``: the default one, and -- where
+"""A rollout function for ``tests/trainer/app/test_kept_engines.py``: the default one, and -- where
 ``$LIFECYCLE_KILL_UPDATE_AT`` names a weight version -- a driver that SIGKILLs itself in the middle of the weight
 update that pushes that version, right after the engine ledger recorded the transfer to ``engine-0`` as under way.
 

@@ -18,6 +18,7 @@ import pytest
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import TRANSITION, read_jsonl
 from rollout.pattern import PatternTask
+from tests.helpers import alive
 from trainer.app import Job, RunOptions
 
 pytest.importorskip("ray")
@@ -26,15 +27,6 @@ pytest.importorskip("torch")
 
 class Boom(Exception):
     """The user's loop body failing (not anything the project raises)."""
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a dead child its parent has not reaped yet)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] not in ("Z", "X")
 
 
 def test_the_parts_exist_only_once_the_job_has_started(tmp_path: Path) -> None:
@@ -83,7 +75,7 @@ def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sin
             await job.update_weights(1)
             pids = [await e.launcher.server_pid() for e in job.manager.controller.engines]
             seen.update(pids=pids, url=job.exporter.url if job.exporter else None, frozen=gc.get_freeze_count())
-            assert all(pid is not None and _alive(pid) for pid in pids), pids
+            assert all(pid is not None and alive(pid) for pid in pids), pids
             raise Boom("the user's reward broke")
 
     with pytest.raises(Boom, match="the user's reward broke"):
@@ -91,7 +83,7 @@ def test_a_failing_loop_body_disposes_engines_then_trainer_then_exporter_and_sin
 
     pids = seen["pids"]
     assert isinstance(pids, list) and len(pids) == 2
-    assert not [pid for pid in pids if _alive(pid)], "an engine server outlived the job"
+    assert not [pid for pid in pids if alive(pid)], "an engine server outlived the job"
     assert set(job.manager.controller.states().values()) == {"Disposed"}
     assert job.runner.state.rollout == "Disposed" and job.runner.state.trainer == "Disposed"
     moves = [

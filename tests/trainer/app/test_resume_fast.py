@@ -37,7 +37,7 @@ from trainer.group import TrainerGroup
 from trainer.job_state import JobCheckpoint, load_job_checkpoint, save_job_checkpoint
 from trainer.workers import TrainerWorker
 
-from .conftest import bind_rollout_stand_in
+from ..conftest import bind_rollout_stand_in
 
 WORKER = TrainerWorker.__ray_metadata__.modified_class  # the actor's class: its methods, without Ray
 BACKEND = BackendSpec("trainer.grpo:GRPOBackend")

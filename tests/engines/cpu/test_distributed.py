@@ -22,7 +22,7 @@ from engines.errors import EngineHTTPError
 from engines.models import TinyCausalLM
 from engines.models.weight_group import TensorMeta, WeightGroup, WeightGroupError, buckets, metas_of
 from engines.process import ServerProcess
-from trainer.app.broadcast import free_port
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.weight_update
 BOUND = 120.0  # a hang would fail here; the collectives' own deadline is 20 s (conftest: weight_group_timeout_s)

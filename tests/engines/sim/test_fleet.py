@@ -22,7 +22,7 @@ from lifecycle.observe.trace import diff, load
 from rollout.executor import RolloutManager
 from rollout.pattern import PatternTask
 
-from ..rollout.conftest import bind_trainer_stand_in
+from ...rollout.conftest import bind_trainer_stand_in
 
 
 @pytest.fixture

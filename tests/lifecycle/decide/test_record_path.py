@@ -43,7 +43,7 @@ from lifecycle.decide.spec import Step
 
 CONFIGS = [group[0] for group in lattice().groups.values()]
 FT = LifecycleConfig(use_fault_tolerance=True, rollout_num_gpus=2)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _walk(spec: Any, config: LifecycleConfig, seed: int, compiled: bool, path: Path) -> tuple[list, list, list]:

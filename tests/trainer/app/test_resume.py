@@ -24,7 +24,7 @@ from lifecycle.decide.events import read_jsonl
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STEPS, INTERVAL, KILL_AT = 5, 2, 3
 
 

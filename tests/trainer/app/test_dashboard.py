@@ -25,11 +25,12 @@ from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.presets import preset
 from lifecycle.decide.runtime import LifecycleMachine
 from lifecycle.decide.spec import Blocked
+from tests.helpers import EVENT_LOGS
 from trainer.app.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "docs" / "grafana" / "rl-lifecycle.json"
-EVENTS = Path(__file__).resolve().parent / "data" / "rollout_ft_kill_events.jsonl"
+EVENTS = EVENT_LOGS / "rollout_ft_kill_events.jsonl"
 
 PREFIX = "rl_lifecycle_"
 DATASOURCE_UIDS = {"${datasource}", "$datasource"}
