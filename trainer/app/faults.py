@@ -41,7 +41,7 @@ from lifecycle.decide.predicates import (
 from lifecycle.decide.presets import FT_PRESETS
 from lifecycle.decide.runner import Runner
 
-if TYPE_CHECKING:  # engines.api imports the HTTP client: `lifecycle --help` must not (tests/trainer/test_cli.py)
+if TYPE_CHECKING:  # engines.api imports the HTTP client: `lifecycle --help` must not (tests/trainer/app/test_cli.py)
     from engines.api import ServerAPI
 
 ENGINE_FAULTS = kinds(target="engine")
