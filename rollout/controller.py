@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from engines.api import APIFactory, sglang_api
+from engines.backends import engine_backend
 from engines.engine import Engine, EngineFailed, Timeouts
 from engines.errors import EngineError
 from engines.health import HealthMonitor
@@ -183,17 +183,13 @@ class InferenceController:
         endpoint = str(self.config.rollout_health_check_endpoint).lstrip("/")
         url = self.external_url(engine_id)
         launcher: Launcher
-        api: APIFactory | None = None  # a launched server's is its launcher's (else SGLang's)
-        if url is not None:
-            launcher = ExternalLauncher(engine_id, url)
-            api = external_api(self.config.rollout_backend)  # an external engine is --rollout-backend's
+        if url is not None:  # an external engine speaks --rollout-backend's API
+            launcher = ExternalLauncher(engine_id, url, api=engine_backend(self.config.rollout_backend).api)
         elif self.launcher_factory is None:
             raise ControllerError("engines must start, but the rollout manager has no launcher factory")
         else:
             launcher = self.launcher_factory(engine_id)
-        return Engine(
-            engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, api=api, external=url is not None
-        )
+        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, external=url is not None)
 
     def external_url(self, engine_id: str) -> str | None:
         """The address of a rollout engine started outside the job, or None for one the job launches."""
@@ -515,12 +511,3 @@ class InferenceController:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watchers.clear()
-
-
-def external_api(backend: str) -> APIFactory:
-    """The API an engine started outside the job speaks: its --rollout-backend's."""
-    if backend == "vllm":
-        from engines.vllm.api import vllm_api  # its client only where vLLM engines are used
-
-        return vllm_api
-    return sglang_api

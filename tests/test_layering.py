@@ -40,10 +40,21 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines.cpu": LIFECYCLE | {"engines.models", "engines"},
     "engines.sim": LIFECYCLE | {"engines.models", "engines"},
     "engines.vllm": LIFECYCLE | {"engines.models", "engines"},  # the vLLM client, and the plugin vLLM loads
-    "rollout": LIFECYCLE | {"engines.models", "engines", "engines.vllm"},
+    # the backend table: one row per backend, so it sits above the backends' packages it points at
+    "engines.backends": LIFECYCLE | {"engines.models", "engines", "engines.vllm"},
+    "rollout": LIFECYCLE | {"engines.models", "engines", "engines.vllm", "engines.backends"},
     "trainer": LIFECYCLE | {"engines.models", "engines", "engines.vllm", "rollout"},
     "trainer.app": LIFECYCLE
-    | {"engines.models", "engines", "engines.cpu", "engines.sim", "engines.vllm", "rollout", "trainer"},
+    | {
+        "engines.models",
+        "engines",
+        "engines.cpu",
+        "engines.sim",
+        "engines.vllm",
+        "engines.backends",
+        "rollout",
+        "trainer",
+    },
 }
 # The core imports no runtime code at all (DEVELOPERS.md: no Ray, torch or HTTP in lifecycle/).
 CORE_FORBIDDEN = (
