@@ -30,6 +30,7 @@ from engines.protocol import GenerateResponse
 from engines.router import Router, upstream_of
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.events import GATEWAY, EventLog
+from rollout.failures import ControllerError
 
 
 class OnUnhealthy(Protocol):
@@ -66,6 +67,9 @@ class Routing(Protocol):
 
     name: str
 
+    async def open(self) -> None:
+        """Start what requests go through, with the group's first engine (bounded; raises naming the fix)."""
+
     def members(self) -> list[str]: ...
 
     async def publish(self, engine: Engine) -> Outcome: ...
@@ -100,6 +104,9 @@ class LocalRouting:
     name: str = "local"
     _members: dict[str, Engine] = field(default_factory=dict)
     _inflight: dict[str, set[asyncio.Future[Any]]] = field(default_factory=dict)  # engine id -> batches out to it
+
+    async def open(self) -> None:
+        """Nothing to start: requests go in-process."""
 
     def members(self) -> list[str]:
         return sorted(self._members, key=_slot_order)
@@ -211,6 +218,19 @@ class RouterRouting:
 
     def members(self) -> list[str]:
         return sorted(self._urls, key=_slot_order)
+
+    async def open(self) -> None:
+        """The gateway starts (bounded) with the group's first engine; one that cannot start fails that launch,
+        and the exception names the gateway and the fix."""
+        if self.router.process is not None:
+            return
+        try:
+            await self.start()
+        except EngineError as exc:
+            raise ControllerError(
+                f"{self.name}: the gateway (SMG) did not start: {exc}. Fix: pip install "
+                "'rl-lifecycle[router]', or run without the router (--no-router)"
+            ) from None
 
     async def start(self) -> None:
         async with self._lock:
