@@ -104,9 +104,7 @@ class EngineSetup:
 
     kind: LauncherKind = "ray"
     seed: int = 0
-    checkpoint: str | os.PathLike[str] | None = (
-        None  # the initial weights: a Hugging Face directory, or the char model's
-    )
+    checkpoint: str | os.PathLike[str] | None = None  # the initial weights (a Hugging Face or a char model dir)
     api_key: str | None = None  # every server requires it (the run's key)
     device: str = "cpu"  # --rollout-device
     startup: float = 60.0  # seconds one server may take to start
