@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
@@ -33,6 +33,9 @@ from engines.errors import EngineStartError
 from engines.ledger import KEEP_NAMESPACE, RENEWAL_TIMEOUT, RENEWALS_PER_LEASE
 from engines.process import ServerProcess
 from engines.rayconnect import check_gcs, check_token, connection_error, use_cluster_token
+
+if TYPE_CHECKING:
+    from engines.api import APIFactory
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)  # type: ignore[call-overload]  # ray stubs lack actor options
@@ -180,8 +183,14 @@ class RayLauncher:
         api_key: str | None = None,
         env: dict[str, str] | None = None,
         keep: Keep | None = None,
+        api: APIFactory | None = None,
     ) -> None:
         self.engine_id = engine_id
+        if api is None:  # imported here: the actor's own process (this module) needs no HTTP client
+            from engines.api import sglang_api
+
+            api = sglang_api
+        self.api: APIFactory = api  # what the server speaks (the CPU engine: SGLang's)
         self.keep = keep  # --detach-engines: a named, detached actor with a lease this driver renews
         self.epoch: int | None = None  # the generation of the process it launches next (set by its slot's owner)
         self._renewal: asyncio.Task[None] | None = None

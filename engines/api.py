@@ -4,7 +4,7 @@ The slot (:class:`engines.engine.Engine`) carries out the core's commands -- wai
 a checkpoint and publish its version, join/receive/leave a broadcast, pause, resume, release and resume
 memory -- and reports outcomes. *How* each is spelled on the wire is the backend's: SGLang's API (real
 SGLang, and the project's CPU engine, which speaks it) here, vLLM's in :mod:`engines.vllm.api`. A launcher
-names the API of the server it starts (its ``api`` attribute); the default is SGLang's.
+names the API of the server it starts (``Launcher.api``, from its backend's row in :mod:`engines.backends`).
 
 Both backends bracket a weight update in the server's own session, so a version is published only by a
 completed update: SGLang ``/begin_weight_update`` ... ``/end_weight_update``, vLLM ``/start_weight_update`` ...

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engines.api import APIFactory, Bucket, ServerAPI, mismatch, sglang_api
+from engines.api import APIFactory, Bucket, ServerAPI, mismatch
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
 from engines.launcher import Launcher
 from lifecycle.decide.core import Fact, Outcome
@@ -60,8 +60,8 @@ class Timeouts:
 
 
 class Engine:
-    """An engine slot: a launcher, the API of the server it started (SGLang's or vLLM's: the launcher's
-    ``api``, else SGLang's), and what that server holds."""
+    """An engine slot: a launcher, the API of the server it started (its backend's: the launcher's ``api``),
+    and what that server holds."""
 
     def __init__(
         self,
@@ -82,8 +82,8 @@ class Engine:
         self.probe_endpoint = probe_endpoint
         self.launcher = launcher
         # the key the launcher started the server with (or an external engine's owner gave), unless one is given
-        self.api_key = api_key if api_key is not None else getattr(launcher, "api_key", None)
-        self.api_factory: APIFactory = api or getattr(launcher, "api", None) or sglang_api
+        self.api_key = api_key if api_key is not None else launcher.api_key
+        self.api_factory: APIFactory = api or launcher.api
         self.timeouts = timeouts or Timeouts()
         self.server: ServerAPI | None = None
         self.url: str | None = None

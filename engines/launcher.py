@@ -13,18 +13,28 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from engines.apikey import given_api_key, key_env
 from engines.errors import EngineError, EngineTimeout
 from engines.process import ServerProcess, torch_engine_command
+
+if TYPE_CHECKING:  # engines.api imports the HTTP client: `lifecycle --help` (which imports this) must not
+    from engines.api import APIFactory
 
 CommandFactory = Callable[[], Sequence[str]]
 LauncherKind = Literal["ray", "local"]
 
 
 class Launcher(Protocol):
-    """Starts, watches and kills one engine server process; every method any caller uses is here."""
+    """Starts, watches and kills one engine server process; every method any caller uses is here.
+
+    ``api`` is the API the server it starts speaks (what the engine slot talks to it with: its backend's,
+    ``engines.backends``); ``api_key`` the key the server requires (None: none), which the slot sends."""
+
+    api: APIFactory
+    api_key: str | None
 
     async def launch(self) -> str:
         """Start the process; return its base URL once it listens."""
@@ -87,30 +97,54 @@ class Keepable(Protocol):
 LauncherFactory = Callable[[str], Launcher]
 
 
+@dataclass(frozen=True)
+class EngineSetup:
+    """What a job hands its backend's launchers (``engines.backends``): how the servers run, what they start
+    from and require. A backend reads what it needs and ignores the rest."""
+
+    kind: LauncherKind = "ray"
+    seed: int = 0
+    checkpoint: str | os.PathLike[str] | None = None  # the initial weights (a Hugging Face or a char model dir)
+    api_key: str | None = None  # every server requires it (the run's key)
+    device: str = "cpu"  # --rollout-device
+    startup: float = 60.0  # seconds one server may take to start
+    keep: Any = None  # an engines.actor.Keep: the servers outlive the driver (--detach-engines, Ray only)
+    python: str | None = None  # the backend's own environment's python, where it has one (None: found)
+
+
 def launcher_factory(
     kind: LauncherKind = "ray",
     command: CommandFactory | None = None,
     *,
     api_key: str | None = None,
     keep: Any = None,
+    api: APIFactory | None = None,
 ) -> LauncherFactory:
     """``engine_id -> Launcher`` for a rollout manager: the CPU torch engine (or ``command``) per slot.
 
     ``kind="ray"`` runs each server inside a Ray actor (Ray must be initialised), ``"local"`` as a
-    child process of this one. ``api_key``: every server requires it (handed over by environment, see
-    :mod:`engines.apikey`), and the engine slot sends it. ``keep`` (an :class:`engines.actor.Keep`, Ray only):
+    child process of this one; ``api``: what the servers speak (SGLang's, as the CPU engine does).
+    ``api_key``: every server requires it (handed over by environment, see :mod:`engines.apikey`), and the
+    engine slot sends it. ``keep`` (an :class:`engines.actor.Keep`, Ray only):
     the engines outlive the driver (--detach-engines).
     """
     cmd: CommandFactory = command if command is not None else torch_engine_command
     if kind == "local":
         if keep is not None:
             raise ValueError("kept engines (--detach-engines) are Ray's detached actors: use the 'ray' launcher")
-        return lambda engine_id: LocalLauncher(engine_id, cmd, api_key=api_key)
+        return lambda engine_id: LocalLauncher(engine_id, cmd, api_key=api_key, api=api)
     if kind != "ray":
         raise ValueError(f"unknown launcher kind {kind!r}: use 'ray' or 'local'")
     from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
 
-    return lambda engine_id: RayLauncher(engine_id, cmd, api_key=api_key, keep=keep)
+    return lambda engine_id: RayLauncher(engine_id, cmd, api_key=api_key, keep=keep, api=api)
+
+
+def _sglang_api() -> APIFactory:
+    """SGLang's API, the default (imported at construction: this module is imported by ``lifecycle --help``)."""
+    from engines.api import sglang_api
+
+    return sglang_api
 
 
 class ProcessControl:
@@ -118,6 +152,7 @@ class ProcessControl:
 
     engine_id: str
     process: ServerProcess | None
+    api_key: str | None = None
     _death: tuple[ServerProcess, asyncio.Future[int]] | None = None  # the one waitpid of the process
 
     async def kill(self) -> None:
@@ -186,8 +221,10 @@ class LocalLauncher(ProcessControl):
         health_path: str = "/health",
         api_key: str | None = None,
         env: Mapping[str, str] | None = None,
+        api: APIFactory | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self.api = api or _sglang_api()  # what the server speaks (the CPU engine: SGLang's)
         self.command = command
         self.startup_timeout = startup_timeout
         self.url = url
@@ -219,8 +256,9 @@ class ExternalLauncher:
     monitor's probes or a failed request, never by a process watcher, since there is no process here.
     """
 
-    def __init__(self, engine_id: str, url: str, api_key: str | None = None) -> None:
+    def __init__(self, engine_id: str, url: str, api_key: str | None = None, *, api: APIFactory | None = None) -> None:
         self.engine_id = engine_id
+        self.api = api or _sglang_api()  # its --rollout-backend's: an external server is read, never told what it is
         self.url = url.rstrip("/")
         self.api_key = api_key if api_key is not None else given_api_key()  # its owner's key, if it has one
         self.attached = False

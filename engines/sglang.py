@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.api import APIFactory, sglang_api
 from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError, EngineStartError, EngineStartTimeout, EngineTimeout
 from engines.launcher import ProcessControl
@@ -303,6 +304,7 @@ class SGLangBackend(ProcessControl):
             if not value > 0:
                 raise ValueError(f"engine {engine_id}: {name} must be > 0 seconds, got {value!r}")
         self.engine_id = engine_id
+        self.api: APIFactory = sglang_api
         self.args = args
         self.startup_timeout = startup_timeout
         self.probe_timeout = probe_timeout

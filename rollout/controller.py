@@ -7,6 +7,10 @@ It decides nothing: which engines start, which are recovered, which are in a wei
 when the monitor runs and what a death means are the core's rules (``lifecycle.decide.core``), run by the
 job's :class:`~lifecycle.decide.runner.Runner`. What the controller knows of its own is data: the URLs, the
 clients, which weights are committed, why an engine was last marked.
+
+Its parts by concern: the death watchers (:mod:`rollout.watch`), the engines started outside the job
+(:mod:`rollout.external`), the engines kept across drivers (:mod:`rollout.kept`), what a stopped run says
+(:mod:`rollout.failures`), and each group's routing (:mod:`rollout.routing`).
 """
 
 from __future__ import annotations
@@ -16,24 +20,23 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from engines.api import APIFactory, sglang_api
+from engines.backends import engine_backend
 from engines.engine import Engine, EngineFailed, Timeouts
-from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
-from engines.ledger import EngineLedger, Kept
+from engines.ledger import EngineLedger
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.decide.errors import LifecycleError
-from lifecycle.decide.events import ADOPTED, PROBE, ROUTED, EventLog
+from lifecycle.decide.events import PROBE, ROUTED, EventLog
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
+from rollout.external import ExternalEngines
+from rollout.failures import ControllerError as ControllerError  # raised here, and named here by its callers
+from rollout.failures import engine_failure, slot_of, start_failure
+from rollout.kept import KeptEngines
 from rollout.routing import LocalRouting, RouterRouting, Routing
+from rollout.watch import DeathWatch
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)
-
-
-class ControllerError(LifecycleError):
-    """The rollout side cannot go on (no routable engine, an engine failed without FT, a bounded wait ran out)."""
 
 
 class InferenceController:
@@ -59,11 +62,11 @@ class InferenceController:
         self.evals: list[Engine] = []  # the eval fleet's engines
         self.monitor = HealthMonitor(self.config, runner.report, seed=seed, log=runner.log)
         self.marked: dict[str, str] = {}  # instance -> the state it was in when it was marked Unhealthy
-        self._gave_up: set[str] = set()  # engines whose restart budget ran out
-        self.replacements: dict[str, int] = {}  # external engine -> how often its process was seen replaced
-        self._watch_gen: dict[str, int] = {}
-        self._watchers: dict[str, asyncio.Task[None]] = {}
-        self._news: set[asyncio.Task[None]] = set()  # news reported off a probe (a replaced external engine)
+        self.gave_up: set[str] = set()  # engines whose restart budget ran out
+        self.external = ExternalEngines(runner, self.engines)
+        self.replacements = self.external.replacements  # external engine -> how often its process was replaced
+        self.kept = KeptEngines(runner, engine_ledger, self._serve)
+        self.deaths = DeathWatch(runner.report)  # a watcher per live process: its death is news at once
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -131,10 +134,7 @@ class InferenceController:
         group, i = self._where(engine_id)
         return (self.engines if group == ROLLOUT else self.evals)[i]
 
-    @staticmethod
-    def _where(engine_id: str) -> tuple[str, int]:
-        prefix, _, index = engine_id.rpartition("-")
-        return (EVAL if prefix == "eval" else ROLLOUT), int(index)
+    _where = staticmethod(slot_of)
 
     @staticmethod
     def _group(cmd: Command) -> str:
@@ -144,19 +144,6 @@ class InferenceController:
     def routing(self, group: str = ROLLOUT) -> Routing:
         """The group's routing: its published engines (the Serving ones) and how requests reach them."""
         return self.routings[group]
-
-    async def _start_router(self, group: str) -> None:
-        """A group's router starts (bounded) with its first engine; one that cannot start fails that launch,
-        and the exception names the router and the fix."""
-        routing = self.routings[group]
-        if isinstance(routing, RouterRouting) and routing.router.process is None:
-            try:
-                await routing.start()
-            except EngineError as exc:
-                raise ControllerError(
-                    f"{routing.name}: the gateway (SMG) did not start: {exc}. Fix: pip install "
-                    "'rl-lifecycle[router]', or run without the router (--no-router)"
-                ) from None
 
     def _router_died(self, group: str) -> Callable[[str], Awaitable[None]]:
         async def report(reason: str) -> None:
@@ -181,25 +168,15 @@ class InferenceController:
         """An engine slot as the config says (its launcher, timeouts and probe endpoint): a rollout slot of
         ``--rollout-external-engine-addrs`` attaches to its address, every other one is launched."""
         endpoint = str(self.config.rollout_health_check_endpoint).lstrip("/")
-        url = self.external_url(engine_id)
+        url = self.external.url(engine_id)
         launcher: Launcher
-        api: APIFactory | None = None  # a launched server's is its launcher's (else SGLang's)
-        if url is not None:
-            launcher = ExternalLauncher(engine_id, url)
-            api = external_api(self.config.rollout_backend)  # an external engine is --rollout-backend's
+        if url is not None:  # an external engine speaks --rollout-backend's API
+            launcher = ExternalLauncher(engine_id, url, api=engine_backend(self.config.rollout_backend).api)
         elif self.launcher_factory is None:
             raise ControllerError("engines must start, but the rollout manager has no launcher factory")
         else:
             launcher = self.launcher_factory(engine_id)
-        return Engine(
-            engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, api=api, external=url is not None
-        )
-
-    def external_url(self, engine_id: str) -> str | None:
-        """The address of a rollout engine started outside the job, or None for one the job launches."""
-        group, i = self._where(engine_id)
-        addrs = self.config.rollout_external_engine_addrs
-        return addrs[i] if group == ROLLOUT and i < len(addrs) else None
+        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, external=url is not None)
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
@@ -215,59 +192,10 @@ class InferenceController:
             raise self.start_failure(failed)  # the servers did not start: name the engines that did not
 
     def start_failure(self, failed: Failure) -> ControllerError:
-        """Every rollout engine that failed while the servers started (launched, attached or loading the first
-        weights), each with its own reason, its address and the fix."""
-        lines = []
-        for engine_id, where in self.marked.items():
-            if self._where(engine_id)[0] != ROLLOUT:
-                continue
-            reason = self.runner.reasons.get(engine_id, "did not start").rstrip(".")
-            url = self.external_url(engine_id)
-            if url is None:
-                at = "" if where == "Starting" else f" (while {where})"
-                fix = (
-                    "Fix: the reason above is the engine's own; a server that is only slow to start needs a "
-                    "longer --engine-startup-timeout"
-                )
-            else:
-                at = f" (external engine at {url}{'' if where == 'Starting' else ', while ' + where})"
-                fix = (
-                    ""  # the reason names what was expected, what was found and the fix
-                    if "Fix:" in reason
-                    else f"Fix: start the server at {url} (an external engine is attached, never launched), or "
-                    "leave it out of --rollout-external-engine-addrs"
-                    if where == "Starting"
-                    else f"Fix: the server at {url} must be a --rollout-backend {self.config.rollout_backend} "
-                    "server that takes the job's weights (started on the checkpoint given as --hf-checkpoint)"
-                )
-            lines.append(f"{engine_id}{at}: {reason}" + (f". {fix}" if fix else ""))
-        detail = "; ".join(lines) or str(failed)
-        return ControllerError(f"the rollout servers did not start: {detail}")
+        return start_failure(self, failed)
 
     def engine_failure(self, instance: str) -> EngineFailed:
-        reason = self.runner.reasons.get(instance, "unhealthy")
-        where = self.marked.get(instance, "?")
-        url = self.external_url(instance)
-        if url is not None:
-            return EngineFailed(
-                instance,
-                "Unhealthy",
-                f"{reason} (while {where}); it is an external engine ({url}): rl-lifecycle never restarts a server "
-                "it did not start. Fix: restart the server at that address and run again; with --use-fault-tolerance "
-                "--ft-components rollout the run goes on without it instead",
-            )
-        if instance in self._gave_up:
-            budget = self.config
-            how = (
-                f"restart budget spent ({budget.engine_max_restarts} restarts within "
-                f"{budget.engine_restart_window:g}s: --engine-max-restarts / --engine-restart-window)"
-            )
-            return EngineFailed(instance, "Recovering", f"{reason} (while {where}); {how}")
-        how = (
-            "not recovered: rollout fault tolerance is off (blocked by rollout_ft; "
-            "use --use-fault-tolerance --ft-components rollout)"
-        )
-        return EngineFailed(instance, "Unhealthy", f"{reason} (while {where}); {how}")
+        return engine_failure(self, instance)
 
     # -- keeping data in step with the core's moves ----------------------
     def _on_move(self, move: Move) -> None:
@@ -278,24 +206,16 @@ class InferenceController:
         if move.dst in core.marked and move.src not in core.marked:
             self.marked[move.instance] = move.src
         if move.trigger == "give_up":
-            self._gave_up.add(move.instance)
-        if move.trigger == "detach":  # an external engine let go: the run goes on, its owner must act
-            url = self.external_url(move.instance)
-            self.log.emit(
-                "engine.detached",
-                instance=move.instance,
-                url=url,
-                reason=self.runner.reasons.get(move.instance, "unhealthy"),
-                fix=f"restart the server at {url}, then RolloutManager.start_engine({self._where(move.instance)[1]}) "
-                "attaches it again; rl-lifecycle never restarts an engine it did not start",
-            )
+            self.gave_up.add(move.instance)
+        if move.trigger == "detach":
+            self.external.detached(move)
         if move.src in core.live and move.dst not in core.live:
-            self._unwatch(move.instance)  # marked, or a death we are about to cause (stop, recover): not news
+            self.deaths.unwatch(move.instance)  # marked, or a death we are about to cause (stop, recover): not news
             self.monitor.remove_engine(self._where(move.instance))
 
     # -- the handlers of the engines' effects ----------------------
     async def _launch(self, cmd: Command) -> Outcome:
-        await self._start_router(self._group(cmd))
+        await self.routings[self._group(cmd)].open()  # a group's gateway starts with its first engine
         engine = self.slot(cmd)
         if cmd.group is not None and cmd.engine is not None:  # the core counted this launch: a new generation
             engine.epoch = self.runner.epoch(cmd.group, cmd.engine)
@@ -303,7 +223,7 @@ class InferenceController:
             engine.launcher.epoch = engine.epoch
         outcome = await engine.launch()
         if outcome.name == "ready" and engine.external:
-            twin = self._twin(engine)
+            twin = self.external.twin(engine)
             if twin is not None:
                 engine.identity, engine.reason = None, twin  # not attached: it identifies no slot
                 return Outcome("start_failed", reason=twin)
@@ -312,94 +232,25 @@ class InferenceController:
             self._serve(engine)
         return outcome
 
-    def _twin(self, engine: Engine) -> str | None:
-        """An external server attached under two addresses answers as one process: the second is refused."""
-        for other in self.engines:
-            if other is not engine and other.identity is not None and other.identity == engine.identity:
-                expected = f"a server of its own (--rollout-external-engine-addrs lists {len(self.engines)})"
-                return (
-                    f"did not start: expected {expected}; found the process {other.id} is attached "
-                    f"to at {other.url} ({engine.identity}). Fix: list each server once in "
-                    "--rollout-external-engine-addrs (one address each)"
-                )
-        return None
-
     async def check_external(self) -> None:
-        """Each attached external engine's process and served version are read again (a boundary where the
-        lifecycle relies on them: before a rollout routes to them, and after it); one replaced behind its
-        address is news for the core, which lets the old process go and catches the new one up before routing it."""
-        live = self.runner.core.live
-        engines = [e for e in self.engines if e.external and self.state_of(e) in live]
-        reasons = await asyncio.gather(*(e.replaced() for e in engines))
-        for engine, reason in zip(engines, reasons, strict=True):
-            if reason is not None:
-                await self.report_replaced(engine, reason)
+        """External engines read again: one replaced behind its address is news (see :class:`ExternalEngines`)."""
+        await self.external.check()
 
     def replaced_since(self, seen: dict[str, int]) -> list[str]:
-        """The external engines seen replaced since ``seen`` (a copy of :attr:`replacements`)."""
-        return sorted(e for e, n in self.replacements.items() if n > seen.get(e, 0))
-
-    async def report_replaced(self, engine: Engine, reason: str) -> None:
-        group, i = self._where(engine.id)
-        self.replacements[engine.id] = self.replacements.get(engine.id, 0) + 1
-        await self.runner.report(Outcome("replaced", group, i, reason, epoch=engine.epoch))
-
-    def _external_probe(self, engine: Engine) -> Callable[[float], Awaitable[Outcome]]:
-        """The monitor's probe of an external engine also reads which process answers: a replaced one is news."""
-
-        async def probe(timeout: float) -> Outcome:
-            reason = await engine.replaced()
-            if reason is None:
-                return await engine.probe(timeout)
-            # reported on its own task: the probe's timeout must not cancel the core's step (attaching the new one)
-            task = asyncio.create_task(self.report_replaced(engine, reason), name=f"replaced-{engine.id}")
-            self._news.add(task)
-            task.add_done_callback(self._news.discard)
-            return Outcome("probe_ok")  # the process it probed is let go: no verdict on it
-
-        return probe
+        return self.external.replaced_since(seen)
 
     def _serve(self, engine: Engine) -> None:
         """A process of this slot runs: its death is news, and a monitor (where one exists) probes it."""
-        self._watch(engine)
+        self.deaths.watch(engine)
         if self.runner.core.monitoring(self.runner.state):  # a monitor exists: it watches this one too
             self._monitor_add(engine)
 
     async def _keep(self, engine: Engine) -> None:
-        """A kept process is in the ledger the moment it runs (a driver that dies now leaves it findable)."""
-        launcher = engine.launcher
-        if self.ledger is None or not isinstance(launcher, Keepable) or engine.epoch is None:
-            return
-        kept = Kept(launcher.kept_name(), engine.epoch, await engine.launcher.server_pid(), engine.url)
-        self.ledger.record(engine.id, kept)
+        await self.kept.record(engine)
 
     async def _adopt(self, cmd: Command) -> Outcome:
-        """A slot the ledger names: reach its process, check it is the ledger's, read what it serves. The core
-        decides from the answer: ``adopted`` (the committed version, no transfer under way), ``behind``, ``lost``."""
-        engine = self.slot(cmd)
-        kept = self.ledger.kept.get(engine.id) if self.ledger is not None else None
-        launcher = engine.launcher
-        if kept is None or not isinstance(launcher, Keepable):
-            return Outcome("lost", reason=f"{engine.id}: no kept process is recorded for it")
-        try:
-            url = await launcher.adopt(kept.epoch, kept.server_pid)
-            version = await engine.adopt(url)
-        except (EngineError, TimeoutError, OSError) as exc:
-            return Outcome("lost", reason=f"{engine.id}: not adopted ({exc})")
-        engine.epoch = kept.epoch
-        self._serve(engine)
-        committed = self.runner.committed
-        holds = not kept.updating and committed is not None and version == committed[1]
-        fact = Fact.of(
-            ADOPTED,
-            instance=cmd.instance,
-            epoch=kept.epoch,
-            server_pid=kept.server_pid,
-            weight_version=version,
-            updating=kept.updating,
-            outcome="adopted" if holds else "behind",
-        )
-        return Outcome("adopted" if holds else "behind", facts=(fact,))
+        """A slot the ledger names: reach its process and read what it serves (the core decides from that)."""
+        return await self.kept.adopt(self.slot(cmd), cmd.instance)
 
     async def _start_monitor(self, cmd: Command) -> None:
         """The monitor was created (its spec's guard: monitors_rollout): it watches every engine up now."""
@@ -410,10 +261,10 @@ class InferenceController:
 
     async def _kill(self, cmd: Command) -> Outcome:
         engine = self.slot(cmd)
-        self._unwatch(engine.id)
+        self.deaths.unwatch(engine.id)
         outcome = await engine.kill()
-        if outcome.name == "dead" and self.ledger is not None:
-            self.ledger.forget(engine.id)
+        if outcome.name == "dead":
+            self.kept.forget(engine)
         return outcome
 
     async def _load(self, cmd: Command) -> Outcome:
@@ -431,8 +282,7 @@ class InferenceController:
     def transferring(self, engine: Engine, flag: bool) -> None:
         """A transfer to ``engine`` begins (True), or ended without a whole new version (still True): a kept process
         that was receiving weights when its driver died is reloaded, whatever version it reports."""
-        if self.ledger is not None:
-            self.ledger.updating(engine.id, flag)
+        self.kept.transferring(engine, flag)
 
     async def _route(self, cmd: Command) -> Outcome:
         routing = self.routings[self._group(cmd)]
@@ -457,28 +307,8 @@ class InferenceController:
 
     # -- death watchers and the monitor's membership ----------------------
     def _monitor_add(self, engine: Engine) -> None:
-        probe = self._external_probe(engine) if engine.external else engine.probe
+        probe = self.external.probe(engine) if engine.external else engine.probe
         self.monitor.add_engine(self._where(engine.id), probe, engine.epoch)
-
-    def _watch(self, engine: Engine) -> None:
-        gen = self._watch_gen.get(engine.id, 0) + 1
-        self._watch_gen[engine.id] = gen
-        group, i = self._where(engine.id)
-        epoch = engine.epoch  # the process watched: its death report names it (a late one is fenced by the core)
-
-        async def run() -> None:
-            reason = await engine.launcher.watch()
-            if self._watch_gen.get(engine.id) != gen:
-                return  # a death we caused (recovery, stop): not news
-            await self.runner.report(Outcome("died", group, i, f"process died: {reason}", epoch=epoch))
-
-        old = self._watchers.get(engine.id)
-        if old is not None and not old.done() and old is not asyncio.current_task():
-            old.cancel()  # an external engine's watcher never ends by itself
-        self._watchers[engine.id] = asyncio.create_task(run(), name=f"watch-{engine.id}")
-
-    def _unwatch(self, engine_id: str) -> None:
-        self._watch_gen[engine_id] = self._watch_gen.get(engine_id, 0) + 1
 
     async def engine_unhealthy(self, engine_id: str, reason: str, epoch: int | None = None) -> None:
         """A request to the engine failed (the rollout or eval function saw it): the core marks it -- unless
@@ -502,25 +332,14 @@ class InferenceController:
     async def close(self) -> None:
         """Best-effort cleanup whatever the states: stop probing and watching, kill processes, close clients."""
         await self.monitor.stop()
-        for engine_id in list(self._watch_gen):
-            self._unwatch(engine_id)
+        watchers = self.deaths.stop()
         for engine in [*self.engines, *self.evals]:
             with contextlib.suppress(Exception):
                 await engine.close()
         for routing in self.routings.values():
             with contextlib.suppress(Exception):
                 await routing.close()
-        tasks = [*self._watchers.values(), *self._news]
+        tasks = [*watchers, *self.external.tasks()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._watchers.clear()
-
-
-def external_api(backend: str) -> APIFactory:
-    """The API an engine started outside the job speaks: its --rollout-backend's."""
-    if backend == "vllm":
-        from engines.vllm.api import vllm_api  # its client only where vLLM engines are used
-
-        return vllm_api
-    return sglang_api

@@ -21,16 +21,16 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from engines.client import EngineClient
+from engines.backends import GatewayClient, engine_backend
 from engines.engine import Engine
 from engines.errors import EngineError
 from engines.protocol import GenerateResponse
 from engines.router import Router, upstream_of
-from engines.vllm.client import VLLMClient
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.events import GATEWAY, EventLog
+from rollout.failures import ControllerError
 
 
 class OnUnhealthy(Protocol):
@@ -67,6 +67,9 @@ class Routing(Protocol):
 
     name: str
 
+    async def open(self) -> None:
+        """Start what requests go through, with the group's first engine (bounded; raises naming the fix)."""
+
     def members(self) -> list[str]: ...
 
     async def publish(self, engine: Engine) -> Outcome: ...
@@ -80,6 +83,18 @@ class Routing(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class GatewayRouting(Protocol):
+    """A routing whose requests go through a process of its own (the SMG gateway): a fault can kill it, and its
+    watcher counts the deaths it reports."""
+
+    name: str
+    deaths: int
+
+    async def kill(self) -> None:
+        """SIGKILL the gateway process: a real death its watcher reports."""
+
+
 @dataclass
 class LocalRouting:
     """In-process membership: the published engines, in slot order. Withdrawing an engine also cancels the batch
@@ -89,6 +104,9 @@ class LocalRouting:
     name: str = "local"
     _members: dict[str, Engine] = field(default_factory=dict)
     _inflight: dict[str, set[asyncio.Future[Any]]] = field(default_factory=dict)  # engine id -> batches out to it
+
+    async def open(self) -> None:
+        """Nothing to start: requests go in-process."""
 
     def members(self) -> list[str]:
         return sorted(self._members, key=_slot_order)
@@ -176,7 +194,7 @@ class RouterRouting:
     ) -> None:
         self.name = name
         self.backend = backend  # the engines' API, which the gateway forwards (SGLang's /generate, vLLM's completions)
-        self.gateway: EngineClient | VLLMClient | None = None  # what generate requests go through
+        self.gateway: GatewayClient | None = None  # what generate requests go through
         self.log = log
         log_path = Path(log_dir) / f"{name}.log" if log_dir is not None else None
         self.router = Router(name, log_path=log_path, health_checks=health_checks, request_timeout=request_timeout)
@@ -201,6 +219,19 @@ class RouterRouting:
     def members(self) -> list[str]:
         return sorted(self._urls, key=_slot_order)
 
+    async def open(self) -> None:
+        """The gateway starts (bounded) with the group's first engine; one that cannot start fails that launch,
+        and the exception names the gateway and the fix."""
+        if self.router.process is not None:
+            return
+        try:
+            await self.start()
+        except EngineError as exc:
+            raise ControllerError(
+                f"{self.name}: the gateway (SMG) did not start: {exc}. Fix: pip install "
+                "'rl-lifecycle[router]', or run without the router (--no-router)"
+            ) from None
+
     async def start(self) -> None:
         async with self._lock:
             await self._start()
@@ -216,7 +247,9 @@ class RouterRouting:
         if self.gateway is not None:
             await self.gateway.close()
         assert self.router.url is not None
-        self.gateway = gateway_client(self.backend, self.router.url, name=self.name, timeout=self.router.client_timeout)
+        self.gateway = engine_backend(self.backend).gateway(
+            self.router.url, name=self.name, timeout=self.router.client_timeout
+        )
         if self.log is not None:
             self.log.emit("router.started", router=self.name, restarts=self.router.restarts)
         gen = self._gen
@@ -377,14 +410,6 @@ class RouterRouting:
             await self.gateway.close()
             self.gateway = None
         self._urls.clear()
-
-
-def gateway_client(backend: str, url: str, *, name: str, timeout: float) -> EngineClient | VLLMClient:
-    """The client generate requests go through at the gateway: the engines' own API, which SMG forwards (SGLang's
-    ``/generate``; vLLM's ``/v1/completions``, whose answers then carry no weight version -- see VLLMClient)."""
-    if backend == "vllm":
-        return VLLMClient(url, engine_id=name, timeout=timeout, versioned=False)
-    return EngineClient(url, engine_id=name, timeout=timeout)
 
 
 def _slot_order(engine_id: str) -> tuple[str, int]:

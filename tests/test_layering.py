@@ -3,7 +3,9 @@
 Only the card's four packages exist (lifecycle <- engines <- rollout <- trainer); inside them the
 layers are sub-packages: lifecycle's decide <- check <- observe <- graph <- cli; engines' model
 families (engines.models) <- the client shell (engines) <- the engine programs (engines.cpu,
-engines.sim); trainer's shell <- the application (trainer.app: the run's assembly, loop, CLI).
+engines.sim) and the vLLM backend (engines.vllm) <- the backend table (engines.backends: a row per
+backend, above the packages its rows point at); trainer's shell <- the application (trainer.app: the
+run's assembly, loop, CLI).
 
 Read from the source (the AST), not from ``sys.modules``: an import inside a function, a string
 given to ``importlib.import_module`` or ``__import__`` counts the same as a top-level import, so a
@@ -40,10 +42,21 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines.cpu": LIFECYCLE | {"engines.models", "engines"},
     "engines.sim": LIFECYCLE | {"engines.models", "engines"},
     "engines.vllm": LIFECYCLE | {"engines.models", "engines"},  # the vLLM client, and the plugin vLLM loads
-    "rollout": LIFECYCLE | {"engines.models", "engines", "engines.vllm"},
+    # the backend table: one row per backend, so it sits above the backends' packages it points at
+    "engines.backends": LIFECYCLE | {"engines.models", "engines", "engines.vllm"},
+    "rollout": LIFECYCLE | {"engines.models", "engines", "engines.vllm", "engines.backends"},
     "trainer": LIFECYCLE | {"engines.models", "engines", "engines.vllm", "rollout"},
     "trainer.app": LIFECYCLE
-    | {"engines.models", "engines", "engines.cpu", "engines.sim", "engines.vllm", "rollout", "trainer"},
+    | {
+        "engines.models",
+        "engines",
+        "engines.cpu",
+        "engines.sim",
+        "engines.vllm",
+        "engines.backends",
+        "rollout",
+        "trainer",
+    },
 }
 # The core imports no runtime code at all (DEVELOPERS.md: no Ray, torch or HTTP in lifecycle/).
 CORE_FORBIDDEN = (

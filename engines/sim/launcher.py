@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from engines.api import APIFactory, sglang_api
 from engines.errors import EngineError
 from engines.launcher import Launcher
 from engines.process import ServerProcess
@@ -66,6 +67,8 @@ class SimLauncher:
 
     def __init__(self, engine_id: str, control: str, slot: int) -> None:
         self.engine_id, self.control, self.slot = engine_id, control, slot
+        self.api: APIFactory = sglang_api  # the fleet's slots answer SGLang's API
+        self.api_key: str | None = None
         self.up = False
 
     async def _post(self, action: str) -> Any:

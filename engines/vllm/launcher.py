@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from engines.launcher import Launcher, LocalLauncher
+from engines.launcher import EngineSetup, Launcher, LauncherFactory, LocalLauncher
 from engines.router import free_port
 from engines.vllm.api import vllm_api
 from lifecycle.decide.errors import ConfigError
@@ -36,6 +36,8 @@ KV_CACHE_FRACTION = 0.05  # of RAM, on CPU: ~1 GiB here, plenty for a 128-token 
 # the RL control API; the key: vLLM reads VLLM_API_KEY, and it guards the /v1 routes only, not the control API
 # (keep engines on a private network, as SGLang's admin endpoints without --admin-api-key)
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
+# the tiny Llama `--model tiny-llama` builds for vLLM: its CPU attention needs a head_dim of at least 32 (2 heads of 64)
+TINY_LLAMA = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256}
 
 
 PROBE_TIMEOUT = 60.0  # seconds: importing vLLM and the plugin takes 5-25 s on 2 busy cores
@@ -181,18 +183,51 @@ def vllm_launcher_factory(
             return vllm_command(model, port, python=python, device=device, seed=seed, max_model_len=context)
 
         env = {**DEV_MODE, **({"VLLM_API_KEY": api_key} if api_key else {})}
-        launcher: Any
         if kind == "local":
-            launcher = LocalLauncher(
-                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env
+            return LocalLauncher(
+                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env, api=vllm_api
             )
-        else:
-            from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
+        from engines.actor import RayLauncher  # imports Ray: only for Ray launchers
 
-            launcher = RayLauncher(
-                engine_id, command, startup_timeout=startup_timeout, url=url, api_key=api_key, env=env, keep=keep
+        return RayLauncher(
+            engine_id,
+            command,
+            startup_timeout=startup_timeout,
+            url=url,
+            api_key=api_key,
+            env=env,
+            keep=keep,
+            api=vllm_api,
+        )
+
+    return make
+
+
+def vllm_launchers(setup: EngineSetup) -> LauncherFactory:
+    """A job's vLLM servers, on its initial checkpoint (a Hugging Face directory), from the vLLM environment
+    (found, and probed, at the first launch: engines started elsewhere, or none, need no vLLM environment)."""
+    factory: LauncherFactory | None = None
+
+    def make(engine_id: str) -> Launcher:
+        nonlocal factory
+        if setup.checkpoint is None:
+            raise ConfigError(
+                "--rollout-backend",
+                "vllm",
+                "a vLLM server needs a Hugging Face checkpoint directory to start from",
+                "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
             )
-        launcher.api = vllm_api
-        return launcher  # type: ignore[no-any-return]
+        if factory is None:
+            factory = vllm_launcher_factory(
+                setup.kind,
+                setup.checkpoint,
+                python=find_python(setup.python),
+                api_key=setup.api_key,
+                device="cuda" if setup.device == "cuda" else "cpu",
+                seed=setup.seed,
+                startup_timeout=setup.startup,
+                keep=setup.keep,
+            )
+        return factory(engine_id)
 
     return make

@@ -5,16 +5,20 @@ weight-update group) asks the capability predicates in :mod:`lifecycle.decide.pr
 table; the engine slots carry the commands out through the backend's own API (``engines.api``).
 Capabilities depend on where the engine runs: vLLM's sleep mode (its memory release) is refused on the CPU
 platform, so the same backend offloads on a GPU host and cannot here.
+
+A backend is a name with one row per device here, and its runtime half (API, launchers, gateway client) in
+``engines.backends``. The built-in ones are declared below; another is added with :func:`register` (what
+``engines.backends.register`` calls), after which ``--rollout-backend NAME`` is a valid choice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, overload
 
-BackendName = Literal["sglang", "vllm"]
+BackendName = str  # a registered backend's name: one of BACKENDS
 DeviceName = Literal["cpu", "cuda"]
-BACKENDS: tuple[BackendName, ...] = ("sglang", "vllm")
 DEVICES: tuple[DeviceName, ...] = ("cpu", "cuda")
 MEMORY_TAGS = frozenset({"weights", "kv_cache"})
 
@@ -26,6 +30,7 @@ class Capabilities:
     backend: BackendName
     device: DeviceName
     server: str  # what runs: the process behind the slot
+    label: str  # how a message names the backend's servers ("vLLM")
     releases: frozenset[str]  # memory tags it can release and resume (offload)
     broadcast: bool  # can join a weight-update process group with the trainer
     pause_modes: tuple[str, ...]  # what its pause endpoint accepts; the first is what the lifecycle uses
@@ -44,6 +49,7 @@ def _sglang(device: DeviceName, server: str) -> Capabilities:
         "sglang",
         device,
         server,
+        "SGLang",
         releases=MEMORY_TAGS,
         broadcast=True,
         pause_modes=("retract", "abort", "in_place"),
@@ -57,6 +63,7 @@ def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: t
         "vllm",
         device,
         server,
+        "vLLM",
         releases=releases,
         broadcast=True,  # through the project's gloo transfer engine (engines.vllm.plugin)
         pause_modes=("keep", "wait", "abort"),
@@ -85,6 +92,47 @@ CAPABILITIES: dict[tuple[BackendName, DeviceName], Capabilities] = {
     ),
     ("vllm", "cuda"): _vllm("cuda", "python -m vllm.entrypoints.openai.api_server", MEMORY_TAGS),
 }
+
+
+class _Names(Sequence[str]):
+    """The registered backends' names, in registration order, read at each use: ``--rollout-backend``'s choices
+    include a backend registered after this module was imported."""
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+    @staticmethod
+    def _names() -> tuple[str, ...]:
+        return tuple(dict.fromkeys(backend for backend, _ in CAPABILITIES))
+
+
+BACKENDS: Sequence[BackendName] = _Names()
+
+
+def register(*rows: Capabilities) -> None:
+    """Declare a backend's abilities, one row per device (every device: the config asks for any of them).
+    Registering a name again replaces its rows (a test's backend, registered by each test that uses it)."""
+    names = {row.backend for row in rows}
+    if len(names) != 1:
+        raise ValueError(f"register one backend at a time, with a row per device: got rows of {sorted(names)}")
+    devices = sorted(row.device for row in rows)
+    if devices != sorted(DEVICES):
+        raise ValueError(f"backend {names.pop()!r}: give one row per device {list(DEVICES)}, got {devices}")
+    for row in rows:
+        CAPABILITIES[(row.backend, row.device)] = row
 
 
 def capabilities(backend: str, device: str) -> Capabilities:

@@ -15,7 +15,7 @@ import os
 import re
 import string
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar, get_args, get_type_hints
@@ -52,7 +52,7 @@ class _Flag:
     default: Any
     help: str
     optional: bool = False  # None allowed
-    choices: tuple[str, ...] = ()  # kind "choice": the allowed spellings
+    choices: Sequence[str] = ()  # kind "choice": the allowed spellings (read at each use: backends register)
     most: float | None = None  # kinds int/float: the largest value accepted (default MAX_COUNT / MAX_SECONDS)
 
     @property
@@ -61,7 +61,7 @@ class _Flag:
 
 
 def setting(
-    default: Any, help: str, *, kind: str | None = None, choices: tuple[str, ...] = (), most: float | None = None
+    default: Any, help: str, *, kind: str | None = None, choices: Sequence[str] = (), most: float | None = None
 ) -> Any:
     """Declare one :class:`LifecycleConfig` field *and* its flag: the one place a setting is written.
 
@@ -573,7 +573,11 @@ class LifecycleConfig:
                 True,
                 f"{where} cannot release engine memory: {can.reason('release memory')}",
                 f"drop {flag}, or use --rollout-backend sglang"
-                + (", or run vLLM on --rollout-device cuda" if self.rollout_backend == "vllm" else ""),
+                + "".join(
+                    f", or run {can.label} on --rollout-device {device}"
+                    for device in DEVICES
+                    if device != self.rollout_device and capabilities(self.rollout_backend, device).releases
+                ),
             )
         if self.rollout_health_check_endpoint not in can.probes:
             raise ConfigError(

@@ -11,7 +11,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from engines.api import SGLangAPI
+from engines.api import SGLangAPI, sglang_api
 from engines.engine import Engine
 from engines.errors import EngineHTTPError
 from engines.launcher import LocalLauncher
@@ -20,6 +20,9 @@ from engines.process import ServerProcess
 
 class UnkillableLauncher:
     """A server that outlives its SIGKILL (uninterruptible sleep, an actor that cannot be reached)."""
+
+    api = staticmethod(sglang_api)
+    api_key = None
 
     def __init__(self) -> None:
         self.kills = 0

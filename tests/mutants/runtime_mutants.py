@@ -143,7 +143,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "death_reports_dropped",
         "the death watcher drops every report: a dead engine is counted alive",
-        CONTROLLER,
+        "rollout/watch.py",
         "if self._watch_gen.get(engine.id) != gen:",
         "if True:",
         (f"{T_CONTROLLER}::test_a_dead_engine_is_recovered_and_caught_up_under_the_lock_before_it_serves",),

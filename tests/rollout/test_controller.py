@@ -278,7 +278,7 @@ def test_stop_engine_confirms_death_and_start_engine_serves_only_after_catch_up(
     rig.run(rig.manager.stop_engine(0))
     assert rig.state() == "Stopped" and not engine.launcher.alive()  # the process is really gone
     assert ("rollout", 0) not in rig.c.monitor.members
-    rig.run(rig.c._watchers[engine.id])  # its death watcher saw the process end (the monitor no longer probes it)
+    rig.run(rig.c.deaths.watchers[engine.id])  # its death watcher saw the process end (the monitor no longer probes it)
     assert rig.state() == "Stopped"  # the death we caused is not a fault: no Unhealthy, no recovery
     rig.run(rig.manager.start_engine(0))
     assert rig.state() == "PendingWeights" and rig.c.routable() == []

@@ -98,19 +98,24 @@ def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
 def check_backend_model(config: LifecycleConfig, model: str, hf_checkpoint: str | Path | None) -> None:
     """vLLM serves Hugging Face checkpoints: the project's char model is refused before anything starts; and
     external vLLM servers serve their own, which the trainer must start from (--hf-checkpoint)."""
-    if config.rollout_backend == "vllm" and config.rollout_external_engine_addrs and hf_checkpoint is None:
+    from engines.backends import engine_backend  # the HTTP clients: not imported by `lifecycle --help`
+
+    hf_only = engine_backend(config.rollout_backend).hf_only
+    if hf_only and config.rollout_external_engine_addrs and hf_checkpoint is None:
+        label = capabilities(config.rollout_backend, config.rollout_device).label
         raise ConfigError(
             "--hf-checkpoint",
             None,
-            "the external vLLM servers serve the checkpoint they were started on; the trainer must start from it",
+            f"the external {label} servers serve the checkpoint they were started on; the trainer must start from it",
             "pass --hf-checkpoint DIR (the directory the servers serve)",
         )
-    if config.rollout_backend == "vllm" and model == "char" and hf_checkpoint is None and not config.debug_train_only:
+    if hf_only and model == "char" and hf_checkpoint is None and not config.debug_train_only:
         raise ConfigError(
             "--model",
             model,
-            "--rollout-backend vllm serves Hugging Face checkpoints, not the project's char model",
-            "use --model tiny-llama (the default with --rollout-backend vllm), or --hf-checkpoint DIR",
+            f"--rollout-backend {config.rollout_backend} serves Hugging Face checkpoints, not the project's char model",
+            f"use --model tiny-llama (the default with --rollout-backend {config.rollout_backend}), or "
+            "--hf-checkpoint DIR",
         )
     check_rollout_model(config, hf_checkpoint)
 
@@ -225,7 +230,9 @@ def check_effects(
         )
     if vllm_python is not None:
         why = ""
-        if config.rollout_backend != "vllm":
+        from engines.backends import engine_backend  # the HTTP clients: not imported by `lifecycle --help`
+
+        if engine_backend(config.rollout_backend).environment is None:
             why = f"--rollout-backend {config.rollout_backend} starts no vLLM server"
         elif config.rollout_external_engine_addrs:
             why = "the external vLLM servers (--rollout-external-engine-addrs) run in their owner's environment"

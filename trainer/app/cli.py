@@ -121,11 +121,12 @@ def _check_hf_installed(model: str) -> None:
 def _vllm_python(config: LifecycleConfig, given: str | None) -> str | None:
     """The vLLM engine environment's python, found before anything starts, where the run launches vLLM servers
     (engines started elsewhere, or none under --debug-train-only, need none)."""
-    if config.rollout_backend != "vllm" or config.debug_train_only or config.rollout_external_engine_addrs:
-        return given
-    from engines.vllm.launcher import find_python
+    from engines.backends import engine_backend
 
-    return find_python(given)
+    find = engine_backend(config.rollout_backend).environment
+    if find is None or config.debug_train_only or config.rollout_external_engine_addrs:
+        return given
+    return find(given)
 
 
 # what may be given with --resume: everything else is the run's own (RUN_DIR/run.json); and --debug
@@ -234,13 +235,15 @@ def _start(ns: argparse.Namespace, locks: DirLocks) -> int:
     """``lifecycle run``: a new job."""
     config = config_from_args(ns)
     check_async(config, ns.async_mode)  # before the loop's imports: fails at once
-    vllm = config.rollout_backend == "vllm"
+    from engines.backends import engine_backend
+
+    row = engine_backend(config.rollout_backend)
     if ns.model is None:  # vLLM serves Hugging Face checkpoints only (external ones: their own, --hf-checkpoint)
-        built = vllm and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
+        built = row.hf_only and ns.hf_checkpoint is None and not config.rollout_external_engine_addrs
         ns.model = "tiny-llama" if built else "char"
     check_engine_options(config, ns.engines, ns.engine_startup_timeout)  # before the defaults fill them in
     if ns.engine_startup_timeout is None:
-        ns.engine_startup_timeout = 300.0 if vllm else 60.0
+        ns.engine_startup_timeout = row.startup
     _check_lr(ns.lr)
     if config.load_debug_rollout_data is not None:
         # fail fast: the first replay file is read before Ray and the trainer start (minutes on a

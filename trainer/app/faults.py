@@ -381,13 +381,14 @@ class FaultInjector:
     ) -> Injection:
         if controller is None:
             raise FaultError(f"{fault}: there is no rollout manager")
+        from rollout.routing import GatewayRouting  # the rollout side: only where a fault is injected
+
         routing = controller.routing()
-        kill = getattr(routing, "kill", None)
-        if kill is None:
+        if not isinstance(routing, GatewayRouting):
             raise FaultError(f"{fault}: requests are routed in-process (--no-router): there is no router to kill")
         record = Injection(fault, routing.name, at=now, detail={"deaths_before": routing.deaths})
         self.injections.append(record)
-        await kill()
+        await routing.kill()
         deadline = time.monotonic() + self.detect_timeout
         while routing.deaths == record.detail["deaths_before"]:  # its watcher reported the death
             if time.monotonic() > deadline:

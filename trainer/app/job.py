@@ -19,20 +19,17 @@ module must not pay for them.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engines.apikey import run_api_key
+from engines.backends import engine_backend
 from engines.engine import Timeouts
-from engines.launcher import Launcher, LauncherFactory, launcher_factory
+from engines.launcher import EngineSetup, LauncherFactory
 from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger
-from engines.models.family import is_char_checkpoint
-from engines.process import torch_engine_command
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import ROLLOUT, instance_name
@@ -58,13 +55,6 @@ if TYPE_CHECKING:  # Ray: imported when the job starts
     from trainer.group import TrainerGroup
 
 
-def engine_command(seed: int, checkpoint: str | Path | None) -> Callable[[], list[str]]:
-    """The CPU torch engine's command line: a Hugging Face initial checkpoint is also what the engines start
-    from (the family is the directory's); the char model starts from the seed and gets version 0 by an update."""
-    weights = None if checkpoint is None or is_char_checkpoint(Path(checkpoint)) else Path(checkpoint)
-    return functools.partial(torch_engine_command, seed=seed, weights=weights)
-
-
 async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Path | None = None) -> tuple[str, str]:
     """The weights a trainer would start from (version ``0``) when no trainer runs (--debug-rollout-only):
     ``--hf-checkpoint``, else a checkpoint the backend writes as ``run_dir/weights/step-0``."""
@@ -75,8 +65,8 @@ async def initial_weights(run_dir: Path, backend: BackendSpec, hf_checkpoint: Pa
 
 
 def default_timeouts(config: LifecycleConfig) -> Timeouts:
-    """Engine bounds where none were given: vLLM servers take 40-130 s to start on 2 cores."""
-    return Timeouts(startup=300.0) if config.rollout_backend == "vllm" else Timeouts()
+    """Engine bounds where none were given: the backend's start-up bound (vLLM's servers take 40-130 s on 2 cores)."""
+    return Timeouts(startup=engine_backend(config.rollout_backend).startup)
 
 
 class Job:
@@ -242,40 +232,19 @@ class Job:
             self.exporter = serve_metrics(self.log, port, host=host, config=self.config)
 
     def _engines(self) -> LauncherFactory:
-        """The config's engine backend, launched per slot: the project's CPU engine (SGLang's API), or a real
-        vLLM server from its own environment on the initial checkpoint (a Hugging Face directory)."""
-        key = run_api_key(self.run_dir)
-        keep = self._keep()
-        if self.config.rollout_backend == "vllm":
-            checkpoint = self.initial_checkpoint
-            startup = self.timeouts.startup
-
-            def vllm_engines(engine_id: str) -> Launcher:
-                """Built at the first launch: engines started elsewhere (or none) need no vLLM environment."""
-                from engines.vllm.launcher import find_python, vllm_launcher_factory
-
-                if checkpoint is None:
-                    raise ConfigError(
-                        "--rollout-backend",
-                        "vllm",
-                        "a vLLM server needs a Hugging Face checkpoint directory to start from",
-                        "pass initial_checkpoint= (lifecycle run: --model tiny-llama, or --hf-checkpoint DIR)",
-                    )
-                factory = vllm_launcher_factory(
-                    self.options.launcher,
-                    checkpoint,
-                    python=find_python(self.options.vllm_python),
-                    api_key=key,
-                    device="cuda" if self.config.rollout_device == "cuda" else "cpu",
-                    seed=self.options.seed,
-                    startup_timeout=startup,
-                    keep=keep,
-                )
-                return factory(engine_id)
-
-            return vllm_engines
-        command = engine_command(self.options.seed, self.initial_checkpoint)
-        return launcher_factory(self.options.launcher, command, api_key=key, keep=keep)
+        """The config's engine backend, launched per slot (its row's launchers: the project's CPU engine, or a real
+        vLLM server from its own environment on the initial checkpoint, a Hugging Face directory)."""
+        setup = EngineSetup(
+            self.options.launcher,
+            seed=self.options.seed,
+            checkpoint=self.initial_checkpoint,
+            api_key=run_api_key(self.run_dir),
+            device=self.config.rollout_device,
+            startup=self.timeouts.startup,
+            keep=self._keep(),
+            python=self.options.vllm_python,
+        )
+        return engine_backend(self.config.rollout_backend).launchers(setup)
 
     def _keep(self) -> Keep | None:
         """--detach-engines: how the engines outlive this driver (named after the job, with a lease); else None."""

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from engines.backends import engine_backend
+from engines.backends import engine_command as job_engine_command
 from engines.rayconnect import check_gcs
+from engines.vllm.launcher import TINY_LLAMA
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import RESUMED, bind_context, cut_torn_tail
@@ -39,7 +42,6 @@ from trainer.app.checks import check_async, check_run
 from trainer.app.dirlock import hold_run
 from trainer.app.faults import Fault, FaultInjector
 from trainer.app.job import Job, default_timeouts
-from trainer.app.job import engine_command as job_engine_command
 from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
 from trainer.app.options import API_NAMES
 from trainer.app.options import RunOptions as RunOptions  # re-exported: run_loop's argument
@@ -196,8 +198,8 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     if opts.model == "tiny-llama":  # a real Hugging Face model, built here (no hub): the run's initial checkpoint
         from engines.models import build_tiny_llama
 
-        # vLLM's CPU attention needs a head_dim of at least 32: its tiny Llama has 2 heads of 64
-        sizes = VLLM_TINY_LLAMA if config.rollout_backend == "vllm" else {}
+        # the backend's own sizes (vLLM's CPU attention needs a head_dim of at least 32: its tiny Llama has 2 of 64)
+        sizes = engine_backend(config.rollout_backend).tiny_llama
         built = await asyncio.to_thread(build_tiny_llama, run_dir / "model", seed=opts.seed, **sizes)
         opts = dataclasses.replace(opts, hf_checkpoint=built.resolve())
     task = checked_task(opts.task or PatternTask(seed=opts.seed), "RunOptions.task")
@@ -361,7 +363,7 @@ def engine_command(opts: RunOptions) -> Callable[[], list[str]]:
 
 
 # the tiny Llama vLLM can serve (its CPU attention refuses head_dim 16, today's default)
-VLLM_TINY_LLAMA = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256}
+VLLM_TINY_LLAMA = TINY_LLAMA  # the scripts and tests build vLLM's model with it
 
 
 def _start_generate(manager: RolloutManager, step: int) -> asyncio.Task[list[Sample]]:
