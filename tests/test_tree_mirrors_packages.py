@@ -3,7 +3,8 @@ reader finds a module's tests by its path. A folder of ``tests/`` is one of
 
 * a package folder's mirror (``tests/lifecycle/decide`` for ``lifecycle/decide/``),
 * a suite that cuts across the packages (:data:`CROSS_CUTTING`, at the top of ``tests/`` only),
-* a folder of checked-in inputs (:data:`DATA`: event logs, golden files), inside either of the above.
+* a folder of checked-in inputs (:data:`DATA`: event logs, golden files), inside either of the above,
+* a package the tests beside it plug in (:data:`FIXTURES`), declared with the test that uses it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ CROSS_CUTTING = {
     "examples": "the examples/ folder, run as a user runs them",
 }
 DATA = {"data", "golden"}
+FIXTURES = {
+    "engines/third_backend": "a third engine backend, one row plus one package (tests/engines/test_third_backend.py)",
+}
 
 
 def misplaced(root: Path) -> list[str]:
@@ -33,6 +37,8 @@ def misplaced(root: Path) -> list[str]:
         if parts[-1] in DATA and len(parts) > 1:
             continue
         if parts[0] in CROSS_CUTTING and len(parts) == 1:
+            continue
+        if "/".join(parts) in FIXTURES:
             continue
         if parts[0] in PACKAGES and (root.joinpath(*parts) / "__init__.py").is_file():
             continue
