@@ -24,6 +24,7 @@ from lifecycle.decide.backends import CAPABILITIES
 from lifecycle.decide.errors import ConfigError
 from rollout.pattern import PatternTask
 from trainer.app.job import Job, default_timeouts
+from trainer.app.options import RunOptions
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -108,7 +109,7 @@ def test_a_job_runs_a_step_on_it(third: ModuleType, tmp_path: Path) -> None:
     """The job launches the row's servers, loads its weights through the row's API, and updates them."""
     third.register_tertius()
     config = LifecycleConfig.from_mapping({"rollout_backend": "tertius", "rollout_num_gpus": 1})
-    job = Job(config, PatternTask(), run_dir=tmp_path, launcher="local", steps=1, events=None)
+    job = Job(config, PatternTask(), run_dir=tmp_path, options=RunOptions(launcher="local", steps=1, events=None))
     seen: dict[str, object] = {}
 
     async def loop() -> None:
