@@ -198,7 +198,7 @@ class Checker:
         self.remember = remember
         n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
         self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
-        self.p = self.core.p
+        self.p = self.core.predicates
         self.max_faults = max_faults
         # the driver dies at any state and a new one resumes the job, adopting the engines that live on
         self.adopts = self.p["keeps_engines"] and self.p["resumes"] and self.core.engines > 0
@@ -352,7 +352,7 @@ class Checker:
             state = n.job.engines[engine].state if engine is not None else "Init"
         else:
             state = getattr(n.job, part)
-        return (state, trigger) in self.core.c[part].table
+        return (state, trigger) in self.core.compiled[part].table
 
     def _operations(self, n: Node, budget: bool) -> Iterator[Transition]:
         key = (n.job, budget)
