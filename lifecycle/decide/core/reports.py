@@ -22,46 +22,46 @@ def completed(step: StepDraft, c: Completed) -> None:
         apply_result(step, cmd, result)
 
 
-def news(step: StepDraft, o: Outcome) -> None:
-    if o.name == "probe":
+def news(step: StepDraft, outcome: Outcome) -> None:
+    if outcome.name == "probe":
         step.fire("monitor", "probe")
         return
-    if o.name == "router_died" and o.group is not None:
-        router_died(step, o.group)
+    if outcome.name == "router_died" and outcome.group is not None:
+        router_died(step, outcome.group)
         return
-    if o.group is None or o.engine is None or not 0 <= o.engine < len(step.job.group(o.group)):
+    if outcome.group is None or outcome.engine is None or not 0 <= outcome.engine < len(step.job.group(outcome.group)):
         return
-    e = step.job.engine(o.group, o.engine)
-    step.subject = (o.group, o.engine)
-    step.epoch, step.heard = o.epoch, o.name  # fire() fences what this news would move, if it is stale
+    e = step.job.engine(outcome.group, outcome.engine)
+    step.subject = (outcome.group, outcome.engine)
+    step.epoch, step.heard = outcome.epoch, outcome.name  # fire() fences what this news would move, if it is stale
     try:
-        engine_news(step, o, e)
+        engine_news(step, outcome, e)
     finally:
         step.epoch = None
 
 
-def engine_news(step: StepDraft, o: Outcome, e: EngineState) -> None:
+def engine_news(step: StepDraft, outcome: Outcome, e: EngineState) -> None:
     core = step.core
-    if o.name == "died":  # Ray/the OS saw the process exit: acted on at once, paused or not
+    if outcome.name == "died":  # Ray/the OS saw the process exit: acted on at once, paused or not
         if e.state not in core.live:
             return  # not started, already marked, or a death we caused (a stop, a recovery)
         if core.monitoring(step.job):  # a monitor exists: it turns the death into its verdict
             step.fire("monitor", "engine_died")
         else:
-            step.fire("engine", "mark_unhealthy", o.group, o.engine)
-    elif o.name == "request_failed":
+            step.fire("engine", "mark_unhealthy", outcome.group, outcome.engine)
+    elif outcome.name == "request_failed":
         if e.state in core.markable:
-            step.fire("engine", "mark_unhealthy", o.group, o.engine)
-    elif o.name == "replaced" and o.group is not None and o.engine is not None:
+            step.fire("engine", "mark_unhealthy", outcome.group, outcome.engine)
+    elif outcome.name == "replaced" and outcome.group is not None and outcome.engine is not None:
         # another process answers at its address: a new generation, holding none of the job's weights. The old
         # one is let go (out of routing); the new one is attached, and caught up before it is routed
-        group, i = o.group, o.engine
+        group, i = outcome.group, outcome.engine
         if e.state not in core.live or (step.epoch is not None and step.stale("engine", "stop", e.state, group, i)):
             return
         if isinstance(step.fire("engine", "stop", group, i), Step):
             step.job.set_engine(group, i, step.job.engine(group, i)._replace(replaced=True))
-    elif o.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
-        step.fire("monitor", o.name)
+    elif outcome.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
+        step.fire("monitor", outcome.name)
 
 
 def router_died(step: StepDraft, group: str) -> None:

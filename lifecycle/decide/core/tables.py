@@ -249,7 +249,7 @@ def sync_in(state: str) -> Callable[[StepDraft, Command], bool]:
 def fire_engine(trigger: str, only_in: str | None = None) -> Callable[[StepDraft, Command, Outcome], object]:
     """Fire ``trigger`` on the command's engine (where it is in ``only_in``, if given: else nothing)."""
 
-    def do(step: StepDraft, cmd: Command, o: Outcome) -> None:
+    def do(step: StepDraft, cmd: Command, outcome: Outcome) -> None:
         assert cmd.group is not None and cmd.engine is not None
         if only_in is None or step.job.engine(cmd.group, cmd.engine).state == only_in:
             step.fire("engine", trigger, cmd.group, cmd.engine)
@@ -258,18 +258,18 @@ def fire_engine(trigger: str, only_in: str | None = None) -> Callable[[StepDraft
 
 
 def fire(part: str, trigger: str) -> Callable[[StepDraft, Command, Outcome], object]:
-    return lambda step, cmd, o: step.fire(part, trigger)
+    return lambda step, cmd, outcome: step.fire(part, trigger)
 
 
-def reason(cmd: Command, o: Outcome) -> str:
+def reason(cmd: Command, outcome: Outcome) -> str:
     """Why a command that raised failed: the shell's reason, or which command it was."""
-    return o.reason or f"{cmd.instance}: {cmd.effect} failed"
+    return outcome.reason or f"{cmd.instance}: {cmd.effect} failed"
 
 
-def group_call_raised(step: StepDraft, cmd: Command, o: Outcome) -> None:
+def group_call_raised(step: StepDraft, cmd: Command, outcome: Outcome) -> None:
     """A weight-update group call that raised (not one that failed): it failed, and the run cannot go on."""
-    failure = step.failure_of(cmd, reason(cmd, o))
-    apply_result(step, cmd, Outcome("failed", reason=reason(cmd, o)))
+    failure = step.failure_of(cmd, reason(cmd, outcome))
+    apply_result(step, cmd, Outcome("failed", reason=reason(cmd, outcome)))
     step.fail_run(failure)
 
 
@@ -296,28 +296,32 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "kill_engine",
         "alive",
         "the process outlived SIGKILL: the run stops (no second process is ever started beside it)",
-        lambda step, cmd, o: engines.still_alive(step, cmd, f"process still alive after SIGKILL ({o.reason})"),
+        lambda step, cmd, outcome: engines.still_alive(
+            step, cmd, f"process still alive after SIGKILL ({outcome.reason})"
+        ),
     ),
     ResultRow(
         "engine",
         "kill_engine",
         ANY,
         "its death is confirmed: a stop ends (a let-go slot starts anew), a recovery relaunches within the budget",
-        lambda step, cmd, o: engines.killed(step, cmd),
+        lambda step, cmd, outcome: engines.killed(step, cmd),
     ),
     ResultRow(
         "engine",
         "kill_engine",
         ERROR,
         "its death could not be confirmed: the run stops",
-        lambda step, cmd, o: engines.still_alive(step, cmd, f"its death could not be confirmed ({reason(cmd, o)})"),
+        lambda step, cmd, outcome: engines.still_alive(
+            step, cmd, f"its death could not be confirmed ({reason(cmd, outcome)})"
+        ),
     ),
     ResultRow(
         "engine",
         "adopt_engine",
         ANY,
         "Adopting: what the kept process holds decides how it rejoins (adopted, behind, lost)",
-        lambda step, cmd, o: engines.adopted(step, cmd, o.name),
+        lambda step, cmd, outcome: engines.adopted(step, cmd, outcome.name),
         engine_in("Adopting"),
     ),
     ResultRow(
@@ -325,7 +329,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "adopt_engine",
         ERROR,
         "Adopting: it could not be read (lost)",
-        lambda step, cmd, o: engines.adopted(step, cmd, "lost"),
+        lambda step, cmd, outcome: engines.adopted(step, cmd, "lost"),
         engine_in("Adopting"),
     ),
     ResultRow(
@@ -333,7 +337,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "transfer_weights",
         "loaded",
         "it took the weights (finish_update): it holds them once they are committed",
-        lambda step, cmd, o: weights.loaded(step, cmd),
+        lambda step, cmd, outcome: weights.loaded(step, cmd),
         engine_updating,
     ),
     ResultRow(
@@ -349,7 +353,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "transfer_weights",
         ERROR,
         "a rollout engine's load raised: the weight update fails as a whole",
-        lambda step, cmd, o: weights.abort_update(step),
+        lambda step, cmd, outcome: weights.abort_update(step),
         rollout_updating,
     ),
     ResultRow(
@@ -378,7 +382,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "init_weight_group",
         ANY,
         "it did not connect: nothing was sent, the trainer's update ends (the next one connects again)",
-        lambda step, cmd, o: weights.group_failed(step),
+        lambda step, cmd, outcome: weights.group_failed(step),
         sync_in("Connecting"),
     ),
     ResultRow(
@@ -394,7 +398,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "broadcast_weights",
         "worker_crashed",
         "rank 0's worker crashed mid-broadcast: the broadcast failed, and the trainer heals or fails",
-        lambda step, cmd, o: weights.broadcast_crashed(step, o.reason),
+        lambda step, cmd, outcome: weights.broadcast_crashed(step, outcome.reason),
         sync_in("Broadcasting"),
     ),
     ResultRow(
@@ -402,7 +406,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "broadcast_weights",
         ANY,
         "failed or timed out: no engine of the snapshot holds the committed weights; the update ends uncommitted",
-        lambda step, cmd, o: weights.broadcast_failed(step),
+        lambda step, cmd, outcome: weights.broadcast_failed(step),
         sync_in("Broadcasting"),
     ),
     ResultRow("weight_sync", ANY, ERROR, "a group call raised: it failed, and the run stops", group_call_raised),
@@ -412,7 +416,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         ANY,
         "trained",
         "train_done; its weights are ahead of the served ones until an update commits them",
-        lambda step, cmd, o: trainer.trained(step),
+        lambda step, cmd, outcome: trainer.trained(step),
     ),
     ResultRow("trainer", ANY, "saved", "save_done", fire("trainer", "save_done")),
     ResultRow("trainer", ANY, "checkpointed", "checkpoint_done", fire("trainer", "checkpoint_done")),
@@ -422,28 +426,28 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         ANY,
         "healed",
         "a new worker holds the state: the operation runs again, once",
-        lambda step, cmd, o: trainer.healed(step),
+        lambda step, cmd, outcome: trainer.healed(step),
     ),
     ResultRow(
         "trainer",
         ANY,
         "heal_failed",
         "the run stops",
-        lambda step, cmd, o: trainer.heal_failed(step, o.reason),
+        lambda step, cmd, outcome: trainer.heal_failed(step, outcome.reason),
     ),
     ResultRow(
         "trainer",
         ANY,
         "worker_crashed",
         "heal from a peer under train FT, else the run stops",
-        lambda step, cmd, o: trainer.crashed(step, o.reason),
+        lambda step, cmd, outcome: trainer.crashed(step, outcome.reason),
     ),
     ResultRow(
         "trainer",
         ANY,
         ERROR,
         "a call raised: as a crashed worker",
-        lambda step, cmd, o: trainer.crashed(step, reason(cmd, o)),
+        lambda step, cmd, outcome: trainer.crashed(step, reason(cmd, outcome)),
     ),
     # -- anything else ---------------------------------------------------------------------------------------------
     ResultRow(
@@ -451,7 +455,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         ANY,
         ERROR,
         "building the rollout function, the monitor, ...: the run cannot go on",
-        lambda step, cmd, o: step.fail_run(step.failure_of(cmd, reason(cmd, o))),
+        lambda step, cmd, outcome: step.fail_run(step.failure_of(cmd, reason(cmd, outcome))),
     ),
 )
 
@@ -481,9 +485,9 @@ def candidates(machine: str, effect: str, outcome: str) -> tuple[ResultRow, ...]
     return found
 
 
-def apply_result(step: StepDraft, cmd: Command, o: Outcome) -> None:
+def apply_result(step: StepDraft, cmd: Command, outcome: Outcome) -> None:
     """Do what the first row that applies to this result says (none: nothing)."""
-    machine, name = cmd.machine, o.name
+    machine, name = cmd.machine, outcome.name
     if machine == "engine":
         if cmd.group is None or cmd.engine is None:
             machine = ANY  # an engine command without its engine: only what any command's result does
@@ -494,5 +498,5 @@ def apply_result(step: StepDraft, cmd: Command, o: Outcome) -> None:
         rows = candidates(machine, cmd.effect, name)
     for row in rows:
         if row.when is None or row.when(step, cmd):
-            row.do(step, cmd, o)
+            row.do(step, cmd, outcome)
             return
