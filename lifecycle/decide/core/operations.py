@@ -97,16 +97,20 @@ def run_programs(step: StepDraft) -> None:
     job = step.job
     for lane in LANES:
         step.lane = lane
-        while job.lane_op(lane):
+        rollout = lane == "rollout"  # the lane's fields read directly: this loop runs at every step
+        while job.rollout_op if rollout else job.trainer_op:
             if job.failed:
                 job.set_lane(lane, program=())
             if has_command_out(job.awaiting, lane):
                 break
-            program = job.program(lane)
+            program = job.rollout_program if rollout else job.trainer_program
             if not program:
                 finish(step, lane)
                 break
-            job.set_lane(lane, program=program[1:])
+            if rollout:
+                job.rollout_program = program[1:]
+            else:
+                job.trainer_program = program[1:]
             run_phase(step, program[0])
 
 
