@@ -101,7 +101,7 @@ def run_programs(step: StepDraft) -> None:
         while job.rollout_op if rollout else job.trainer_op:
             if job.failed:
                 job.set_lane(lane, program=())
-            if has_command_out(job.awaiting, lane):
+            if has_command_out(job.commands_out.get(), lane):
                 break
             program = job.rollout_program if rollout else job.trainer_program
             if not program:
