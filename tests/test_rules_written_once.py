@@ -4,7 +4,7 @@ Read from the source (the AST) of every runtime module (``engines/``, ``rollout/
 ``engines/cpu/``, ``engines/models/``):
 
 * **no predicate outside the spec machinery**: no import of ``lifecycle.decide.predicates``, no read of a
-  compiled predicate vector (``core.p[...]``), no ``ft_components`` comparison -- a guard of a spec
+  compiled predicate vector (``core.predicates[...]``), no ``ft_components`` comparison -- a guard of a spec
   decides, and the runtime executes the core's commands;
 * **no state set typed out by hand**: no tuple, list or set literal of two or more state names (the
   groups are the specs' tags: ``core.live``, ``core.gone``, ...), and every state name a comparison
@@ -50,8 +50,12 @@ def scan(source: str, path: str) -> list[str]:
                 problems.append(f"{path}:{node.lineno}: imports lifecycle.decide.predicates")
             if isinstance(node, ast.Import) and any(a.name == "lifecycle.decide.predicates" for a in node.names):
                 problems.append(f"{path}:{node.lineno}: imports lifecycle.decide.predicates")
-            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "p":
-                problems.append(f"{path}:{node.lineno}: reads a predicate value (.p[...])")
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr in ("p", "predicates")
+            ):
+                problems.append(f"{path}:{node.lineno}: reads a predicate value (.{node.value.attr}[...])")
             if isinstance(node, ast.Attribute) and node.attr == "ft_components":
                 problems.append(f"{path}:{node.lineno}: reads ft_components (a predicate decides)")
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -143,13 +147,13 @@ def test_the_scan_finds_a_predicate_call_in_runtime_code() -> None:
     bad = (
         "from lifecycle.decide.predicates import rollout_ft\n"
         "def on_death(config, core):\n"
-        "    if rollout_ft(config) or core.p['monitors_rollout'] or 'rollout' in config.ft_components:\n"
+        "    if rollout_ft(config) or core.predicates['monitors_rollout'] or 'rollout' in config.ft_components:\n"
         "        pass\n"
     )
     found = scan(bad, "rollout/controller.py")
     assert [p.split(": ", 1)[1] for p in found] == [
         "imports lifecycle.decide.predicates",
-        "reads a predicate value (.p[...])",
+        "reads a predicate value (.predicates[...])",
         "reads ft_components (a predicate decides)",
     ], found
 

@@ -198,7 +198,7 @@ class Checker:
         self.remember = remember
         n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
         self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
-        self.p = self.core.p
+        self.p = self.core.predicates
         self.max_faults = max_faults
         # the driver dies at any state and a new one resumes the job, adopting the engines that live on
         self.adopts = self.p["keeps_engines"] and self.p["resumes"] and self.core.engines > 0
@@ -255,7 +255,7 @@ class Checker:
         if quiet:
             yield from self._faults(n)
         if budget and self.dies:  # anywhere, a command out or not: the new driver knows only the ledger
-            yield self.driver_death(n)
+            yield _driver_death(self.core, self.adopts, n)
 
     # -- driving the core ---------------------------------------------------------------------------------------
     def step(self, n: Node, event: Event, action: Action, world: World | None = None) -> Transition | None:
@@ -310,38 +310,6 @@ class Checker:
             job = before  # the same object: later "did it change?" questions compare identities, not fields
         return _Decided(job, moves, commands, newer, checkpointed)
 
-    def driver_death(self, n: Node) -> Transition:
-        """The driver dies (SIGKILL) and a new one resumes the job from its checkpoint. The engines live on:
-        the ledger names every slot whose process was launched and not confirmed dead (it is adopted); a process
-        holds the checkpoint's version, whole, only if it held the committed one, took no newer one, has no
-        load in flight and no broadcast's mix, and no version was committed after the checkpoint. The eval
-        fleet's engines and the weight-update group die with the driver."""
-        job, w, core = n.job, n.world, self.core
-        kept = tuple(self.adopts and e.state not in core.gone for e in job.engines)
-        clean = tuple(
-            k
-            and e.current
-            and not (e.fresh or e.mixed or w.voided or e.state in core.transient or e.state == "Unhealthy")
-            and not (w.torn and w.torn[i])
-            for i, (e, k) in enumerate(zip(job.engines, kept, strict=True))
-        )
-        procs = tuple(
-            (DEAD_NOTIFIED if p in (DEAD, KILLING) else p) if k else UP for p, k in zip(w.procs, kept, strict=True)
-        )
-        epochs = tuple(1 if k else None for k in kept)
-        resumed = _normal_job(core.with_kept(core.initial(), epochs))
-        torn = tuple(t and k for t, k in zip(w.torn, kept, strict=True)) if w.torn else ()
-        world = World(
-            procs,
-            (UP,) * core.evals,
-            w.faults + 1,
-            (False,) * len(w.grouped),
-            torn,
-            False,
-            clean if self.adopts else (),
-        )
-        return Transition(Action("fault.driver_death", fault=True), (), Node(resumed, world))
-
     def _possible(self, n: Node, name: str, engine: int | None = None) -> bool:
         """A cheap look at the operation's own machine event: most operations are not allowed in a state."""
         main = self._main[name]
@@ -352,7 +320,7 @@ class Checker:
             state = n.job.engines[engine].state if engine is not None else "Init"
         else:
             state = getattr(n.job, part)
-        return (state, trigger) in self.core.c[part].table
+        return (state, trigger) in self.core.compiled[part].table
 
     def _operations(self, n: Node, budget: bool) -> Iterator[Transition]:
         key = (n.job, budget)
@@ -400,7 +368,7 @@ class Checker:
         spend = w.faults
         cached = self._answered.get(key) if self.remember else None
         if cached is None:
-            options = [self._answers(cmd, w, job) for cmd in job.awaiting]
+            options = [_answers(cmd, w, job) for cmd in job.awaiting]
             cached = []
             for choice in itertools.product(*options):
                 faults = sum(fault for _, fault, _ in choice)
@@ -414,52 +382,6 @@ class Checker:
             return within
         least = min(c[0] for c in cached)
         return [c for c in cached if c[0] == least]
-
-    def _answers(self, cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
-        """How the world may answer one command: (outcome, is it a fault, what it does to the world)."""
-        same = _keep
-        if cmd.machine == "weight_sync":
-            return _group_answers(cmd, w, job)
-        if cmd.machine == "engine" and cmd.group is not None and cmd.engine is not None:
-            proc = w.group(cmd.group)[cmd.engine]
-            alive = proc == UP
-            mark = _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED) if proc == DEAD else same
-            if cmd.effect == "launch_engine":
-                if alive:
-                    return [(Outcome("ready"), False, same), (Outcome("start_failed"), True, same)]
-                return [(Outcome("start_failed"), False, mark)]
-            if cmd.effect == "kill_engine":
-                return [(Outcome("dead"), False, _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED))]
-            if cmd.effect == "adopt_engine":  # what the new driver reads back from the process it finds
-                read = _Flag("clean", cmd.engine, False)
-                if not alive:
-                    return [(Outcome("lost"), False, read)]
-                held = "adopted" if w.clean and w.clean[cmd.engine] else "behind"
-                return [(Outcome(held), False, read), (Outcome("lost"), True, read)]  # or it cannot be read
-            if cmd.effect == "transfer_weights":
-                # a load from disk replaces every tensor: mixed weights are gone (a broadcast's part is the group's)
-                loaded = same if w.torn == () or cmd.lane == "trainer" else _Flag("torn", cmd.engine, False)
-                if alive:
-                    return [
-                        (Outcome("loaded"), False, loaded),
-                        (Outcome("refused"), True, same),
-                        (Outcome("error"), True, same),
-                    ]
-                return [(Outcome("request_failed"), False, same)]
-            if cmd.effect == "stop_routing":  # the router forgets the engine whatever the engine's health
-                return [(Outcome("done"), False, same)]
-            if cmd.effect == "inject_ci_fault":  # the CI's own fault: a SIGKILL, counted in the budget like any
-                return [(Outcome("done"), True, _set_proc(cmd.group, cmd.engine, DEAD))]
-            if cmd.effect == "probe_engine":
-                return [(Outcome("probe_ok" if alive else "probe_failed"), False, same)]
-            return [(Outcome("done" if alive else "request_failed"), False, same)]
-        if cmd.machine == "trainer":
-            success = _SUCCESS.get(cmd.effect, "done")
-            answers = [(Outcome(success), False, same)]
-            if "worker_crashed" in RESULTS.get(cmd.effect, frozenset()) and cmd.effect in _MAY_CRASH:
-                answers.append((Outcome("worker_crashed"), True, same))
-            return answers
-        return [(Outcome("done"), False, same)]
 
     def _said_of(
         self, what: str, group: str, i: int, epoch: int | None = None, fault: bool = False
@@ -600,6 +522,86 @@ class _Flag(_Change):
         if self.field == "grouped":
             return w._replace(grouped=new)
         return w._replace(torn=new) if self.field == "torn" else w._replace(clean=new)
+
+
+def _driver_death(core: Core, adopts: bool, n: Node) -> Transition:
+    """The driver dies (SIGKILL) and a new one resumes the job from its checkpoint. The engines live on:
+    the ledger names every slot whose process was launched and not confirmed dead (it is adopted); a process
+    holds the checkpoint's version, whole, only if it held the committed one, took no newer one, has no
+    load in flight and no broadcast's mix, and no version was committed after the checkpoint. The eval
+    fleet's engines and the weight-update group die with the driver."""
+    job, w = n.job, n.world
+    kept = tuple(adopts and e.state not in core.gone for e in job.engines)
+    clean = tuple(
+        k
+        and e.current
+        and not (e.fresh or e.mixed or w.voided or e.state in core.transient or e.state == "Unhealthy")
+        and not (w.torn and w.torn[i])
+        for i, (e, k) in enumerate(zip(job.engines, kept, strict=True))
+    )
+    procs = tuple(
+        (DEAD_NOTIFIED if p in (DEAD, KILLING) else p) if k else UP for p, k in zip(w.procs, kept, strict=True)
+    )
+    epochs = tuple(1 if k else None for k in kept)
+    resumed = _normal_job(core.with_kept(core.initial(), epochs))
+    torn = tuple(t and k for t, k in zip(w.torn, kept, strict=True)) if w.torn else ()
+    world = World(
+        procs,
+        (UP,) * core.evals,
+        w.faults + 1,
+        (False,) * len(w.grouped),
+        torn,
+        False,
+        clean if adopts else (),
+    )
+    return Transition(Action("fault.driver_death", fault=True), (), Node(resumed, world))
+
+
+def _answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
+    """How the world may answer one command: (outcome, is it a fault, what it does to the world)."""
+    same = _keep
+    if cmd.machine == "weight_sync":
+        return _group_answers(cmd, w, job)
+    if cmd.machine == "engine" and cmd.group is not None and cmd.engine is not None:
+        proc = w.group(cmd.group)[cmd.engine]
+        alive = proc == UP
+        mark = _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED) if proc == DEAD else same
+        if cmd.effect == "launch_engine":
+            if alive:
+                return [(Outcome("ready"), False, same), (Outcome("start_failed"), True, same)]
+            return [(Outcome("start_failed"), False, mark)]
+        if cmd.effect == "kill_engine":
+            return [(Outcome("dead"), False, _set_proc(cmd.group, cmd.engine, DEAD_NOTIFIED))]
+        if cmd.effect == "adopt_engine":  # what the new driver reads back from the process it finds
+            read = _Flag("clean", cmd.engine, False)
+            if not alive:
+                return [(Outcome("lost"), False, read)]
+            held = "adopted" if w.clean and w.clean[cmd.engine] else "behind"
+            return [(Outcome(held), False, read), (Outcome("lost"), True, read)]  # or it cannot be read
+        if cmd.effect == "transfer_weights":
+            # a load from disk replaces every tensor: mixed weights are gone (a broadcast's part is the group's)
+            loaded = same if w.torn == () or cmd.lane == "trainer" else _Flag("torn", cmd.engine, False)
+            if alive:
+                return [
+                    (Outcome("loaded"), False, loaded),
+                    (Outcome("refused"), True, same),
+                    (Outcome("error"), True, same),
+                ]
+            return [(Outcome("request_failed"), False, same)]
+        if cmd.effect == "stop_routing":  # the router forgets the engine whatever the engine's health
+            return [(Outcome("done"), False, same)]
+        if cmd.effect == "inject_ci_fault":  # the CI's own fault: a SIGKILL, counted in the budget like any
+            return [(Outcome("done"), True, _set_proc(cmd.group, cmd.engine, DEAD))]
+        if cmd.effect == "probe_engine":
+            return [(Outcome("probe_ok" if alive else "probe_failed"), False, same)]
+        return [(Outcome("done" if alive else "request_failed"), False, same)]
+    if cmd.machine == "trainer":
+        success = _SUCCESS.get(cmd.effect, "done")
+        answers = [(Outcome(success), False, same)]
+        if "worker_crashed" in RESULTS.get(cmd.effect, frozenset()) and cmd.effect in _MAY_CRASH:
+            answers.append((Outcome("worker_crashed"), True, same))
+        return answers
+    return [(Outcome("done"), False, same)]
 
 
 def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:

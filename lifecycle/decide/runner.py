@@ -132,7 +132,7 @@ class Runner:
         if missing:
             raise UnboundEffect(
                 f"no handler for {', '.join(missing)}: a shell of this job is missing (bind it with "
-                "Runner.provide, or declare the effect ledger-only in lifecycle.decide.core.core)"
+                "Runner.provide, or declare the effect ledger-only in lifecycle.decide.core.tables)"
             )
         first, self._checked = not self._checked, True
         if first and self.log.enabled:  # the log judges itself: `lifecycle trace check` reads the config here

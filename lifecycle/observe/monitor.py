@@ -138,7 +138,7 @@ class EventMonitor:
 
     def _configure(self, config: LifecycleConfig) -> None:
         self.core = Core(config)
-        self.p = self.core.p
+        self.p = self.core.predicates
 
     def feed(self, event: Event) -> list[Violation]:
         self.index += 1

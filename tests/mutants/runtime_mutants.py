@@ -42,6 +42,11 @@ CORE, PLAN, HEALTH, FLEET = (
     "engines/health.py",
     "rollout/eval_fleet.py",
 )
+CORE_STEP, CORE_TABLES, CORE_ENGINES = (
+    "lifecycle/decide/core/step.py",
+    "lifecycle/decide/core/tables.py",
+    "lifecycle/decide/core/engines.py",
+)
 T_CONTROLLER, T_CORE, T_RUNNER = (
     "tests/rollout/test_controller.py",
     "tests/lifecycle/decide/test_core.py",
@@ -84,7 +89,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "news_epochs_ignored_at_runtime",
         "a death report or probe verdict about an engine's replaced process marks the new one (miles #2172)",
-        CORE,
+        CORE_STEP,
         "if self.epoch is not None and trigger in self.core.fenced[part] and self.stale(part, trigger, src, group, i):",
         "if False:",
         (
@@ -95,7 +100,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "restart_budget_never_spent",
         "restarts are not remembered, so a crash-looping engine is restarted for ever",
-        CORE,
+        CORE_ENGINES,
         "return delay, (*recent, now)",
         "return delay, recent",
         (f"{T_CORE}::test_an_engine_that_keeps_dying_spends_its_budget_then_fails_the_run",),
@@ -127,9 +132,9 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "lock_kept_on_failed_update",
         "the engine lock is not released when a weight update fails",
-        CORE,
-        'coupled("the fact lock", lambda tx, at: tx.upd(lock=False))',
-        'coupled("the fact lock", lambda tx, at: None)',
+        CORE_TABLES,
+        'coupled("the fact lock", lambda step, origin: weights.unlock_engines(step))',
+        'coupled("the fact lock", lambda step, origin: None)',
         (f"{T_CORE}::test_a_weight_update_whose_shell_fails_releases_the_lock_and_blocks_generation_until_redone",),
     ),
     RuntimeMutant(
@@ -327,9 +332,9 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "alive_after_kill_taken_as_dead",
         "the core takes a kill answered 'alive' as a death: Stopped (or restarted beside) a live zombie",
-        CORE,
-        '                if o.name == "alive":\n                    self.fail_run(',
-        '                if o.name == "never":\n                    self.fail_run(',
+        CORE_TABLES,
+        '        "kill_engine",\n        "alive",\n',
+        '        "kill_engine",\n        "never",\n',
         (
             f"{T_STOP}::test_a_stop_whose_death_is_not_confirmed_never_reaches_stopped_and_stops_the_run",
             f"{T_STOP}::test_a_recovery_whose_kill_is_not_confirmed_never_starts_a_second_process",
@@ -394,9 +399,11 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "refused_load_finishes_update",
         "an engine that refused the weights finishes its update and serves with the old ones",
-        CORE,
-        '                if o.name == "loaded":\n',
-        '                if o.name in ("loaded", "refused"):\n',
+        CORE_TABLES,
+        '        "transfer_weights",\n        "loaded",\n',
+        '        "transfer_weights",\n        "refused",\n        "planted",\n'
+        "        lambda step, cmd, o: weights.loaded(step, cmd),\n        engine_updating,\n    ),\n"
+        '    ResultRow(\n        "engine",\n        "transfer_weights",\n        "loaded",\n',
         (f"{T_CORE}::test_an_engine_that_refuses_the_weights_never_serves_with_the_old_ones",),
     ),
     # -- a resumed job is the job it continues -------------------------------------------------------------------

@@ -208,13 +208,13 @@ def test_without_the_catch_up_a_restarted_engine_is_never_routed(
 ) -> None:
     """The other half, and proof the check can fail: drop the core's catch-up phase, and the engine that
     was restarted (PendingWeights: it holds no committed weights) stays out of routing -- the run stops."""
-    from lifecycle.decide.core import core as core_module
+    from lifecycle.decide.core import PHASES
 
     rig = Rig(ROLLOUT_FT, tmp_path)
     try:
         rig.run(rig.manager.init(rig.weights(0)))
         _kill(rig)
-        monkeypatch.setattr(core_module._Tx, "ph_catch_up", lambda self: None)
+        monkeypatch.setitem(PHASES, "catch_up", lambda step: None)
         with pytest.raises(RunFailed, match="no routable engine"):
             rig.run(rig.manager.generate(2))
         assert rig.state() == "PendingWeights" and rig.c.routable() == []

@@ -231,7 +231,7 @@ def test_the_fleets_own_health_generate_on_the_wire(
 def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lifecycle.decide.core import core as core_module
+    from lifecycle.decide.core import PHASES
 
     async def disagree(f: Fleet) -> EvalResult:
         """eval-1's server loads other weights than it is asked for: its /model_info disagrees."""
@@ -254,7 +254,7 @@ def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
         assert result.skipped == "pin_violation" and "eval-1" in result.detail, result
         # the bug re-introduced: the core's all-or-nothing check is gone, the fleet pins whatever loaded
         with monkeypatch.context() as m:
-            m.setattr(core_module._Tx, "ph_fleet_loaded", _pin_anyway)
+            m.setitem(PHASES, "fleet_loaded", _pin_anyway)
             with pytest.raises(AssertionError):
                 result = await disagree(f)
                 assert result.skipped == "pin_violation", result
@@ -264,10 +264,10 @@ def test_a_version_disagreement_is_a_pin_violation_and_the_check_is_needed(
     _with_fleet({**SELF_PROBING, "engine_max_restarts": 10}, tmp_path, body)
 
 
-def _pin_anyway(self: Any) -> None:
-    if self.s.fleet == "LoadingSnapshot":
-        self.fire("fleet", "loaded")
-        self.engines_do("eval", "resume", frozenset({"Quiesced"}))
+def _pin_anyway(step: Any) -> None:
+    if step.job.fleet == "LoadingSnapshot":
+        step.fire("fleet", "loaded")
+        step.engines_do("eval", "resume", frozenset({"Quiesced"}))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ returns the next state, the machine moves it made and the commands the shells mu
 or a refusal naming the predicate or state that blocks it.
 """
 
-from lifecycle.decide.core.core import COUPLED, DISPATCH, EFFECT_TABLE, LEDGER_ONLY, Core, Handling, next_delay
+from lifecycle.decide.core.core import Core
+from lifecycle.decide.core.engines import next_delay
 from lifecycle.decide.core.model import (
     BROADCAST,
     COMMITTED_WEIGHTS,
@@ -29,7 +30,10 @@ from lifecycle.decide.core.model import (
     Result,
     instance_name,
 )
+from lifecycle.decide.core.phases import PHASES
 from lifecycle.decide.core.plan import ENGINE_PLAN, NEWS, OPERATIONS, RESULTS, SNAPSHOT, Operation
+from lifecycle.decide.core.step import StepDraft
+from lifecycle.decide.core.tables import COUPLED, DISPATCH, EFFECT_TABLE, LEDGER_ONLY, RESULT_TABLE, Handling, ResultRow
 
 __all__ = [
     "BROADCAST",
@@ -43,7 +47,9 @@ __all__ = [
     "LEDGER_ONLY",
     "NEWS",
     "OPERATIONS",
+    "PHASES",
     "RESULTS",
+    "RESULT_TABLE",
     "ROLLOUT",
     "SNAPSHOT",
     "BlockedMove",
@@ -63,6 +69,8 @@ __all__ = [
     "Outcome",
     "Refusal",
     "Result",
+    "ResultRow",
+    "StepDraft",
     "instance_name",
     "next_delay",
 ]

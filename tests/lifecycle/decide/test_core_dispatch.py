@@ -13,7 +13,7 @@ import pytest
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import DISPATCH, EFFECT_TABLE, Core
-from lifecycle.decide.core.core import Row, coupled, dispatch, ledger
+from lifecycle.decide.core.tables import EffectRow, coupled, dispatch, ledger
 from lifecycle.decide.effects import EFFECTS
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.presets import PRESETS, preset
@@ -23,7 +23,7 @@ from lifecycle.decide.spec import MachineSpec, T
 ISSUED_BY_THE_CORE = frozenset({("engine", "probe_engine"), ("engine", "inject_ci_fault")})
 
 
-def problems(rows: tuple[Row, ...], specs: Mapping[str, MachineSpec]) -> list[str]:
+def problems(rows: tuple[EffectRow, ...], specs: Mapping[str, MachineSpec]) -> list[str]:
     """What is wrong with a table for these specs: effects in no class, in two, or in the table for nothing."""
     wanted = {(name, e.name) for name, spec in specs.items() for t in spec.transitions for e in t.effects}
     wanted |= ISSUED_BY_THE_CORE

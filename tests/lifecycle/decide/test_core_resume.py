@@ -8,8 +8,7 @@ import pytest
 
 from lifecycle.check.explore import explore, lattice
 from lifecycle.check.invariants import INVARIANTS
-from lifecycle.decide.core import Command, Failure, Outcome
-from lifecycle.decide.core import core as core_module
+from lifecycle.decide.core import Command, Failure, Op, Outcome, StepDraft, operations
 
 from .test_core import RFT, Drive, cfg, ok
 
@@ -116,14 +115,14 @@ def test_the_checker_catches_a_core_that_checkpoints_between_train_and_update(mo
     """Re-introduce the bug: drop the core's checkpoint precondition; the step invariant names it."""
     config = cfg(**RFT, **RESUME)
     assert explore(config, engines=2, only=frozenset({"job_checkpoint_holds_committed_weights"})).ok
-    original = core_module._Tx.precondition
+    original = operations.precondition
 
-    def anything_goes(self: core_module._Tx, op: object) -> str | None:
-        if getattr(op, "name", "") == "checkpoint":
+    def anything_goes(step: StepDraft, op: Op) -> str | None:
+        if op.name == "checkpoint":
             return None
-        return original(self, op)  # type: ignore[arg-type]
+        return original(step, op)
 
-    monkeypatch.setattr(core_module._Tx, "precondition", anything_goes)
+    monkeypatch.setattr(operations, "precondition", anything_goes)
     result = explore(config, engines=2, only=frozenset({"job_checkpoint_holds_committed_weights"}))
     assert [v.invariant for v in result.violations] == ["job_checkpoint_holds_committed_weights"]
     assert "trained since the last commit" in result.violations[0].problem

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lifecycle.decide.core import Command
-from lifecycle.decide.core import core as core_module
+from lifecycle.decide.core.draft import ChangedItems, CommandsOut
 
 from .test_core import Drive, cfg
 
@@ -28,7 +28,7 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Counts the working copies' whole-collection builds: a new working copy, a list copied from the tuple, a
     tuple built from the list."""
     counts: Counter[str] = Counter()
-    items, awaiting = core_module._Items, core_module._Awaiting
+    items, awaiting = ChangedItems, CommandsOut
 
     def counting(name: str, original: Callable[..., Any], copies_when: Callable[[Any], bool]) -> Callable[..., Any]:
         def wrapper(self: Any, *args: Any) -> Any:
@@ -72,7 +72,7 @@ def test_results_are_crossed_off_the_first_equal_command_out_as_list_remove_did(
     order, with duplicates, interleaved with new commands, and nothing for a command not out."""
     cmds = [Command("release_weights", "engine", f"engine-{i % 20}", "rollout", i % 20) for i in range(40)]
     extra = Command("probe_engine", "engine", "eval-0", "eval", 0)
-    working = core_module._Awaiting(tuple(cmds))
+    working = CommandsOut(tuple(cmds))
     reference = list(cmds)
     for step, cmd in enumerate([cmds[7], cmds[3], cmds[27], extra, cmds[7], cmds[7], cmds[39], cmds[0]]):
         working.remove(cmd)

@@ -1,0 +1,189 @@
+"""The core's own phases: the named steps of an operation's program (:data:`plan.OPERATIONS`) that are not a
+machine event, as one table, ``PHASES``. A phase may put more phases in front of the rest of its operation
+(``step.prepend``): the ones it waits for the commands of."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lifecycle.decide.core import weights
+from lifecycle.decide.core.engines import next_delay
+from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, instance_name
+from lifecycle.decide.core.plan import SNAPSHOT
+from lifecycle.decide.spec import Step
+
+if TYPE_CHECKING:
+    from lifecycle.decide.core.step import StepDraft
+
+
+def trainer_ready(step: StepDraft) -> None:
+    """The trainer's start ends in Ready: a resumed job's workers restore its checkpoint first (the spec's
+    ``resumes`` guard picks the edge; the other one is not on the record: it is not a refusal)."""
+    if not isinstance(step.fire("trainer", "restore"), Step):
+        step.fire("trainer", "ready", log=True)
+
+
+def load_initial(step: StepDraft) -> None:
+    """While servers start: every engine that answered receives the initial weights."""
+    if step.job.rollout == "StartingServers":
+        step.engines_do(ROLLOUT, "begin_update", frozenset({"PendingWeights"}))
+
+
+def recover(step: StepDraft) -> None:
+    """Every Unhealthy rollout engine is recovered (its spec's guard: rollout FT); once their restarts
+    have come back, again for those whose restart failed -- each try spends the restart budget."""
+    moved = False
+    for i, e in enumerate(step.job.engines):
+        if e.state == "Unhealthy" and isinstance(step.fire("engine", "recover", ROLLOUT, i), Step):
+            moved = True
+    if moved:
+        step.prepend(step.lane, ("recover",))
+
+
+def catch_up(step: StepDraft) -> None:
+    """Restarted engines (PendingWeights) receive the committed weights before they serve."""
+    job = step.job
+    behind = [j for j, e in enumerate(job.engines) if e.state == "Quiesced" and e.mixed]
+    if job.rollout != "Ready" or not job.committed:
+        return
+    if not behind and not any(e.state == "PendingWeights" for e in job.engines):
+        return
+    if isinstance(step.composite("catch_up"), Step):
+        for j in behind:  # a failed broadcast left them with mixed weights: they reload the committed ones
+            step.fire("engine", "begin_update", ROLLOUT, j)
+        step.prepend(step.lane, ("catch_up_done",))
+
+
+def catch_up_done(step: StepDraft) -> None:
+    """The catch-up pushed nothing new: engines that took the committed weights now hold them."""
+    if isinstance(step.fire("rollout", "update_done"), Step):
+        weights.took_committed(step)
+
+
+def begin_update(step: StepDraft) -> None:
+    """The trainer's push: one snapshot of every engine still in play, under the engine lock."""
+    core, job = step.core, step.job
+    if not core.engines:
+        return
+    if not core.snapshot_ready(job):
+        states = ", ".join(e.state for e in job.engines)
+        step.fail_run(Failure("rollout", "rollout", job.rollout, f"weight update: engines not updatable ({states})"))
+        return
+    broadcast = core.predicates["broadcasts_weights"] and step.lane == "trainer"
+    if broadcast and not weights.group_ready(step):
+        return
+    if isinstance(step.composite("begin_update", log=True, broadcast=broadcast), Step):
+        step.prepend(step.lane, ("rollout.update_done",))
+
+
+def ci_inject(step: StepDraft) -> None:
+    """--ci-test under rollout FT: once, one engine is killed while another serves, so recovery runs."""
+    serving = step.core.routable(step.job)
+    if step.job.ci_pending and len(serving) >= 2 and isinstance(step.fire("rollout", "inject_ci_fault"), Step):
+        i = serving[-1]
+        step.command(Command("inject_ci_fault", "engine", instance_name(ROLLOUT, i), ROLLOUT, i))
+        step.job.ci_pending = False
+
+
+def require_routable(step: StepDraft) -> None:
+    job = step.job
+    if step.core.engines and job.rollout == "Generating" and not step.core.routable(job):
+        states = ", ".join(e.state for e in job.engines)
+        step.fail_run(Failure("rollout", "rollout", job.rollout, f"generate: no routable engine ({states})"))
+
+
+def dispose_engines(step: StepDraft) -> None:
+    """Every engine stopped (death confirmed), then released."""
+    stopping = False
+    for group in (ROLLOUT, EVAL):
+        for i in range(len(step.job.group(group))):
+            # released where its spec allows it (never started, or stopped); stopped first otherwise
+            if step.fire("engine", "dispose", group, i) is None and isinstance(
+                step.fire("engine", "stop", group, i), Step
+            ):
+                stopping = True
+    if stopping:
+        step.prepend(step.lane, ("dispose_engines",))
+
+
+def sync_dispose(step: StepDraft) -> None:
+    """The weight-update group is destroyed with the trainer; one that never connected has nothing to do."""
+    if step.job.sync != "Init":
+        step.fire("sync", "dispose")
+
+
+# -- the eval fleet's pin ---------------------------------------------------------------------------------------
+def fleet_dispose(step: StepDraft) -> None:
+    step.fire("fleet", "release")  # a pin or a skip still held (a no-op where the spec has no release)
+    step.fire("fleet", "dispose")
+
+
+def fleet_restart(step: StepDraft) -> None:
+    """Dead or unhealthy eval engines are stopped (death confirmed) and started again, within their budget."""
+    if step.job.fleet != "Restarting":
+        return
+    acted = False
+    for j, e in enumerate(step.job.evals):
+        if e.state == "Unhealthy":
+            acted |= isinstance(step.fire("engine", "stop", EVAL, j), Step)
+        elif (e.state, "start") in step.core.compiled["engine"].table:  # never started, or stopped
+            if e.state == "Stopped":
+                delay, times = next_delay(e.restarts, step.now, step.core.config)
+                step.job.set_engine(EVAL, j, e._replace(restarts=times))
+                if delay is None:
+                    step.fire("fleet", "unhealthy")
+                    return
+                step.delay = delay
+            acted |= isinstance(step.fire("engine", "start", EVAL, j), Step)
+            step.delay = 0.0
+    if acted:
+        step.prepend(step.lane, ("fleet_restart",))
+    else:
+        step.fire("fleet", "restarted")
+
+
+def fleet_alive(step: StepDraft) -> None:
+    if step.job.fleet != "WaitingAlive":
+        return
+    if all(e.state in SNAPSHOT["Ready"] for e in step.job.evals):
+        step.fire("fleet", "alive")
+    else:
+        step.fire("fleet", "unhealthy")
+
+
+def fleet_loaded(step: StepDraft) -> None:
+    """All or nothing: every eval engine took the snapshot, or the pin is a violation."""
+    job = step.job
+    if job.fleet != "LoadingSnapshot":
+        return
+    if all(e.state == "Quiesced" and e.fresh for e in job.evals):
+        job.evals = tuple(e._replace(current=True, fresh=False) for e in job.evals)
+        if isinstance(step.fire("fleet", "loaded"), Step):
+            step.engines_do(EVAL, "resume", frozenset({"Quiesced"}))
+    else:
+        step.fire("fleet", "version_mismatch")
+
+
+def fleet_drain(step: StepDraft) -> None:
+    step.engines_do(EVAL, "drain", frozenset({"Serving"}))
+
+
+# The phase by name: every phase an operation's program or an effect names (a test holds it to plan.OPERATIONS).
+PHASES: dict[str, Callable[[StepDraft], None]] = {
+    "trainer_ready": trainer_ready,
+    "load_initial": load_initial,
+    "recover": recover,
+    "catch_up": catch_up,
+    "catch_up_done": catch_up_done,
+    "begin_update": begin_update,
+    "ci_inject": ci_inject,
+    "require_routable": require_routable,
+    "dispose_engines": dispose_engines,
+    "sync_dispose": sync_dispose,
+    "fleet_dispose": fleet_dispose,
+    "fleet_restart": fleet_restart,
+    "fleet_alive": fleet_alive,
+    "fleet_loaded": fleet_loaded,
+    "fleet_drain": fleet_drain,
+}
