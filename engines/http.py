@@ -58,7 +58,7 @@ class HTTPTransport:
         self.timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         # per path and per bound, built once: yarl's own parse cache holds a few hundred URLs, and a fleet of 1,024
-        # engines calls ~5,000 distinct ones, so each request parsed its URL again (~15 us; issue 32, P7)
+        # engines calls ~5,000 distinct ones, so each request would parse its URL again (~15 us)
         self._urls: dict[str, URL] = {}
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 

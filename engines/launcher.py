@@ -21,6 +21,7 @@ from engines.errors import EngineError, EngineTimeout
 from engines.process import ServerProcess, torch_engine_command
 
 if TYPE_CHECKING:  # engines.api imports the HTTP client: `lifecycle --help` (which imports this) must not
+    from engines.actor import Keep
     from engines.api import APIFactory
 
 CommandFactory = Callable[[], Sequence[str]]
@@ -108,7 +109,7 @@ class EngineSetup:
     api_key: str | None = None  # every server requires it (the run's key)
     device: str = "cpu"  # --rollout-device
     startup: float = 60.0  # seconds one server may take to start
-    keep: Any = None  # an engines.actor.Keep: the servers outlive the driver (--detach-engines, Ray only)
+    keep: Keep | None = None  # the servers outlive the driver (--detach-engines, Ray only)
     python: str | None = None  # the backend's own environment's python, where it has one (None: found)
 
 
@@ -117,7 +118,7 @@ def launcher_factory(
     command: CommandFactory | None = None,
     *,
     api_key: str | None = None,
-    keep: Any = None,
+    keep: Keep | None = None,
     api: APIFactory | None = None,
 ) -> LauncherFactory:
     """``engine_id -> Launcher`` for a rollout manager: the CPU torch engine (or ``command``) per slot.

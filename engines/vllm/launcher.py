@@ -21,12 +21,15 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from engines.launcher import EngineSetup, Launcher, LauncherFactory, LocalLauncher
 from engines.router import free_port
 from engines.vllm.api import vllm_api
 from lifecycle.decide.errors import ConfigError
+
+if TYPE_CHECKING:  # Ray: only a kept engine's launcher needs it
+    from engines.actor import Keep
 
 PYTHON_ENV = "LIFECYCLE_VLLM_PYTHON"
 ENV_DIR = ".venv-vllm"
@@ -165,7 +168,7 @@ def vllm_launcher_factory(
     device: Literal["cpu", "cuda"] = "cpu",
     seed: int = 0,
     startup_timeout: float = STARTUP_TIMEOUT,
-    keep: Any = None,
+    keep: Keep | None = None,
 ) -> Callable[[str], Launcher]:
     """``engine_id -> Launcher`` of one vLLM server per slot (a port each, kept across restarts), whose slot
     speaks vLLM's API (the launcher's ``api``). ``keep`` (an :class:`engines.actor.Keep`, Ray only): the servers

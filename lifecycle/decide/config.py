@@ -73,7 +73,7 @@ def setting(
 
 
 # Every number is bounded where it is parsed, so none overflows later in Ray, asyncio, torch or a socket
-# (a 23-digit port, a 64-bit-plus seed were tracebacks deep in a run: issue 27).
+# (a 23-digit port or a 64-bit-plus seed would otherwise be a traceback deep in a run).
 MAX_COUNT = 2**31 - 1  # a C int: what Ray, multiprocessing and torch take for a count
 MAX_SECONDS = 30 * 24 * 3600  # no wait, window or timeout of a run is longer than 30 days
 _MAX_DIGITS = 40  # a longer numeral is refused before int()/float() (Python refuses ints over 4,300 digits)

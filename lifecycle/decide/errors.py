@@ -27,7 +27,7 @@ _ECHO.maxlevel, _ECHO.maxlist, _ECHO.maxtuple, _ECHO.maxdict, _ECHO.maxset = 3, 
 
 def bounded_repr(value: object, limit: int = ECHO_CHARS) -> str:
     """``repr(value)`` cut to about ``limit`` characters, built without ever forming the whole repr: a 225-byte
-    YAML alias bomb holds millions of items, so an error echoing its ``repr`` was megabytes long (issue 27)."""
+    YAML alias bomb holds millions of items, so an error echoing its ``repr`` would be megabytes long."""
     text = _ECHO.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

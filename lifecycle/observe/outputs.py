@@ -1,7 +1,7 @@
 """Where a command may write the file it was asked for (``trace timeline -o``, ``graph -o``): one check for all.
 
 A page or a graph is cheap to make again; an event log, a run's metrics or someone's notes are not. So an output
-never replaces its own input (``trace timeline E -o E`` replaced the event log with HTML, issue 27), and never an
+never replaces its own input (``trace timeline E -o E`` must not replace the event log with HTML), and never an
 existing file unless that file is one of the pages or graphs these commands write (found by its first bytes:
 re-running a command over its earlier output is the normal case). An empty file holds nothing to lose; a device
 (``/dev/stdout``, ``/dev/null``) is not replaced by writing to it.
