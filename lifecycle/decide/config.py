@@ -34,6 +34,14 @@ from lifecycle.decide.predicates import (
 FT_COMPONENTS = ("train", "rollout")
 HEALTH_ENDPOINTS = ("progress", "health_generate", "health")
 TRANSFER_MODES = ("disk", "broadcast")
+# --pause-generation-mode: every mode some backend answers; a streaming update keeps requests, so the modes that end
+# them (abort; vLLM's wait, which drains) are refused where the config is resolved
+PAUSE_MODES = ("keep", "retract", "in_place", "abort", "wait")
+KEEPING_PAUSE_MODES = ("keep", "retract", "in_place")
+DEFAULT_STALENESS = 1
+MAX_STALENESS = 64  # the checker explores staleness up to K+1 per buffered group: a bound, not a tuning range
+DEFAULT_BUFFER_BATCHES = 2
+MAX_BUFFER_BATCHES = 1000  # miles caps its output queue at 1000 groups
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
 T = TypeVar("T")
 
@@ -454,6 +462,32 @@ class LifecycleConfig:
     update_weight_timeout: float = setting(
         60.0, "Seconds every weight-group call and every broadcast bucket may take before it counts as failed."
     )
+    # -- streaming RL (miles' fully-async flags) ------------------------------------------------------------------
+    fully_async: bool = setting(
+        False,
+        "Streaming RL (miles' flag): engines generate continuously, completed groups enter a bounded buffer, the "
+        "trainer takes batches from it and weights are pushed while requests are in flight.",
+    )
+    max_weight_staleness: int | None = setting(
+        None,
+        "With --fully-async: the most weight versions a trained group's oldest token may be behind the trainer "
+        "(miles' flag); a staler group is dropped when the trainer would take it, and its prompts re-queued "
+        f"(default {DEFAULT_STALENESS}).",
+        most=MAX_STALENESS,
+    )
+    pause_generation_mode: str | None = setting(
+        None,
+        "With --fully-async: how an engine is paused for an in-flight weight update, its requests kept (miles' "
+        "flag): keep (vLLM), retract or in_place (SGLang). Default: the backend's first that keeps requests.",
+        kind="choice",
+        choices=PAUSE_MODES,
+    )
+    async_data_buffer_max_batches: int | None = setting(
+        None,
+        "With --fully-async: the buffer of completed groups holds at most this many batches; a full buffer "
+        f"blocks the producer (miles' flag; default {DEFAULT_BUFFER_BATCHES}).",
+        most=MAX_BUFFER_BATCHES,
+    )
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     # -- resolution and validation -------------------------------------------------------
@@ -541,6 +575,7 @@ class LifecycleConfig:
         self._validate_checkpoints()
         self._validate_detach()
         self._validate_backend()
+        self._validate_streaming()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
             if path is not None:
@@ -556,6 +591,11 @@ class LifecycleConfig:
         if self.eval_num_gpus > 0 and self.debug_train_only:
             notes.append("--eval-num-gpus has no effect with --debug-train-only: no eval fleet is started")
         set_(self, "warnings", tuple(dict.fromkeys(notes)))
+
+    def _default_pause(self) -> str:
+        """The pause an in-flight update uses by default: the backend's first that keeps the requests."""
+        modes = capabilities(self.rollout_backend, self.rollout_device).pause_modes
+        return next(m for m in modes if m in KEEPING_PAUSE_MODES)
 
     def _default_probe(self) -> str:
         """The probe a busy healthy engine of the rollout backend passes (the first it answers)."""
@@ -592,6 +632,73 @@ class LifecycleConfig:
                 self.update_weight_transfer_mode,
                 f"{where} cannot join a weight-update group: {can.reason('broadcast')}",
                 "use --update-weight-transfer-mode disk",
+            )
+
+    def _validate_streaming(self) -> None:
+        """--fully-async and its settings: where they mean something, and resolved (a bound always exists: the
+        checker proves the stream against one, and a stream without one trains on anything)."""
+        set_ = object.__setattr__
+        if not self.fully_async:
+            for name in ("max_weight_staleness", "pause_generation_mode", "async_data_buffer_max_batches"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        _flag(name),
+                        getattr(self, name),
+                        "has no effect without --fully-async: the lock-step loop drains the engines before every "
+                        "weight update, so nothing is in flight or buffered across one",
+                        f"add --fully-async, or drop {_flag(name)}",
+                    )
+            return
+        why = ""
+        if self.debug_rollout_only:
+            why = "--debug-rollout-only trains nothing, so no weight version moves and staleness means nothing"
+            fix = "drop --debug-rollout-only, or drop --fully-async"
+        elif self.debug_train_only:
+            why = "--debug-train-only (or replay) starts no rollout engine, so nothing streams"
+            fix = "drop --fully-async, or drop --debug-train-only / --load-debug-rollout-data"
+        elif offloads_rollout(self):
+            why = (
+                "a stream keeps every engine generating, so the rollout engines are never idle and cannot be "
+                "offloaded (offload is allowed only between steps)"
+            )
+            fix = "drop --offload-rollout/--offload/--colocate, or drop --fully-async"
+        if why:
+            raise ConfigError("--fully-async", True, why, fix)
+        if self.max_weight_staleness is None:
+            set_(self, "max_weight_staleness", DEFAULT_STALENESS)
+        elif self.max_weight_staleness < 0:
+            raise ConfigError(
+                "--max-weight-staleness",
+                self.max_weight_staleness,
+                "must not be negative (0: every trained group was generated under the trainer's current weights)",
+                "set --max-weight-staleness to 0 or more, e.g. 1",
+            )
+        if self.async_data_buffer_max_batches is None:
+            set_(self, "async_data_buffer_max_batches", DEFAULT_BUFFER_BATCHES)
+        elif self.async_data_buffer_max_batches <= 0:
+            raise ConfigError(
+                "--async-data-buffer-max-batches",
+                self.async_data_buffer_max_batches,
+                "must be greater than 0 (a stream with no room for a completed group never trains)",
+                "set --async-data-buffer-max-batches to 1 or more, e.g. 2",
+            )
+        can = capabilities(self.rollout_backend, self.rollout_device)
+        keeping = [m for m in can.pause_modes if m in KEEPING_PAUSE_MODES]
+        mode = self.pause_generation_mode
+        if mode is None:
+            set_(self, "pause_generation_mode", self._default_pause())
+        elif mode not in keeping:
+            where = f"--rollout-backend {self.rollout_backend}"
+            problem = (
+                f"{mode!r} ends the requests in flight (an in-flight update keeps them)"
+                if mode not in KEEPING_PAUSE_MODES
+                else f"{where} has no pause mode {mode!r}"
+            )
+            raise ConfigError(
+                "--pause-generation-mode",
+                mode,
+                problem,
+                f"use {' or '.join(keeping)} with {where} (or leave the flag out: {keeping[0]})",
             )
 
     def _validate_detach(self) -> None:
@@ -774,6 +881,9 @@ class LifecycleConfig:
                 or (f.name in ("offload_rollout", "offload_train") and self.colocate)
                 or (f.name == "rollout_health_check_timeout" and v == min(30.0, self.rollout_health_check_interval))
                 or (f.name == "rollout_health_check_endpoint" and v == self._default_probe())
+                or (f.name == "max_weight_staleness" and v == DEFAULT_STALENESS)
+                or (f.name == "async_data_buffer_max_batches" and v == DEFAULT_BUFFER_BATCHES)
+                or (f.name == "pause_generation_mode" and v is not None and v == self._default_pause())
             )
             if implied or v == f.default:
                 continue

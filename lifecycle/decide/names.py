@@ -223,6 +223,7 @@ PredicateName = Literal[
     "saves_job",
     "saves_rollout_data",
     "starts_servers",
+    "streaming",
     "train_ft",
     "train_only",
     "trainer_recovers_rollout",

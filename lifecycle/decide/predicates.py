@@ -194,6 +194,12 @@ def resumes(c: LifecycleConfig) -> bool:
 
 
 @predicate
+def streaming(c: LifecycleConfig) -> bool:
+    """Streaming RL (--fully-async): engines generate on while the trainer takes groups and pushes weights."""
+    return c.fully_async and updates_rollout_weights(c)
+
+
+@predicate
 def keeps_engines(c: LifecycleConfig) -> bool:
     """Rollout engines outlive the driver (--detach-engines): a resumed job adopts the ones its ledger names."""
     return c.detach_engines and starts_servers(c) and not external_engines(c) and saves_job(c)

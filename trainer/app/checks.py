@@ -40,6 +40,13 @@ from trainer.app.run_manifest import check_new_run
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
     """--async overlaps generate(k+1) with train(k): the engines are never idle, so nothing can offload them."""
+    if async_mode and config.fully_async:
+        raise ConfigError(
+            "--async",
+            True,
+            "--fully-async streams already: generation never stops, so there is no next step to overlap",
+            "drop --async",
+        )
     if async_mode and offloads_rollout(config):
         raise ConfigError(
             "--async",
@@ -402,6 +409,14 @@ def check_run(
             config,
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
+        )
+    if config.fully_async:
+        raise ConfigError(
+            "--fully-async",
+            True,
+            "the run loop and Job do not run a stream yet: the lifecycle's core and checker model it "
+            "(`lifecycle check --preset streaming`, `lifecycle graph`), the engines and the trainer follow",
+            f"drop --fully-async (for one step of overlap, use {names['async_mode']})",
         )
     o = options
     path = _path(FLAGS["run_dir"], o.run_dir)

@@ -1104,6 +1104,10 @@ PLAUSIBLE = {
         st.lists(st.sampled_from(["127.0.0.1:30000", "h:1", "http://h:2", "h", "h:x", "ftp://h:1", ""]), max_size=3),
         st.just("h:1,h:2"),
     ),
+    "fully_async": st.booleans(),
+    "max_weight_staleness": st.one_of(st.none(), st.integers(-1, 65)),
+    "pause_generation_mode": st.sampled_from([None, "keep", "retract", "in_place", "abort", "wait", "freeze"]),
+    "async_data_buffer_max_batches": st.one_of(st.none(), st.integers(-1, 3)),
 }
 assert set(PLAUSIBLE) == set(KEYS)
 PLAUSIBLE_MAPPING = st.fixed_dictionaries(
