@@ -27,6 +27,9 @@ EFFECTS: dict[str, str] = {
     "load_replay_data": "read saved rollout samples instead of generating",
     "save_rollout_data": "write the rollout's samples for later replay",
     "run_eval": "run the eval function",
+    "start_stream": "--fully-async: start the rollout stream (every routable engine kept busy, groups buffered)",
+    "stop_stream": "--fully-async: stop the stream; requests in flight finish into the buffer or are handed back",
+    "requeue_prompts": "drop a group beyond --max-weight-staleness (logged with its versions); re-queue its prompts",
     # engines
     "launch_engine": "start an engine process (actor + server)",
     "kill_engine": "kill an engine process",
@@ -35,6 +38,7 @@ EFFECTS: dict[str, str] = {
     "stop_routing": "take an engine out of routing",
     "pause_generation": "pause in-flight generation on an engine",
     "continue_generation": "continue generation on an engine",
+    "hand_back_requests": "the requests a paused engine kept go back to the stream, to be re-sent to another engine",
     "transfer_weights": "push the trainer's current weights to engines",
     "release_weights": "release an engine's weight memory",
     "release_kv_cache": "release an engine's KV-cache memory",

@@ -18,7 +18,9 @@ KV = frozenset({"kv_cache"})
 # -- engine ------------------------------------------------------------------------------------
 # One per engine slot. PendingWeights: alive but not routable until it holds the current
 # weights (miles #1724). Residency: Offloaded (nothing resident) -> WeightsOnly (partial onload)
-# -> Quiesced (both resident). Weight updates happen from Quiesced (KV resident) or WeightsOnly.
+# -> Quiesced (both resident). Weight updates happen from Quiesced (KV resident) or WeightsOnly, and in a stream
+# from Paused: its requests kept, not drained. A failed in-flight update leads only to PendingWeights, which has no
+# resume: an engine whose refit failed serves again only after a successful load of the committed weights.
 _LIVE_UNROUTED = (
     "PendingWeights",
     "LoadingWeights",
@@ -27,6 +29,8 @@ _LIVE_UNROUTED = (
     "Offloaded",
     "WeightsOnly",
     "UpdatingWeightsKVReleased",
+    "Paused",
+    "UpdatingInFlight",
 )
 
 ENGINE = MachineSpec(
@@ -57,6 +61,12 @@ ENGINE = MachineSpec(
             tags=LIVE | TRANSIENT,
             releases=KV,
         ),
+        S(
+            "Paused",
+            doc="streaming: out of routing, generation paused with its requests kept (--pause-generation-mode)",
+            tags=LIVE,
+        ),
+        S("UpdatingInFlight", doc="streaming: receiving weights while its paused requests wait", tags=LIVE | TRANSIENT),
         S("Unhealthy", marked=True, doc="dead or failing its probes"),
         S("Recovering", marked=True, doc="being restarted by rollout fault tolerance", tags=TRANSIENT),
         S("Stopping", doc="kill requested, death not yet confirmed", tags=TRANSIENT),
@@ -88,6 +98,15 @@ ENGINE = MachineSpec(
         T("abort_update", "UpdatingWeights", "Quiesced"),
         T("abort_update", "UpdatingWeightsKVReleased", "WeightsOnly"),
         T("onload_kv", "WeightsOnly", "Quiesced", effects=["resume_kv_cache"]),
+        # streaming: an in-flight update pauses a Serving engine keeping its requests, loads, and resumes them; a
+        # failed load -- or a whole update that failed after it loaded -- hands the requests back to the stream and
+        # leaves the engine waiting for the committed weights (no edge back to Serving)
+        T("pause", "Serving", "Paused", when="streaming", effects=["stop_routing", "pause_generation"]),
+        T("begin_update", "Paused", "UpdatingInFlight", effects=["transfer_weights"]),
+        T("finish_update", "UpdatingInFlight", "Paused"),
+        T("resume", "Paused", "Serving", effects=["continue_generation", "route_traffic"]),
+        T("abort_update", "UpdatingInFlight", "PendingWeights", effects=["hand_back_requests"]),
+        T("revert", "Paused", "PendingWeights", effects=["hand_back_requests"]),
         # faults: death is detected by Ray/the monitor, start-up failure by the launcher
         T("start_failed", "Starting", "Unhealthy"),
         # the router lost its membership (it died and was restarted empty): a Serving engine is registered
@@ -177,6 +196,21 @@ ROLLOUT = MachineSpec(
         S("Offloaded", doc="engine memory released for training"),
         S("WeightsOnly", doc="weights resumed, KV cache still released"),
         S("UpdatingWeightsKVReleased", doc="engine lock held while the KV cache is released", tags=UPDATING),
+        S(
+            "Streaming",
+            doc="--fully-async: every routable engine generates, completed groups enter the buffer; monitors resumed",
+            tags=BUSY,
+        ),
+        S(
+            "PausedForUpdate",
+            doc="engine lock held, an in-flight update: the snapshot's engines paused with their requests kept",
+            tags=UPDATING,
+        ),
+        S(
+            "StreamCatchingUp",
+            doc="engine lock held: restarted engines load the committed weights while the others generate on",
+            tags=BUSY | UPDATING,
+        ),
         S("Failed", terminal=True, marked=True, doc="servers could not start"),
         S("Disposed", terminal=True),
     ),
@@ -232,6 +266,34 @@ ROLLOUT = MachineSpec(
         T("update_done", "UpdatingWeightsKVReleased", "WeightsOnly", effects=["release_engine_lock"]),
         T("update_failed", "UpdatingWeightsKVReleased", "WeightsOnly", effects=["release_engine_lock"]),
         T("onload_kv", "WeightsOnly", "Ready", effects=["resume_kv_cache"]),
+        # --fully-async: the stream runs from one stream to its stream_stop; the trainer's updates pause it in flight
+        T(
+            "stream",
+            "Ready",
+            "Streaming",
+            when="streaming",
+            effects=["resume_monitor if monitors_rollout", "start_stream"],
+        ),
+        # a buffered group more than --max-weight-staleness versions behind is never trained: its prompts re-queued
+        T("drop_stale", "Streaming", "Streaming", effects=["requeue_prompts"]),
+        T("drop_stale", "StreamCatchingUp", "StreamCatchingUp", effects=["requeue_prompts"]),
+        T("begin_update", "Streaming", "PausedForUpdate", effects=[_MONITOR_OFF, "acquire_engine_lock"]),
+        T(
+            "update_done",
+            "PausedForUpdate",
+            "Streaming",
+            effects=["release_engine_lock", "resume_monitor if monitors_rollout"],
+        ),
+        T(
+            "update_failed",
+            "PausedForUpdate",
+            "Streaming",
+            effects=["release_engine_lock", "resume_monitor if monitors_rollout"],
+        ),
+        T("catch_up", "Streaming", "StreamCatchingUp", effects=["acquire_engine_lock"]),
+        T("update_done", "StreamCatchingUp", "Streaming", effects=["release_engine_lock"]),
+        T("update_failed", "StreamCatchingUp", "Streaming", effects=["release_engine_lock"]),
+        T("stream_stop", "Streaming", "Ready", effects=[_MONITOR_OFF, "stop_stream"]),
         T(
             "dispose",
             ("Replay", "Ready"),

@@ -118,6 +118,9 @@ RESULTS: dict[str, frozenset[str]] = {
     "broadcast_weights": frozenset({"done", "failed", "worker_crashed"}),
     "destroy_weight_group": frozenset({"done"}),
     "continue_generation": frozenset({"done", "request_failed"}),
+    # the stream holds the record of every request it sent: it re-sends them whatever the engine's health
+    "hand_back_requests": frozenset({"done"}),
+    "requeue_prompts": frozenset({"done"}),
     "route_traffic": frozenset({"done", "request_failed"}),
     "stop_routing": frozenset({"done", "request_failed"}),
     "pause_generation": frozenset({"done", "request_failed"}),

@@ -65,6 +65,9 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
         ledger("the executor calls the rollout function between this move and generate_done"),
     ),
     ("rollout", "run_eval", ledger("the executor calls the eval function between this move and eval_done")),
+    ("rollout", "start_stream", ledger("the stream keeps every routable engine busy until stream_stop")),
+    ("rollout", "stop_stream", ledger("the stream stops feeding engines; the engines' drain follows (ENGINE_PLAN)")),
+    ("rollout", "requeue_prompts", command("the stream drops one stale buffered group and re-queues its prompts")),
     (
         "rollout",
         "start_servers",
@@ -139,6 +142,7 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
     ("engine", "stop_routing", command("withdraw it from its group's routing")),
     ("engine", "pause_generation", command("pause in-flight generation")),
     ("engine", "continue_generation", command("continue generation")),
+    ("engine", "hand_back_requests", command("the stream takes back the requests it kept, to re-send them")),
     ("engine", "release_weights", command("release its weight memory")),
     ("engine", "release_kv_cache", command("release its KV-cache memory")),
     ("engine", "resume_weights", command("restore its weight memory")),
