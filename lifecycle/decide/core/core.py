@@ -27,12 +27,12 @@ from lifecycle.decide.core import operations, reports
 from lifecycle.decide.core.engines import next_delay
 from lifecycle.decide.core.model import BROADCAST, ROLLOUT, Completed, EngineState, Event, JobState, Op, Result
 from lifecycle.decide.core.parts import PARTS
-from lifecycle.decide.core.plan import SNAPSHOT
+from lifecycle.decide.core.plan import ENGINE_PLAN, SNAPSHOT
 from lifecycle.decide.core.step import StepDraft
 from lifecycle.decide.core.tables import COUPLED, DISPATCH, EFFECT_TABLE, LEDGER_ONLY, Handling
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.predicates import eval_fleet_enabled
-from lifecycle.decide.spec import CompiledSpec, MachineSpec
+from lifecycle.decide.spec import CompiledSpec, MachineSpec, Step
 
 __all__ = ["COUPLED", "DISPATCH", "EFFECT_TABLE", "LEDGER_ONLY", "Core", "Handling", "JobView", "next_delay"]
 
@@ -89,6 +89,17 @@ class Core:
         self.updating_engine = frozenset(s for s in self.transient if s in self.live)  # receiving weights
         self.markable = frozenset(s for t in engine.transitions if t.trigger == "mark_unhealthy" for s in t.source)
         self.tracks_ahead = self.predicates["updates_rollout_weights"] and self.predicates["saves_job"]
+        # --fully-async: the staleness bound, and the engine states an in-flight update pauses before it begins
+        self.streaming = self.predicates["streaming"]
+        self.bound = config.max_weight_staleness if self.streaming and config.max_weight_staleness is not None else 0
+        engine_table = self.compiled["engine"].table
+        self.paused_first = frozenset(
+            s
+            for when, trigger, states in ENGINE_PLAN.get("begin_update", ())
+            if when == "before"
+            for s in states
+            if isinstance(engine_table.get((s, trigger)), Step)
+        )
         # per part: the environment events that news of an older engine generation never fires (the specs say which)
         self.fenced: dict[str, frozenset[str]] = {part: self.specs[name].fenced for part, name in PARTS.items()}
         self._effects: dict[tuple[str, tuple[str, ...]], MoveEffects] = {}
@@ -199,7 +210,14 @@ class Core:
     def snapshot_ready(self, s: JobView) -> bool:
         """A weight update may begin: every rollout engine still in play is in the snapshot (recovered ones too)."""
         want = SNAPSHOT.get(s.rollout)
-        return want is not None and all(e.state in want or e.state in self.gone for e in s.engines)
+        if want is None:
+            return False
+        return all(e.state in want or e.state in self.gone or e.state in self.paused_first for e in s.engines)
+
+    def staleness(self, version: int, oldest: int) -> int:
+        """A group's staleness as the core keeps it: the version minus its oldest token's, in -1..bound+1 (-1: the
+        group is newer than the version, which went backwards; bound+1: beyond the bound, however far)."""
+        return max(-1, min(self.bound + 1, version - oldest))
 
     def settled(self, s: JobState) -> bool:
         """No command is out and no operation is in flight: the job waits for the loop's next call."""

@@ -142,6 +142,9 @@ class JobDraft:
             self.failed,
             self.sync,
             self.ahead,
+            self.version,
+            self.buffer,
+            self.taken,
         ) = state
         self._engines, self._evals = ChangedItems(engines), ChangedItems(evals)
         self.commands_out = CommandsOut(awaiting)  # the commands given out whose results have not come back
@@ -167,6 +170,9 @@ class JobDraft:
             self.failed,
             self.sync,
             self.ahead,
+            self.version,
+            self.buffer,
+            self.taken,
         )
 
     @property

@@ -108,6 +108,13 @@ class JobState(NamedTuple):
     failed: Failure | None = None  # the run stopped fast: who failed, where, why
     sync: WeightSyncStateName = "Init"  # the weight-update process group (broadcast mode)
     ahead: bool = False  # the trainer trained since the last commit: its weights are not the served ones yet
+    # --fully-async only (their defaults elsewhere, so a job without a stream keeps its exact states):
+    version: int = 0  # the committed weight version: the one durable source, advanced by a commit and nothing else
+    # the buffered groups' staleness, ascending: the version minus the version of a group's oldest token, at most
+    # --max-weight-staleness + 1 (every staler group is alike) and at least -1 (a group newer than the version: it
+    # went backwards)
+    buffer: tuple[int, ...] = ()
+    taken: tuple[int, ...] = ()  # the staleness of the groups the trainer is training on now (from its take)
 
     def group(self, group: str) -> tuple[EngineState, ...]:
         return self.engines if group == ROLLOUT else self.evals
@@ -169,6 +176,8 @@ class Outcome(NamedTuple):
     # news: the engine generation it is about (EngineState.epoch); None for "the process it has now" (a shell that
     # cannot tell). A command's result needs none: it answers a command the core is awaiting, from this driver.
     epoch: int | None = None
+    # news group_done (the stream completed a group): the weight version of the group's oldest token
+    version: int | None = None
 
 
 class Completed(NamedTuple):

@@ -80,6 +80,12 @@ def precondition(step: StepDraft, op: Op) -> str | None:
         return f"the trainer is {job.trainer}"
     if op.name == "update_weights" and job.rollout not in SNAPSHOT:
         return f"the rollout manager is {job.rollout}: a weight update starts only from Ready or WeightsOnly"
+    if op.name == "train" and core.streaming:
+        return "in a stream the trainer trains only on the groups it takes within the staleness bound (take)"
+    if op.name == "take" and not (job.buffer or job.taken):
+        return "the buffer holds no completed group"
+    if op.name == "take" and not isinstance(core.compiled["rollout"].table.get((job.rollout, "drop_stale")), Step):
+        return f"the rollout manager is {job.rollout}: groups are taken while the stream runs"
     if op.name == "train" and job.rollout in ("Init", "Constructed", "StartingServers"):
         return f"the rollout manager is {job.rollout}: nothing has been generated yet"
     if op.name == "offload_train" and job.rollout in core.rollout_busy:

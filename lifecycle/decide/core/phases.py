@@ -45,8 +45,8 @@ def catch_up(step: StepDraft) -> None:
     """Restarted engines (PendingWeights) receive the committed weights before they serve."""
     job = step.job
     behind = [j for j, e in enumerate(job.engines) if e.state == "Quiesced" and e.mixed]
-    if job.rollout != "Ready" or not job.committed:
-        return
+    if not isinstance(step.core.compiled["rollout"].table.get((job.rollout, "catch_up")), Step) or not job.committed:
+        return  # from Ready, and in a stream (the others generate on)
     if not behind and not any(e.state == "PendingWeights" for e in job.engines):
         return
     if isinstance(step.composite("catch_up"), Step):
@@ -59,6 +59,7 @@ def catch_up_done(step: StepDraft) -> None:
     """The catch-up pushed nothing new: engines that took the committed weights now hold them."""
     if isinstance(step.fire("rollout", "update_done"), Step):
         weights.took_committed(step)
+        weights.resume_stream(step)
 
 
 def begin_update(step: StepDraft) -> None:
@@ -74,7 +75,7 @@ def begin_update(step: StepDraft) -> None:
     if broadcast and not weights.group_ready(step):
         return
     if isinstance(step.composite("begin_update", log=True, broadcast=broadcast), Step):
-        step.prepend(step.lane, ("rollout.update_done",))
+        step.prepend(step.lane, ("rollout.update_done", *(("stream_resume",) if core.streaming else ())))
 
 
 def ci_inject(step: StepDraft) -> None:
@@ -86,9 +87,28 @@ def ci_inject(step: StepDraft) -> None:
         step.job.ci_pending = False
 
 
+def stream_resume(step: StepDraft) -> None:
+    """The update is committed: the engines it paused resume their kept requests under the new version."""
+    weights.resume_stream(step)
+
+
+def take_batch(step: StepDraft) -> None:
+    """The trainer takes the buffer: every group more than --max-weight-staleness versions behind (or newer than the
+    version, which must not happen) is dropped and its prompts re-queued (the rollout manager's drop_stale); the
+    trainer trains on the rest, if any."""
+    job, bound = step.job, step.core.bound
+    kept: list[int] = []
+    for age in job.buffer:
+        if 0 <= age <= bound or not isinstance(step.fire("rollout", "drop_stale", log=True), Step):
+            kept.append(age)
+    job.buffer, job.taken = (), tuple(sorted((*job.taken, *kept)))  # a retry after a heal keeps what it took
+    if job.taken:
+        step.prepend(step.lane, ("trainer.train",))
+
+
 def require_routable(step: StepDraft) -> None:
     job = step.job
-    if step.core.engines and job.rollout == "Generating" and not step.core.routable(job):
+    if step.core.engines and job.rollout in ("Generating", "Streaming") and not step.core.routable(job):
         states = ", ".join(e.state for e in job.engines)
         step.fail_run(Failure("rollout", "rollout", job.rollout, f"generate: no routable engine ({states})"))
 
@@ -179,6 +199,8 @@ PHASES: dict[str, Callable[[StepDraft], None]] = {
     "begin_update": begin_update,
     "ci_inject": ci_inject,
     "require_routable": require_routable,
+    "stream_resume": stream_resume,
+    "take_batch": take_batch,
     "dispose_engines": dispose_engines,
     "sync_dispose": sync_dispose,
     "fleet_dispose": fleet_dispose,

@@ -25,15 +25,23 @@ ENGINE_PLAN: dict[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
     "offload": (("after", "offload", frozenset({"Quiesced"})),),
     "onload_weights": (("after", "onload_weights", frozenset({"Offloaded"})),),
     "onload_kv": (("before", "onload_kv", frozenset({"WeightsOnly"})),),
-    # the weight update's snapshot: every engine still in play (recovered ones in PendingWeights get weights so)
-    "begin_update": (("after", "begin_update", frozenset({"Quiesced", "PendingWeights", "WeightsOnly"})),),
+    # the weight update's snapshot: every engine still in play (recovered ones in PendingWeights get weights so); in
+    # a stream the Serving ones are paused first, keeping their requests (the engine spec's pause: only streaming)
+    "begin_update": (
+        ("before", "pause", frozenset({"Serving"})),
+        ("after", "begin_update", frozenset({"Quiesced", "PendingWeights", "WeightsOnly", "Paused"})),
+    ),
     "catch_up": (("after", "begin_update", frozenset({"PendingWeights"})),),
+    "stream": (("after", "resume", frozenset({"Quiesced"})),),
+    "stream_stop": (("before", "drain", frozenset({"Serving"})),),
 }
 # The snapshot rule: a weight update may begin when every engine still in play is in one of these
 # states for the rollout manager's state (the rest are `gone`); recovered engines are in the snapshot.
 SNAPSHOT: dict[str, frozenset[str]] = {
     "Ready": frozenset({"Quiesced", "PendingWeights"}),
     "WeightsOnly": frozenset({"WeightsOnly", "PendingWeights", "Quiesced"}),
+    # in a stream, as the update begins: the Serving engines paused (ENGINE_PLAN), the rest waiting for weights
+    "Streaming": frozenset({"Paused", "PendingWeights", "Quiesced"}),
 }
 
 
@@ -71,6 +79,14 @@ OPERATIONS: dict[str, Operation] = {
     "onload_weights": Operation("rollout", ("rollout.onload_weights",), optional=True),
     "onload_kv": Operation("rollout", ("rollout.onload_kv",), optional=True),
     "catch_up": Operation("rollout", ("catch_up",), optional=True),
+    # --fully-async: the stream runs from stream to stream_stop; the trainer's take and update_weights go on meanwhile
+    "stream": Operation(
+        "rollout",
+        ("recover", "catch_up", "rollout.stream", "require_routable"),
+        when="streaming",
+        doc="every routable engine generates on; completed groups enter the buffer (news group_done)",
+    ),
+    "stream_stop": Operation("rollout", ("rollout.stream_stop",), when="streaming"),
     "stop_engine": Operation("rollout", ("engine.stop",)),
     "start_engine": Operation("rollout", ("engine.start",)),
     "dispose": Operation(
@@ -84,6 +100,13 @@ OPERATIONS: dict[str, Operation] = {
     ),
     # --debug-rollout-only: no trainer exists, so its operations are refused as blocked by `trains`
     "train": Operation("trainer", ("trainer.train",), when="trains"),
+    # in a stream the trainer trains only on what it takes: the buffered groups within --max-weight-staleness
+    "take": Operation(
+        "trainer",
+        ("take_batch",),
+        when="streaming",
+        doc="drop every buffered group beyond the bound (prompts re-queued), train on the rest",
+    ),
     "save": Operation("trainer", ("trainer.save",), when="trains"),
     # a job checkpoint is one consistent cut: nothing moves on the rollout side while it is written
     "checkpoint": Operation(
@@ -142,6 +165,16 @@ RESULTS: dict[str, frozenset[str]] = {
 # News the shells report at any time (not the result of a command): deaths, probe verdicts, failed requests, and
 # ``replaced``: another process answers at an external engine's address (its identity changed).
 NEWS = frozenset(
-    {"died", "request_failed", "probe", "probe_failed", "threshold_reached", "stale_result", "router_died", "replaced"}
+    {
+        "died",
+        "request_failed",
+        "probe",
+        "probe_failed",
+        "threshold_reached",
+        "stale_result",
+        "router_died",
+        "replaced",
+        "group_done",  # --fully-async: the stream completed a group (its oldest token's version in Outcome.version)
+    }
 )
 ERROR = "error"  # a handler raised: the operation is aborted (the lock released), the exception goes on

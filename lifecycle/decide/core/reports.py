@@ -29,6 +29,9 @@ def news(step: StepDraft, outcome: Outcome) -> None:
     if outcome.name == "router_died" and outcome.group is not None:
         router_died(step, outcome.group)
         return
+    if outcome.name == "group_done":
+        group_done(step, outcome)
+        return
     if outcome.group is None or outcome.engine is None or not 0 <= outcome.engine < len(step.job.group(outcome.group)):
         return
     e = step.job.engine(outcome.group, outcome.engine)
@@ -62,6 +65,15 @@ def engine_news(step: StepDraft, outcome: Outcome, e: EngineState) -> None:
             step.job.set_engine(group, i, step.job.engine(group, i)._replace(replaced=True))
     elif outcome.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
         step.fire("monitor", outcome.name)
+
+
+def group_done(step: StepDraft, outcome: Outcome) -> None:
+    """The stream completed a group: it is buffered with its staleness against the committed version (a stream's
+    news; none is expected without one, and a group without its oldest version cannot be judged: both ignored)."""
+    job = step.job
+    if not step.core.streaming or outcome.version is None:
+        return
+    job.buffer = tuple(sorted((*job.buffer, step.core.staleness(job.version, outcome.version))))
 
 
 def router_died(step: StepDraft, group: str) -> None:

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 def trained(step: StepDraft) -> None:
     """The trained weights are ahead of the served ones until an update commits them (where one can); only a
     job checkpoint reads it, so only a job that writes them keeps it (a smaller state space)."""
-    if isinstance(step.fire("trainer", "train_done"), Step) and step.core.tracks_ahead:
-        step.job.ahead = True
+    if isinstance(step.fire("trainer", "train_done"), Step):
+        step.job.taken = ()
+        if step.core.tracks_ahead:
+            step.job.ahead = True
 
 
 def healed(step: StepDraft) -> None:

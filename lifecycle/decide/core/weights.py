@@ -46,6 +46,10 @@ def commit(step: StepDraft) -> None:
     job = step.job
     job.committed, job.dirty, job.ahead = True, False, False
     job.engines = tuple(e._replace(current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines)
+    if step.core.streaming:  # a new version: every buffered group is one version staler
+        job.version += 1
+        bound = step.core.bound
+        job.buffer = tuple(age if age < 0 else min(bound + 1, age + 1) for age in job.buffer)
 
 
 def took_committed(step: StepDraft) -> None:
@@ -62,6 +66,7 @@ def abort_update(step: StepDraft) -> None:
     job = step.job
     before = job.rollout
     step.engines_do(ROLLOUT, "abort_update", step.core.updating_engine)
+    revert_paused(step)
     if not isinstance(step.fire("rollout", "update_failed"), Step):
         pass
     elif before == "CatchingUp":  # a catch-up loads the committed version: who took it holds it
@@ -70,6 +75,23 @@ def abort_update(step: StepDraft) -> None:
         job.dirty = True
         job.engines = tuple(e._replace(current=e.current and not e.fresh, fresh=False) for e in job.engines)
     end_update(step)
+
+
+def revert_paused(step: StepDraft) -> None:
+    """An in-flight update failed as a whole: every engine it paused took weights that will never be published (or
+    a mix), so none resumes -- each hands its requests back and waits for the committed weights (the engine spec's
+    revert; an update that is not in flight paused none)."""
+    step.engines_do(ROLLOUT, "revert", frozenset({"Paused"}))
+
+
+def resume_stream(step: StepDraft) -> None:
+    """In a stream, the engines an update or a catch-up left paused or quiesced holding the committed weights are
+    routed again; the others (still behind) wait for the next catch-up."""
+    if step.job.rollout != "Streaming":
+        return
+    for j, e in enumerate(step.job.engines):
+        if e.current and not e.fresh and not e.mixed:
+            step.fire("engine", "resume", ROLLOUT, j)
 
 
 def end_update(step: StepDraft) -> None:
@@ -129,6 +151,7 @@ def broadcast_failed(step: StepDraft, *, crashed: bool = False) -> None:
     destroyed and the trainer's update ends with nothing committed."""
     job = step.job
     step.engines_do(ROLLOUT, "abort_update", step.core.updating_engine)
+    revert_paused(step)
     job.engines = tuple(
         e._replace(current=e.current and not e.joined, fresh=False, mixed=e.mixed or e.joined) for e in job.engines
     )
