@@ -76,7 +76,8 @@ def test_a_failed_in_flight_update_never_resumes_an_engine() -> None:
     def engine0_raises(cmd: Command) -> Outcome:
         if cmd.effect == "transfer_weights" and cmd.machine == "engine" and cmd.engine == 0:
             return Outcome("error", reason="refit failed")
-        return ok(cmd)
+        answer: Outcome = ok(cmd)
+        return answer
 
     before = len(d.moves)
     assert d.op("update_weights", answer=engine0_raises) is None
