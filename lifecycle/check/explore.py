@@ -369,6 +369,21 @@ def lattice() -> Lattice:
             valid.append(LifecycleConfig.from_mapping(on_vllm, check_paths=False))
         except ConfigError as exc:
             invalid.append((on_vllm, str(exc)))
+    # streaming RL (--fully-async, K = 1) under every FT configuration: disk and broadcast updates, and a resumed
+    # job writing checkpoints (its driver may die mid-stream)
+    for comps, engines in itertools.product(COMPONENTS, ("disk", "broadcast", "resume")):
+        stream: dict[str, object] = {
+            "use_fault_tolerance": bool(comps),
+            "ft_components": list(comps) or None,
+            "rollout_num_gpus": 2,
+            "engine_max_restarts": 1,
+            "fully_async": True,
+        }
+        if engines == "broadcast":
+            stream["update_weight_transfer_mode"] = "broadcast"
+        if engines == "resume":
+            stream.update(save="runs/job/checkpoints", save_interval=1, load="runs/job/checkpoints")
+        valid.append(LifecycleConfig.from_mapping(stream, check_paths=False))
     groups: dict[tuple[bool, ...], list[LifecycleConfig]] = {}
     for c in valid:
         groups.setdefault(behaviour(c), []).append(c)

@@ -184,7 +184,7 @@ def weight_update_targets_quiesced_snapshot(job: Checker, t: Transition, before:
     monitor: str = before.job.monitor
     for m in t.moves:  # the job as it was at the moment of each move of this step
         if m.machine == "rollout" and m.trigger == "begin_update":
-            if monitor == "Running":
+            if monitor == "Running" and "pause_monitor" not in m.effects:  # a stream's update pauses it as it begins
                 return "a weight update started while the health monitor was running"
             want = SNAPSHOT.get(m.src, frozenset())
             if not all(state in want or state in job.core.gone for state in engines.values()):
@@ -331,6 +331,34 @@ def no_news_of_an_older_epoch_acted_on(job: Checker, t: Transition, before: Node
         who = instance_name(t.action.group, t.action.engine or 0)
         what = t.action.name.removeprefix("news.stale_epoch_")
         return f"news about an older generation of {who} ({what}) was acted on: {moved}"
+    return None
+
+
+# -- streaming (--fully-async) ---------------------------------------------------------------------------------------
+@_register("state")
+def no_trained_group_beyond_staleness(job: Checker, n: Node) -> Problem:
+    """(9) The trainer trains only on groups whose oldest token is at most --max-weight-staleness versions behind the
+    committed version, counted when it takes them (their time in the buffer counts): a staler group is dropped and
+    its prompts re-queued, never trained (slime #2278, prime-rl #3313)."""
+    for age in n.job.taken:
+        if not 0 <= age <= job.core.bound:
+            beyond = f"more than {job.core.bound}" if age > job.core.bound else "a negative number of"
+            return f"the trainer trains on a group {beyond} versions stale (--max-weight-staleness {job.core.bound})"
+    return None
+
+
+IN_FLIGHT = frozenset({"Paused", "UpdatingInFlight"})  # an engine an in-flight update paused, holding kept requests
+
+
+@_register("step")
+def no_generation_after_failed_update(job: Checker, t: Transition, before: Node) -> Problem:
+    """(9) An in-flight weight update that failed resumes no engine it paused: each holds weights that were never
+    published (or a mix), so it hands its requests back and serves only after loading the committed ones (the SMG
+    ``paused()`` helper resumed engines after a failed refit). A lock-step update's engines are judged by (4)."""
+    if any(m.machine == "rollout" and m.trigger == "update_failed" for m in t.moves):
+        for m in t.moves:
+            if m.machine == "engine" and m.dst == "Serving" and m.src in IN_FLIGHT:
+                return f"{m.instance} resumed serving ({m.src}→Serving) in the step its weight update failed"
     return None
 
 

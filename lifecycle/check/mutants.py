@@ -72,6 +72,12 @@ def _chain(
     return apply
 
 
+def _resumes(t: TransitionSpec) -> TransitionSpec:
+    """The move resumes the engine into routing instead (``finally: continue_generation``)."""
+    effects = tuple(EffectRef.parse(n) for n in ("continue_generation", "route_traffic"))
+    return replace(t, dest="Serving", effects=effects)
+
+
 def _unfence(*machines: str) -> Callable[[dict[str, MachineSpec]], dict[str, MachineSpec]]:
     """The machines act on news whatever engine generation it names."""
 
@@ -201,6 +207,21 @@ MUTANTS: dict[str, Mutant] = {
             "a resumed job adopts a kept engine that holds a later (voided) or torn version without reloading it: it "
             "serves weights the job's checkpoint never committed (a takeover nobody checks)",
             _edit("engine", _is("adopted_behind"), lambda t: replace(t, dest="Quiesced")),
+        ),
+        Mutant(
+            "staleness_guard_dropped",
+            "the staleness filter is gone: the trainer takes every buffered group, however many versions behind its "
+            "oldest token is (slime #1800: fully_async neither tracks versions nor bounds staleness)",
+            _edit("rollout", _is("drop_stale"), lambda t: replace(t, trigger="drop_stale_never_fired")),
+        ),
+        Mutant(
+            "failed_refit_resumes",
+            "a failed in-flight refit resumes the engines it paused, serving weights that were never published "
+            "(the SMG paused() helper: continue_generation on every exit)",
+            _chain(
+                _edit("engine", _is("abort_update", "UpdatingInFlight"), _resumes),
+                _edit("engine", _is("revert", "Paused"), _resumes),
+            ),
         ),
         Mutant(
             "death_while_paused_ignored",

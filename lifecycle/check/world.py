@@ -44,7 +44,10 @@ EXPLORED_OPS: tuple[OperationName, ...] = tuple(
 )
 ENGINE_OPS = ("stop_engine", "start_engine")
 # stop_routing talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
-_SURE = frozenset({"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing"})
+# hand_back_requests talks to the stream, which re-sends what it holds a record of, whatever the engine's health
+_SURE = frozenset(
+    {"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing", "hand_back_requests"}
+)
 # the trainer's commands: their plain success, and those during which the checker lets a worker crash
 _SUCCESS = {
     "train_step": "trained",
@@ -58,6 +61,13 @@ _SUCCESS = {
 # a fenced report changes nothing, so it adds no state; one acted on is a violation).
 STALE_NEWS = ("died", "threshold_reached", "request_failed")
 _MAY_CRASH = frozenset({"train_step", "save_checkpoint", "transfer_weights", "save_job_state", "restore_job_state"})
+# --fully-async: while the stream runs (an update pauses it, keeping its requests), an engine that generates or holds
+# kept requests may complete a group, of any staleness up to one beyond the bound (its oldest token may be that old:
+# an over-approximation, so every staleness the take can meet is met). The buffer holds at most this many groups
+# (taken ones count until trained): every larger buffer repeats what two groups of different staleness show.
+STREAM_STATES = frozenset({"Streaming", "PausedForUpdate", "StreamCatchingUp"})
+_GENERATING = frozenset({"Serving", "Paused", "UpdatingInFlight"})
+BUFFERED_GROUPS = 2
 
 
 class World(NamedTuple):
@@ -149,7 +159,11 @@ class Action(NamedTuple):
                 "stale_epoch_request_failed": f"a request sent to {who}'s previous process fails (late)",
                 "request_failed": f"a request to {who} fails",
                 "probe": "the monitor runs a probe round",
-            }.get(what, f"{who} {what}")
+            }.get(what) or (
+                f"the stream completes a group whose oldest token is {what.rsplit('_', 1)[1]} versions old"
+                if what.startswith("group_done_")
+                else f"{who} {what}"
+            )
         return {
             "driver_death": "the driver dies (SIGKILL); a new one resumes the job and adopts the engines that live",
             "kill": f"{who} process dies (SIGKILL)",
@@ -212,6 +226,13 @@ class Checker:
         self._calls: dict[tuple[JobState, bool], list[tuple[Op, Action]]] = {}
         self._lates: dict[JobState, dict[tuple[str, int], list[tuple[Outcome, Action]]]] = {}
         self._said: dict[tuple[str, str, int, int | None, bool], tuple[Outcome, Action]] = {}
+        # the groups the stream may complete, by staleness: built once (the version is normal: 0, see _normal_job)
+        self._groups: tuple[tuple[Outcome, Action], ...] = ()
+        if self.p["streaming"]:
+            self._groups = tuple(
+                (Outcome("group_done", version=-age), Action(f"news.group_done_{age}"))
+                for age in range(self.core.bound + 2)
+            )
         for name, op in OPERATIONS.items():
             main = next((p for p in op.program if "." in p), None)
             self._main[name] = None if main is None else (main.split(".", 1)[0], main.split(".", 1)[1])
@@ -397,6 +418,16 @@ class Checker:
 
     def _news(self, n: Node, budget: bool) -> Iterator[Transition]:
         job, w, core = n.job, n.world, self.core
+        if (
+            self._groups
+            and job.rollout in STREAM_STATES
+            and len(job.buffer) + len(job.taken) < BUFFERED_GROUPS
+            and any(e.state in _GENERATING for e in job.engines)
+        ):
+            for event, action in self._groups:
+                t = self.step(n, event, action)
+                if t is not None:
+                    yield t
         late = self._late(job)
         if job.monitor == "Running":
             t = self.step(n, _PROBE, _PROBE_ACTION)
@@ -721,6 +752,8 @@ def _normal_job(job: JobState) -> JobState:
     """The job's part of :func:`_normal`: epochs folded, facts of engines that cannot serve cleared. The checker
     applies it once per decision of the core (every job state it explores is normal), not once per node."""
     job = _generations(job)
+    if job.version:  # only the staleness of a buffered group is read, and it is kept relative to the version
+        job = job._replace(version=0)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):

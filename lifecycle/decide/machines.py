@@ -13,6 +13,7 @@ from lifecycle.decide.spec import MachineSpec, StateSpec, T
 S = StateSpec
 LIVE, TRANSIENT, GONE = frozenset({"live"}), frozenset({"transient"}), frozenset({"gone"})
 BUSY, UPDATING = frozenset({"busy"}), frozenset({"updating"})
+STREAM = frozenset({"streaming"})
 KV = frozenset({"kv_cache"})
 
 # -- engine ------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ ROLLOUT = MachineSpec(
         S(
             "Streaming",
             doc="--fully-async: every routable engine generates, completed groups enter the buffer; monitors resumed",
-            tags=BUSY,
+            tags=BUSY | STREAM,
         ),
         S(
             "PausedForUpdate",
@@ -209,7 +210,7 @@ ROLLOUT = MachineSpec(
         S(
             "StreamCatchingUp",
             doc="engine lock held: restarted engines load the committed weights while the others generate on",
-            tags=BUSY | UPDATING,
+            tags=BUSY | UPDATING | STREAM,
         ),
         S("Failed", terminal=True, marked=True, doc="servers could not start"),
         S("Disposed", terminal=True),

@@ -32,6 +32,15 @@ PRESET_FLAGS: dict[str, dict[str, object]] = {
         "save_interval": 1,
         "load": "runs/job/checkpoints",
     },
+    # streaming RL (--fully-async, K = 1): the engines generate on while the trainer takes groups and pushes weights
+    # in flight; under both FT components (a worker heals, an engine recovers, mid-stream); a stream cannot offload
+    "streaming": {
+        "fully_async": True,
+        "use_fault_tolerance": True,
+        "ft_components": ["train", "rollout"],
+        "offload_rollout": False,
+        "offload_train": False,
+    },
 }
 
 

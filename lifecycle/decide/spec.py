@@ -28,6 +28,7 @@ TAGS: dict[str, str] = {
     "gone": "out of play: not part of a weight-update snapshot, not counted as serving capacity",
     "busy": "a machine doing work that other machines must not cut into (generation, a training step)",
     "updating": "the rollout manager holds the engine lock while weights flow",
+    "streaming": "the rollout manager's stream runs (--fully-async): the trainer takes completed groups from it",
 }
 MEMORY_TAGS = ("weights", "kv_cache")
 

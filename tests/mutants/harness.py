@@ -39,6 +39,8 @@ WITNESS: dict[str, dict[str, bool]] = {
     "adopted_behind_served": {"keeps_engines": True},
     "stale_group_broadcast": {"broadcasts_weights": True, "rollout_ft": True},
     "aborted_broadcast_served": {"broadcasts_weights": True},
+    "staleness_guard_dropped": {"streaming": True},
+    "failed_refit_resumes": {"streaming": True},
 }
 
 # The invariants that state each bug: a kill for any other reason would be a kill by accident.
@@ -65,6 +67,8 @@ EXPECTED: dict[str, frozenset[str]] = {
     "aborted_broadcast_served": frozenset(
         {"no_engine_routed_with_mixed_weights", "serving_engines_hold_current_weights"}
     ),
+    "staleness_guard_dropped": frozenset({"no_trained_group_beyond_staleness"}),
+    "failed_refit_resumes": frozenset({"no_generation_after_failed_update", "serving_engines_hold_current_weights"}),
 }
 
 # Hypothesis budget: the slowest mutant falls within ~400 runs; 3000 leaves a wide margin.

@@ -84,6 +84,7 @@ class Core:
         self.gone = engine.tagged("gone")
         self.rollout_busy = rollout.tagged("busy")
         self.rollout_updating = rollout.tagged("updating")
+        self.rollout_streams = rollout.tagged("streaming")  # where the trainer takes groups
         self.trainer_busy = trainer.tagged("busy")
         self.releases = {s.name: s.releases for s in engine.states}
         self.updating_engine = frozenset(s for s in self.transient if s in self.live)  # receiving weights

@@ -68,9 +68,9 @@ def start(step: StepDraft, op: Op) -> None:
 def precondition(step: StepDraft, op: Op) -> str | None:
     """Which job states allow an operation beyond its own machine's spec (the cross-machine couplings)."""
     job, core = step.job, step.core
-    if op.name in ("generate", "eval") and job.dirty:
+    if op.name in ("generate", "eval", "stream") and job.dirty:
         return "the last weight update failed and was not redone: engines may hold different weights"
-    if op.name in ("generate", "eval") and core.engines and all(e.state in core.gone for e in job.engines):
+    if op.name in ("generate", "eval", "stream") and core.engines and all(e.state in core.gone for e in job.engines):
         return "no rollout engine is in play (all stopped or never started): start one first (start_engine)"
     if op.name == "eval_done" and job.fleet not in ("Init", "Idle"):
         return f"the eval fleet is {job.fleet}: release it first"
@@ -84,7 +84,9 @@ def precondition(step: StepDraft, op: Op) -> str | None:
         return "in a stream the trainer trains only on the groups it takes within the staleness bound (take)"
     if op.name == "take" and not (job.buffer or job.taken):
         return "the buffer holds no completed group"
-    if op.name == "take" and not isinstance(core.compiled["rollout"].table.get((job.rollout, "drop_stale")), Step):
+    if op.name == "take" and not isinstance(core.compiled["trainer"].table.get((job.trainer, "train")), Step):
+        return f"the trainer is {job.trainer}: it takes groups when it can train on them"
+    if op.name == "take" and job.rollout not in core.rollout_streams:
         return f"the rollout manager is {job.rollout}: groups are taken while the stream runs"
     if op.name == "train" and job.rollout in ("Init", "Constructed", "StartingServers"):
         return f"the rollout manager is {job.rollout}: nothing has been generated yet"

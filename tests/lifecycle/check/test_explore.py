@@ -273,20 +273,22 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_396_combinations():
+def test_lattice_covers_all_408_combinations():
     lat = lattice()
     # FT x components x mode x CI x eval fleet x offload; external engines without CI and fleet; broadcast weight
     # updates in the normal mode, without CI, fleet or external engines; a resumed, checkpointing job per FT config
     # x (disk updates, broadcast updates, external engines, kept engines with disk or broadcast updates); vLLM per FT
-    # config x mode x offload, and broadcasting
-    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 5 + 4 * 4 * 2 + 4 * 2
-    assert len(lat.valid) + len(lat.invalid) == combinations == 396
+    # config x mode x offload, and broadcasting; streaming (--fully-async) per FT config x (disk, broadcast, resumed)
+    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 5 + 4 * 4 * 2 + 4 * 2 + 4 * 3
+    assert len(lat.valid) + len(lat.invalid) == combinations == 408
     on_vllm = [c for c in lat.valid if c.rollout_backend == "vllm"]
     assert on_vllm and not any(c.offload_rollout and c.mode == "normal" for c in on_vllm)
     refused = [reason for flags, reason in lat.invalid if flags.get("rollout_backend") == "vllm"]
     assert len(refused) == 4 + 4  # offloading with a trainer and servers: the normal mode, disk or broadcast
     assert all("sleep mode" in reason for reason in refused)
-    resumed = [c for c in lat.valid if c.load is not None and c.save is not None]
+    streaming = [c for c in lat.valid if c.fully_async]
+    assert len(streaming) == 12 and sum(c.load is not None for c in streaming) == 4
+    resumed = [c for c in lat.valid if c.load is not None and c.save is not None and not c.fully_async]
     assert len(resumed) == 20
     assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 8
     assert sum(c.detach_engines for c in resumed) == 8

@@ -18,7 +18,8 @@ from lifecycle.check.explore import explore, lattice, run_check
 from lifecycle.decide.presets import PRESETS, preset
 
 PINNED = Path(__file__).resolve().parent / "data" / "state_counts.json"
-FAST_PRESETS = [name for name in PRESETS if name != "resume"]  # resume: 44,000 states, in the slow run
+SLOW_PRESETS = ("resume", "streaming")  # 44,000 and 300,000 states: in the slow run
+FAST_PRESETS = [name for name in PRESETS if name not in SLOW_PRESETS]
 
 
 def pinned() -> dict[str, dict[str, object]]:
@@ -42,9 +43,10 @@ def test_each_preset_explores_the_pinned_states(name: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_resume_preset_explores_the_pinned_states() -> None:
-    r = explore(preset("resume"), engines=2)
-    assert [r.states, r.transitions] == pinned()["presets"]["resume"]
+@pytest.mark.parametrize("name", SLOW_PRESETS)
+def test_the_large_presets_explore_the_pinned_states(name: str) -> None:
+    r = explore(preset(name), engines=2)
+    assert [r.states, r.transitions] == pinned()["presets"][name]
 
 
 @pytest.mark.slow
