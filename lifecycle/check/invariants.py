@@ -347,6 +347,16 @@ def no_trained_group_beyond_staleness(job: Checker, n: Node) -> Problem:
     return None
 
 
+@_register("state")
+def no_group_newer_than_the_version(job: Checker, n: Node) -> Problem:
+    """(9) Weight versions never go backwards: no buffered or trained group is newer than the committed version --
+    across a worker's heal, an engine's recovery, a driver's death and a resume (miles #2244: a failover published
+    57 -> 1, staleness went negative, and the most off-policy groups passed the filter)."""
+    if any(age < 0 for age in (*n.job.buffer, *n.job.taken)):
+        return "a buffered group is newer than the committed version: the version went backwards"
+    return None
+
+
 IN_FLIGHT = frozenset({"Paused", "UpdatingInFlight"})  # an engine an in-flight update paused, holding kept requests
 
 

@@ -215,6 +215,16 @@ MUTANTS: dict[str, Mutant] = {
             _edit("rollout", _is("drop_stale"), lambda t: replace(t, trigger="drop_stale_never_fired")),
         ),
         Mutant(
+            "version_reset_on_resume",
+            "a resumed stream counts its weight version from 0 again instead of the checkpoint's, so the groups it "
+            "restored look newer than the version (miles #2244: a failover published 57 -> 1)",
+            _edit(
+                "trainer",
+                _is("restored"),
+                lambda t: replace(t, effects=tuple(e for e in t.effects if e.name != "restore_weight_version")),
+            ),
+        ),
+        Mutant(
             "failed_refit_resumes",
             "a failed in-flight refit resumes the engines it paused, serving weights that were never published "
             "(the SMG paused() helper: continue_generation on every exit)",

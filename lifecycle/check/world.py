@@ -80,6 +80,8 @@ class World(NamedTuple):
     # --detach-engines, a resumed job: the driver may die anywhere, and its engines live on
     voided: bool = False  # a version was committed after the last job checkpoint (a resume voids it)
     clean: tuple[bool, ...] = ()  # after a driver's death, per rollout process: holds the checkpoint's version, whole
+    # a resumed stream: the staleness of the groups the last job checkpoint buffered (the next driver restores them)
+    saved: tuple[int, ...] = ()
 
     def group(self, group: str) -> tuple[str, ...]:
         return self.procs if group == ROLLOUT else self.eval_procs
@@ -89,12 +91,15 @@ class World(NamedTuple):
         """This world with ``more`` faults spent."""
         if not more:
             return self
-        return World(self.procs, self.eval_procs, self.faults + more, self.grouped, self.torn, self.voided, self.clean)
+        w = self
+        return World(w.procs, w.eval_procs, w.faults + more, w.grouped, w.torn, w.voided, w.clean, w.saved)
 
     def with_procs(self, group: str, procs: tuple[str, ...]) -> World:
         if group == ROLLOUT:
-            return World(procs, self.eval_procs, self.faults, self.grouped, self.torn, self.voided, self.clean)
-        return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean)
+            return World(
+                procs, self.eval_procs, self.faults, self.grouped, self.torn, self.voided, self.clean, self.saved
+            )
+        return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean, self.saved)
 
 
 class Node:
@@ -217,6 +222,7 @@ class Checker:
         # the driver dies at any state and a new one resumes the job, adopting the engines that live on
         self.adopts = self.p["keeps_engines"] and self.p["resumes"] and self.core.engines > 0
         self.dies = self.p["resumes"]  # a resumed job's driver may die too (without kept engines: all are new)
+        self.saves_stream = self.dies and self.p["streaming"]  # its checkpoints hold the stream's buffer
         self._main: dict[str, tuple[str, str] | None] = {}
         self._memo: dict[JobState, dict[Event, _Decided | object | None]] = {}
         self._job: JobState | None = None
@@ -276,7 +282,7 @@ class Checker:
         if quiet:
             yield from self._faults(n)
         if budget and self.dies:  # anywhere, a command out or not: the new driver knows only the ledger
-            yield _driver_death(self.core, self.adopts, n)
+            yield _driver_death(self.core, self.adopts, n, self.saves_stream)
 
     # -- driving the core ---------------------------------------------------------------------------------------
     def step(self, n: Node, event: Event, action: Action, world: World | None = None) -> Transition | None:
@@ -292,6 +298,8 @@ class Checker:
                 w = w._replace(voided=True)
             if checkpointed:
                 w = w._replace(voided=False)
+        if self.saves_stream and checkpointed:
+            w = w._replace(saved=job.buffer)
         return Transition(action, moves, Node(job, w))
 
     def _decide(self, job: JobState, event: Event) -> _Decided | None:
@@ -555,7 +563,7 @@ class _Flag(_Change):
         return w._replace(torn=new) if self.field == "torn" else w._replace(clean=new)
 
 
-def _driver_death(core: Core, adopts: bool, n: Node) -> Transition:
+def _driver_death(core: Core, adopts: bool, n: Node, stream: bool = False) -> Transition:
     """The driver dies (SIGKILL) and a new one resumes the job from its checkpoint. The engines live on:
     the ledger names every slot whose process was launched and not confirmed dead (it is adopted); a process
     holds the checkpoint's version, whole, only if it held the committed one, took no newer one, has no
@@ -574,7 +582,11 @@ def _driver_death(core: Core, adopts: bool, n: Node) -> Transition:
         (DEAD_NOTIFIED if p in (DEAD, KILLING) else p) if k else UP for p, k in zip(w.procs, kept, strict=True)
     )
     epochs = tuple(1 if k else None for k in kept)
-    resumed = _normal_job(core.with_kept(core.initial(), epochs))
+    resumed = core.with_kept(core.initial(), epochs)
+    if stream:  # the checkpoint's version (any, the world's are relative: one beyond every group's) and its groups
+        version = core.bound + 2
+        resumed = core.with_checkpoint(resumed, version, tuple(version - max(0, age) for age in w.saved))
+    resumed = _normal_job(resumed)
     torn = tuple(t and k for t, k in zip(w.torn, kept, strict=True)) if w.torn else ()
     world = World(
         procs,
@@ -584,6 +596,7 @@ def _driver_death(core: Core, adopts: bool, n: Node) -> Transition:
         torn,
         False,
         clean if adopts else (),
+        w.saved,
     )
     return Transition(Action("fault.driver_death", fault=True), (), Node(resumed, world))
 

@@ -70,4 +70,6 @@ EFFECTS: dict[str, str] = {
     "replace_worker": "start a replacement for a crashed trainer worker",
     "keep_heal_state": "keep a copy of the model and optimizer to heal a worker without a peer from (train FT)",
     "restore_from_peer": "copy model and optimizer state from a healthy peer",
+    "restore_weight_version": "a resumed stream's committed version is the job checkpoint's (never a counter from 0)",
+    "restore_stream_buffer": "a resumed stream's buffered groups, judged by their recorded oldest versions",
 }

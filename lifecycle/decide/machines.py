@@ -397,7 +397,18 @@ TRAINER = MachineSpec(
         T("ready", "Initialized", "Ready", when="!resumes", effects=["keep_heal_state if heals_trainer"]),
         # a resumed job (its driver died): the workers continue from the checkpoint, not from the initial weights
         T("restore", "Initialized", "Restoring", when="resumes", effects=["restore_job_state"]),
-        T("restored", "Restoring", "Ready", effects=["keep_heal_state if heals_trainer"]),
+        # a resumed stream: the committed version first, then the buffered groups judged against it (AReaL #1388:
+        # the staleness accounting travels with the version; miles #2244: the version never starts again from 0)
+        T(
+            "restored",
+            "Restoring",
+            "Ready",
+            effects=[
+                "keep_heal_state if heals_trainer",
+                "restore_weight_version if streaming",
+                "restore_stream_buffer if streaming",
+            ],
+        ),
         T("train", "Ready", "Training", effects=["train_step"]),
         T("train_done", "Training", "Ready", effects=["keep_heal_state if heals_trainer"]),
         T(

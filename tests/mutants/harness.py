@@ -41,6 +41,7 @@ WITNESS: dict[str, dict[str, bool]] = {
     "aborted_broadcast_served": {"broadcasts_weights": True},
     "staleness_guard_dropped": {"streaming": True},
     "failed_refit_resumes": {"streaming": True},
+    "version_reset_on_resume": {"streaming": True, "resumes": True},
 }
 
 # The invariants that state each bug: a kill for any other reason would be a kill by accident.
@@ -69,6 +70,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     ),
     "staleness_guard_dropped": frozenset({"no_trained_group_beyond_staleness"}),
     "failed_refit_resumes": frozenset({"no_generation_after_failed_update", "serving_engines_hold_current_weights"}),
+    "version_reset_on_resume": frozenset({"no_group_newer_than_the_version"}),
 }
 
 # Hypothesis budget: the slowest mutant falls within ~400 runs; 3000 leaves a wide margin.

@@ -138,6 +138,18 @@ class Core:
             )
         )
 
+    def with_checkpoint(self, state: JobState, version: int, oldest: tuple[int, ...] = ()) -> JobState:
+        """A resumed stream's job checkpoint: its committed version and the oldest-token version of each group it
+        buffered. The workers' restore publishes them (the trainer's ``restored``): the version first, then each
+        group's staleness against it -- so the resumed stream enforces the bound the interrupted one did."""
+        if not self.streaming:
+            raise ValueError("this job does not stream (--fully-async): its checkpoint holds no stream")
+        if state.trainer != "Init" or state.rollout != "Init":
+            raise ValueError("a checkpoint is restored before the first operation, not after")
+        if version < 0 or any(o > version for o in oldest):
+            raise ValueError(f"a checkpoint's groups are never newer than its version {version}: {oldest}")
+        return state._replace(resuming=(version, *oldest))
+
     def step(self, state: JobState, event: Event) -> Result:
         """The job's next state, the moves and the commands one event makes -- or its refusal (state unchanged)."""
         step = StepDraft(self, state, event.now)

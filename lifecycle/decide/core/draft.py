@@ -145,6 +145,7 @@ class JobDraft:
             self.version,
             self.buffer,
             self.taken,
+            self.resuming,
         ) = state
         self._engines, self._evals = ChangedItems(engines), ChangedItems(evals)
         self.commands_out = CommandsOut(awaiting)  # the commands given out whose results have not come back
@@ -173,6 +174,7 @@ class JobDraft:
             self.version,
             self.buffer,
             self.taken,
+            self.resuming,
         )
 
     @property

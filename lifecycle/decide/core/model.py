@@ -115,6 +115,9 @@ class JobState(NamedTuple):
     # went backwards)
     buffer: tuple[int, ...] = ()
     taken: tuple[int, ...] = ()  # the staleness of the groups the trainer is training on now (from its take)
+    # a resumed stream, until its workers' restore: the job checkpoint's version, then its buffered groups' oldest
+    # versions (Core.with_checkpoint)
+    resuming: tuple[int, ...] = ()
 
     def group(self, group: str) -> tuple[EngineState, ...]:
         return self.engines if group == ROLLOUT else self.evals

@@ -141,7 +141,7 @@ def run_phase(step: StepDraft, phase: str) -> None:
     if part == "rollout":
         out = step.composite(trigger, log=True)
         if isinstance(out, Step) and trigger in ("servers_ready", "update_done"):
-            weights.commit(step)
+            weights.commit(step, update=trigger == "update_done")
     elif part == "engine":
         step.fire("engine", trigger, ROLLOUT, int(arg), log=True)
     else:

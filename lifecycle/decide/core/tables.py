@@ -125,6 +125,16 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
     ("trainer", "onload_train", command("the workers take their memory back")),
     ("trainer", "replace_worker", command("a new worker for the crashed one")),
     ("trainer", "restore_from_peer", ledger("replace_worker restored the state")),
+    (
+        "trainer",
+        "restore_weight_version",
+        coupled("the fact version: the job checkpoint's", lambda step, origin: trainer.restore_version(step)),
+    ),
+    (
+        "trainer",
+        "restore_stream_buffer",
+        coupled("the fact buffer: the checkpoint's groups", lambda step, origin: trainer.restore_buffer(step)),
+    ),
     ("trainer", "recover_engine", coupled("rollout FT: dead engines are recovered first", phases=("recover",))),
     # the trainer writes its new weights; the engines then take them: one snapshot under the engine lock
     ("trainer", "transfer_weights", command("the trainer writes its new weights (pending)", phases=("begin_update",))),

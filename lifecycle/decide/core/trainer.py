@@ -22,6 +22,22 @@ def trained(step: StepDraft) -> None:
             step.job.ahead = True
 
 
+def restore_version(step: StepDraft) -> None:
+    """A resumed stream's committed version is its job checkpoint's: the one durable source, never restarted."""
+    job = step.job
+    if job.resuming:
+        job.version = job.resuming[0]
+
+
+def restore_buffer(step: StepDraft) -> None:
+    """A resumed stream's buffered groups, each judged by its recorded oldest version against the version now."""
+    job = step.job
+    if job.resuming:
+        oldest = job.resuming[1:]
+        job.buffer = tuple(sorted(step.core.staleness(job.version, o) for o in oldest))
+        job.resuming = ()
+
+
 def healed(step: StepDraft) -> None:
     if isinstance(step.fire("trainer", "healed"), Step):
         retry(step)

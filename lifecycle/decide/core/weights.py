@@ -40,13 +40,14 @@ def loaded(step: StepDraft, cmd: Command) -> None:
         step.job.set_engine(group, i, step.job.engine(group, i)._replace(fresh=True))
 
 
-def commit(step: StepDraft) -> None:
-    """What the engines took is now the served version (the initial weights, or an update)."""
+def commit(step: StepDraft, *, update: bool = True) -> None:
+    """What the engines took is now the served version (the initial weights -- a resumed job's, its checkpoint's --
+    or an update: a new version)."""
     step.commits = True
     job = step.job
     job.committed, job.dirty, job.ahead = True, False, False
     job.engines = tuple(e._replace(current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines)
-    if step.core.streaming:  # a new version: every buffered group is one version staler
+    if step.core.streaming and update:  # a new version: every buffered group is one version staler
         job.version += 1
         bound = step.core.bound
         job.buffer = tuple(age if age < 0 else min(bound + 1, age + 1) for age in job.buffer)

@@ -42,6 +42,19 @@ def test_each_streaming_bug_is_caught_with_a_short_counterexample(mutant: str, i
     assert len(r.violations[0].path) <= most, r.violations[0].render()
 
 
+def test_a_version_reset_on_resume_is_caught() -> None:
+    """miles #2244 planted: the resumed stream's version starts from 0 again; the groups its checkpoint buffered are
+    newer than it (negative staleness, which no filter rejects)."""
+    c = LifecycleConfig.from_mapping(
+        {**STREAM.to_dict(), "save": "ck", "save_interval": 1, "load": "ck"}, check_paths=False
+    )
+    r = explore(c, engines=1, machines=MUTANTS["version_reset_on_resume"].machines())
+    assert [v.invariant for v in r.violations] == ["no_group_newer_than_the_version"]
+    assert len(r.violations[0].path) <= 13, r.violations[0].render()
+    assert "driver_death" in " ".join(t.action.name for t in r.violations[0].path)
+    assert explore(c, engines=1).ok
+
+
 def test_the_lattice_grows_by_the_streaming_configurations() -> None:
     groups = [g for g in lattice().groups.values() if evaluate(g[0])["streaming"]]
     assert len(groups) == 12  # every FT configuration x (disk, broadcast, a resumed job)

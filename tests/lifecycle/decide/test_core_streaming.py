@@ -3,6 +3,8 @@ the staleness bound is a guard at the take; a failed in-flight update never resu
 
 from __future__ import annotations
 
+import pytest
+
 from lifecycle.decide.core import ROLLOUT, Command, Outcome, instance_name
 
 from .test_core import Drive, cfg, ok
@@ -14,17 +16,20 @@ def streaming(k: int = 1, **flags: object) -> Drive:
     return d
 
 
-def done(d: Drive, oldest: int) -> None:
-    assert d.do(Outcome("group_done", version=oldest)) is None
+def done(d: Drive, age: int) -> None:
+    """The stream completes a group whose oldest token is ``age`` versions behind the committed version."""
+    assert d.do(Outcome("group_done", version=d.s.version - age)) is None
 
 
 def test_the_stream_routes_every_engine_and_buffers_groups_by_their_staleness() -> None:
     d = streaming()
     assert d.s.rollout == "Streaming" and d.engines() == ["Serving", "Serving"]
-    assert d.s.version == 1  # the initial weights are the first committed version
+    assert d.s.version == 0  # the initial weights: the first committed version
     done(d, 1)
     done(d, 0)
     assert d.s.buffer == (0, 1)
+    assert d.do(Outcome("group_done", version=d.s.version + 1)) is None  # newer than the version: it went back
+    assert d.s.buffer == (-1, 0, 1)
 
 
 def test_train_is_refused_in_a_stream_the_trainer_takes() -> None:
@@ -39,8 +44,8 @@ def test_train_is_refused_in_a_stream_the_trainer_takes() -> None:
 
 def test_a_group_beyond_the_bound_is_dropped_and_its_prompts_requeued() -> None:
     d = streaming(k=1)
-    for oldest in (1, 0, -1, -5):  # staleness 0, 1, 2, 6: the last two are beyond K = 1
-        done(d, oldest)
+    for age in (0, 1, 2, 6):  # the last two are beyond K = 1
+        done(d, age)
     assert d.s.buffer == (0, 1, 2, 2)  # anything beyond the bound is alike
     d.commands.clear()
     assert d.op("take") is None
@@ -51,9 +56,9 @@ def test_a_group_beyond_the_bound_is_dropped_and_its_prompts_requeued() -> None:
 
 def test_an_in_flight_update_pauses_loads_commits_and_resumes_and_ages_the_buffer() -> None:
     d = streaming(k=1)
-    done(d, 1)
+    done(d, 0)
     assert d.op("take") is None
-    done(d, 1)
+    done(d, 0)
     moves_before = len(d.moves)
     assert d.op("update_weights") is None
     engine_triggers = [m.trigger for m in d.moves[moves_before:] if m.machine == "engine"]
@@ -61,7 +66,7 @@ def test_an_in_flight_update_pauses_loads_commits_and_resumes_and_ages_the_buffe
     assert engine_triggers == [trigger for trigger in each for _ in range(2)]
     assert d.s.rollout == "Streaming" and d.engines() == ["Serving", "Serving"]
     assert all(e.current for e in d.s.engines) and not d.s.lock
-    assert d.s.version == 2 and d.s.buffer == (1,)  # one version staler
+    assert d.s.version == 1 and d.s.buffer == (1,)  # one version staler
     assert d.op("update_weights") is None
     assert d.s.buffer == (2,)  # beyond K = 1: the next take drops it
     assert d.op("take") is None
@@ -83,7 +88,7 @@ def test_a_failed_in_flight_update_never_resumes_an_engine() -> None:
     assert d.op("update_weights", answer=engine0_raises) is None
     assert not [m for m in d.moves[before:] if m.machine == "engine" and m.dst == "Serving"]
     assert d.s.rollout == "Streaming" and d.engines() == ["PendingWeights", "PendingWeights"]
-    assert d.s.dirty and d.s.version == 1 and not d.s.lock
+    assert d.s.dirty and d.s.version == 0 and not d.s.lock
     handed_back = [c.instance for c in d.commands if c.effect == "hand_back_requests"]
     assert sorted(handed_back) == [instance_name(ROLLOUT, 0), instance_name(ROLLOUT, 1)]
     assert d.op("catch_up") is None  # the committed weights, while the stream goes on
@@ -107,3 +112,43 @@ def test_stream_is_blocked_without_fully_async() -> None:
     assert refusal is not None and refusal.kind == "blocked" and refusal.blocked_by == ("streaming",)
     assert d.do(Outcome("group_done", version=0)) is None
     assert d.s.buffer == ()
+
+
+RESUMED = {"fully_async": True, "save": "ck", "save_interval": 1, "load": "ck"}
+
+
+def resumed(version: int, oldest: tuple[int, ...]) -> Drive:
+    d = Drive(cfg(**RESUMED))
+    d.s = d.core.with_checkpoint(d.s, version, oldest)
+    d.start()
+    assert d.op("stream") is None
+    return d
+
+
+def test_a_resumed_stream_keeps_its_version_and_judges_its_groups_by_their_recorded_versions() -> None:
+    """The checkpoint holds the version and each buffered group's oldest version: the resumed stream continues at 57
+    (never 1: miles #2244) and drops the group that was already 3 versions stale (K = 1)."""
+    d = resumed(57, (57, 54))
+    assert d.s.version == 57 and d.s.buffer == (0, 2) and d.s.resuming == ()
+    assert d.op("take") is None
+    assert d.triggers("rollout").count("drop_stale") == 1 and d.triggers("trainer")[-1] == "train_done"
+
+
+def test_areal_1388_a_checkpoint_of_the_version_alone_overshoots_the_bound() -> None:
+    """The planted counterexample (AReaL #1388): a checkpoint that records the version but re-stamps its buffered
+    groups at it (their accounting lost) lets the resumed stream train a group 3 versions stale with K = 1."""
+    faithful, restamped = resumed(57, (57, 54)), resumed(57, (57, 57))
+    assert faithful.op("take") is None and restamped.op("take") is None
+    assert faithful.triggers("rollout").count("drop_stale") == 1
+    assert restamped.triggers("rollout").count("drop_stale") == 0  # the 3-stale group was trained
+
+
+def test_a_checkpoint_is_restored_into_a_stream_before_anything_runs() -> None:
+    d = Drive(cfg(**RESUMED))
+    with pytest.raises(ValueError, match="never newer"):
+        d.core.with_checkpoint(d.s, 3, (4,))
+    with pytest.raises(ValueError, match="does not stream"):
+        Drive(cfg()).core.with_checkpoint(Drive(cfg()).s, 3)
+    d.start()
+    with pytest.raises(ValueError, match="before the first operation"):
+        d.core.with_checkpoint(d.s, 3)
