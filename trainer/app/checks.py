@@ -415,7 +415,8 @@ def check_run(
             "--fully-async",
             True,
             "the run loop and Job do not run a stream yet: the lifecycle's core and checker model it "
-            "(`lifecycle check --preset streaming`, `lifecycle graph`), the engines and the trainer follow",
+            "(`lifecycle check --fully-async ...`, `lifecycle graph --preset streaming`); the engines and the "
+            "trainer follow",
             f"drop --fully-async (for one step of overlap, use {names['async_mode']})",
         )
     o = options
