@@ -60,6 +60,11 @@ VOLATILE_KEYS = frozenset({"ts", "timestamp", "done_at"})  # done_at: when a fac
 DETACHED = "engine.detached"  # an external engine let go (its owner must restart it): url, reason, fix
 ROUTER_STARTED = "router.started"  # a router (the gateway) process started, or was restarted
 WEIGHT_BUCKET = "weight_sync.bucket"  # one bucket of a broadcast weight update sent
+# --fully-async: a group of samples completed by the stream, taken by the trainer, or dropped as too stale
+GROUP_BUFFERED = "stream.group_buffered"  # group, oldest (its oldest token's weight version), versions, engines
+GROUP_TAKEN = "stream.group_taken"  # group, oldest, version (the committed one it is trained against), bound
+GROUP_DROPPED = "stream.group_dropped"  # group, oldest, version, bound, prompts (re-queued)
+HANDED_BACK = "stream.handed_back"  # the requests an engine kept through a failed update, re-sent elsewhere
 
 
 # -- what each kind of event holds: the one definition its writer is typed with and every reader checks --------
@@ -210,6 +215,25 @@ class WeightBucketEvent(EventFields, total=False):
     tensors: int
 
 
+class GroupEvent(EventFields, total=False):
+    """One group of the stream. Versions are the committed weight versions (integers as text, like
+    ``weights.committed``); ``oldest`` is the version its oldest token was generated under, ``versions`` every
+    version its samples' tokens may have come from (their spans)."""
+
+    group: str
+    oldest: str
+    versions: list[str]
+    version: str
+    bound: int
+    engines: list[str]
+    prompts: int
+
+
+class HandedBackEvent(EventFields, total=False):
+    instance: str
+    requests: int
+
+
 class FaultEvent(EventFields, total=False):
     """The injector's record: which fault, where, and details of its own (a pid, the actor's info, ...)."""
 
@@ -239,6 +263,10 @@ EVENT_SCHEMAS: dict[str, type] = {
     DETACHED: DetachedEvent,
     ROUTER_STARTED: RouterStartedEvent,
     WEIGHT_BUCKET: WeightBucketEvent,
+    GROUP_BUFFERED: GroupEvent,
+    GROUP_TAKEN: GroupEvent,
+    GROUP_DROPPED: GroupEvent,
+    HANDED_BACK: HandedBackEvent,
     FAULT_INJECTED: FaultEvent,
     FAULT_FIRED: FaultEvent,
 }

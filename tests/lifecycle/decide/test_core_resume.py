@@ -105,7 +105,9 @@ def test_the_checker_explores_resumed_jobs_under_every_ft_configuration() -> Non
         ("rollout", "train"),
         ("train",),
     ]
-    assert len(resumed) == 20  # 8 of them keep their engines (--detach-engines): the driver dies anywhere
+    # 8 of them keep their engines (--detach-engines): the driver dies anywhere; 4 stream (--fully-async)
+    assert len(resumed) == 24
+    assert sum(c.fully_async for c in resumed) == 4
     for config in resumed:
         result = explore(config, engines=2)
         assert result.ok, result.render()
