@@ -43,10 +43,10 @@ EXPLORED_OPS: tuple[OperationName, ...] = tuple(
     cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
 )
 ENGINE_OPS = ("stop_engine", "start_engine")
-# stop_routing talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
+# stop_routing (hold_routing) talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
 # hand_back_requests talks to the stream, which re-sends what it holds a record of, whatever the engine's health
 _SURE = frozenset(
-    {"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing", "hand_back_requests"}
+    {"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing", "hold_routing", "hand_back_requests"}
 )
 # the trainer's commands: their plain success, and those during which the checker lets a worker crash
 _SUCCESS = {
@@ -632,7 +632,7 @@ def _answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool,
                     (Outcome("error"), True, same),
                 ]
             return [(Outcome("request_failed"), False, same)]
-        if cmd.effect == "stop_routing":  # the router forgets the engine whatever the engine's health
+        if cmd.effect in ("stop_routing", "hold_routing"):  # the router forgets the engine whatever the engine's health
             return [(Outcome("done"), False, same)]
         if cmd.effect == "inject_ci_fault":  # the CI's own fault: a SIGKILL, counted in the budget like any
             return [(Outcome("done"), True, _set_proc(cmd.group, cmd.engine, DEAD))]

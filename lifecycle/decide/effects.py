@@ -36,6 +36,7 @@ EFFECTS: dict[str, str] = {
     "adopt_engine": "reach a previous driver's engine: identity, epoch, what it serves; paused, resident, unrouted",
     "route_traffic": "make an engine routable for generate requests",
     "stop_routing": "take an engine out of routing",
+    "hold_routing": "--fully-async: take an engine out of routing, its requests in flight kept (a pause, not a drain)",
     "pause_generation": "pause in-flight generation on an engine",
     "continue_generation": "continue generation on an engine",
     "hand_back_requests": "the requests a paused engine kept go back to the stream, to be re-sent to another engine",

@@ -102,7 +102,7 @@ ENGINE = MachineSpec(
         # streaming: an in-flight update pauses a Serving engine keeping its requests, loads, and resumes them; a
         # failed load -- or a whole update that failed after it loaded -- hands the requests back to the stream and
         # leaves the engine waiting for the committed weights (no edge back to Serving)
-        T("pause", "Serving", "Paused", when="streaming", effects=["stop_routing", "pause_generation"]),
+        T("pause", "Serving", "Paused", when="streaming", effects=["hold_routing", "pause_generation"]),
         T("begin_update", "Paused", "UpdatingInFlight", effects=["transfer_weights"]),
         T("finish_update", "UpdatingInFlight", "Paused"),
         T("resume", "Paused", "Serving", effects=["continue_generation", "route_traffic"]),

@@ -146,6 +146,7 @@ RESULTS: dict[str, frozenset[str]] = {
     "requeue_prompts": frozenset({"done"}),
     "route_traffic": frozenset({"done", "request_failed"}),
     "stop_routing": frozenset({"done", "request_failed"}),
+    "hold_routing": frozenset({"done", "request_failed"}),
     "pause_generation": frozenset({"done", "request_failed"}),
     "release_weights": frozenset({"done", "request_failed"}),
     "release_kv_cache": frozenset({"done", "request_failed"}),

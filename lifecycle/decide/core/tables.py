@@ -150,6 +150,7 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
     ("engine", "transfer_weights", command("load the weights the command names (from disk, or by broadcast)")),
     ("engine", "route_traffic", command("publish it to its group's routing")),
     ("engine", "stop_routing", command("withdraw it from its group's routing")),
+    ("engine", "hold_routing", command("withdraw it from its group's routing, keeping its requests in flight")),
     ("engine", "pause_generation", command("pause in-flight generation")),
     ("engine", "continue_generation", command("continue generation")),
     ("engine", "hand_back_requests", command("the stream takes back the requests it kept, to re-send them")),

@@ -70,7 +70,7 @@ def test_a_failed_in_flight_refit_never_resumes_by_construction() -> None:
 def test_an_in_flight_update_pauses_keeping_requests_and_resumes_what_it_paused() -> None:
     engine = ENGINE.compile(STREAMING)
     pause = engine.table["Serving", "pause"]
-    assert isinstance(pause, Step) and pause.effects == ("stop_routing", "pause_generation")
+    assert isinstance(pause, Step) and pause.effects == ("hold_routing", "pause_generation")
     resume = engine.table["Paused", "resume"]
     assert isinstance(resume, Step) and resume.effects == ("continue_generation", "route_traffic")
     begin, finish = engine.table["Paused", "begin_update"], engine.table["UpdatingInFlight", "finish_update"]
