@@ -99,6 +99,8 @@ class InferenceController:
                 "engine.resume_kv_cache": lambda c: self.slot(c).resume("kv_cache"),
                 "engine.route_traffic": self._route,
                 "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
+                "engine.hold_routing": lambda c: self.routings[self._group(c)].hold(self.slot(c)),
+                "engine.hand_back_requests": lambda c: self.slot(c).hand_back_requests(),
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,

@@ -41,6 +41,7 @@ from rollout.policy_source import PolicyRolloutFn
 from rollout.replay import load_samples, save_rollout
 from rollout.routing import GenRequest, OnUnhealthy, Routing
 from rollout.sample import Sample, checked_samples, sample
+from rollout.stream import Stream
 from rollout.task import DataSource, SourcedTask, Task, checked_reward, checked_task
 
 RolloutFn = Callable[[int, InferenceController], Awaitable[list[Sample]]]
@@ -423,6 +424,17 @@ class RolloutManager:
             task,
             rollout_fn_path=rollout_fn_path,
             data_source_path=data_source_path,
+        )
+        tokens = PromptTokens()
+        request = (timeouts or Timeouts()).request
+        # --fully-async: the stream (started by the loop; a job that does not stream never starts it)
+        self.stream = Stream(
+            self.runner,
+            self.controller,
+            task,
+            lambda text: tokens.encode(self.controller.committed[0] if self.controller.committed else None, text),
+            max_batches=config.async_data_buffer_max_batches or 2,
+            group_timeout=4 * request,
         )
 
     @property

@@ -76,6 +76,10 @@ class Routing(Protocol):
 
     async def withdraw(self, engine: Engine) -> Outcome: ...
 
+    async def hold(self, engine: Engine) -> Outcome:
+        """Out of routing, its requests in flight left to finish (an in-flight update's pause keeps them)."""
+        ...
+
     async def generate(
         self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
     ) -> dict[int, Answer]: ...
@@ -115,6 +119,10 @@ class LocalRouting:
         if engine.client is None:
             return Outcome("request_failed", reason="no server process to route to")
         self._members[engine.id] = engine
+        return Outcome("done")
+
+    async def hold(self, engine: Engine) -> Outcome:
+        self._members.pop(engine.id, None)
         return Outcome("done")
 
     async def withdraw(self, engine: Engine) -> Outcome:
@@ -316,6 +324,10 @@ class RouterRouting:
             "epoch": engine.epoch,
         }  # the gateway's view, of which process
         return Fact.of(GATEWAY, instance=engine.id, router=self.name, **fields)
+
+    async def hold(self, engine: Engine) -> Outcome:
+        """The gateway forgets the engine; what it forwarded already stays with the engine."""
+        return await self.withdraw(engine)
 
     async def withdraw(self, engine: Engine) -> Outcome:
         self._engines.pop(engine.id, None)

@@ -26,6 +26,9 @@ class Sample(TypedDict):
     logprobs: NotRequired[list[float]]
     weight_version: NotRequired[str | None]
     engine: NotRequired[str]
+    # --fully-async: the oldest committed version any token may come from, and every version it spans
+    first_version: NotRequired[int]
+    versions: NotRequired[list[int]]
 
 
 def sample(

@@ -13,7 +13,7 @@ worker is a crashed one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,11 @@ class TrainerGroup:
                     f"resume with --trainer-workers {resume.ranks}",
                 )
             self.runner.restore_restart_ages(resume.restart_ages)  # before the first operation
+            if resume.stream is not None:  # a stream's version: the first commit of the resumed run is above it
+                self.runner.restore_stream(int(resume.weight_version))
         self._job = 0  # the step of the checkpoint asked for
+        self._batch: Callable[[], Sequence[Mapping[str, Any]]] | None = None  # a stream's take: read when it trains
+        self.stream_record: Callable[[], dict[str, Any] | None] = lambda: None  # what a job checkpoint keeps of it
         self.checkpointed: Path | None = None  # the last job checkpoint written
         self.heals = 0
         self.runner.explain(self._explain)
@@ -138,6 +142,18 @@ class TrainerGroup:
             return None
         self.check()
         return self._stats
+
+    async def take(self, batch: Callable[[], Sequence[Mapping[str, Any]]]) -> dict[str, float] | None:
+        """``--fully-async``: the core's ``take`` -- the groups beyond the staleness bound dropped, one step on
+        the rest, read from ``batch`` when the step starts (after the drops); None when nothing was trained."""
+        self._batch, self._stats = batch, {}
+        try:
+            if await self.runner.operate("take", allow=_NOT_NOW) is not None:
+                return None
+        finally:
+            self._batch = None
+        self.check()
+        return self._stats or None
 
     async def update_weights(self, step: int) -> bool:
         """Write the weights of ``step`` and push them to the rollout engines (the core's update program).
@@ -247,7 +263,7 @@ class TrainerGroup:
         return None
 
     async def _train_step(self, cmd: Command) -> Outcome:
-        samples = self._samples
+        samples = self._batch() if self._batch is not None else self._samples
         try:
             groups = sorted({s["group"] for s in samples})
             shards = [[s for s in samples if groups.index(s["group"]) % self.size == r] for r in range(self.size)]
@@ -307,7 +323,9 @@ class TrainerGroup:
             rng = {"ranks": [await w.call("rng_state") for w in self.workers]}
         except WorkerCrashed as exc:
             return self._crashed(exc)
-        checkpoint = JobCheckpoint(step, version, state, {"restarts": self.runner.restart_ages()}, rng)
+        stream = self.stream_record()  # taken as the write starts: a group completed during it is not in it
+        facts = {"restarts": self.runner.restart_ages(), **({"stream": stream} if stream is not None else {})}
+        checkpoint = JobCheckpoint(step, version, state, facts, rng)
         self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config, self.job)
         fact = Fact.of(CHECKPOINTED, resume_at=step, weight_version=version, path=str(self.checkpointed))
         return Outcome("checkpointed", facts=(fact,))

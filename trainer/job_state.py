@@ -30,6 +30,7 @@ from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError, bounded_repr
 from lifecycle.decide.events import LogFacts, log_facts
 from lifecycle.decide.jsonio import JSONFileError, iter_lines, loads, open_regular, read_json, read_text
+from rollout.stream import stream_problem
 
 FORMAT = "rl-lifecycle/job-checkpoint@1"
 LATEST = "latest"  # SAVE/latest: names the newest job checkpoint
@@ -62,6 +63,13 @@ class JobCheckpoint:
         return [[float(a) for a in r] for r in self.lifecycle.get("restarts", [])]
 
     @property
+    def stream(self) -> dict[str, Any] | None:
+        """A stream's record (``--fully-async``): its prompt cursor, the prompts to send again, its completed
+        groups with their versions (checked when the checkpoint was read); None when the job did not stream."""
+        record = self.lifecycle.get("stream")
+        return dict(record) if isinstance(record, Mapping) else None
+
+    @property
     def ranks(self) -> int:
         """How many trainer workers wrote it (one RNG state each)."""
         return len(self.rng.get("ranks", []))
@@ -76,6 +84,20 @@ def _check_facts(checkpoint: JobCheckpoint, config: LifecycleConfig) -> None:
         or not all(isinstance(r, list) and all(isinstance(a, int | float) and a >= 0 for a in r) for r in rows)
     ):
         raise ConfigError(FLAG, str(checkpoint.path), "records malformed restart budgets", INTACT)
+    record = checkpoint.lifecycle.get("stream")
+    if (record is not None) != bool(config.fully_async):
+        has = "records a stream" if record is not None else "records no stream"
+        raise ConfigError(
+            "--fully-async",
+            config.fully_async,
+            f"the job checkpoint {checkpoint.path} {has}: it was written by a job that "
+            f"{'streamed' if record is not None else 'did not stream'}",
+            "resume it with the --fully-async setting it was written with",
+        )
+    if record is not None:
+        problem = stream_problem(record, checkpoint.weight_version)
+        if problem:
+            raise ConfigError(FLAG, str(checkpoint.path), f"records a malformed stream: {problem}", INTACT)
     ranks = checkpoint.rng.get("ranks")
     if not isinstance(ranks, list) or not ranks or not all(isinstance(r, Mapping) for r in ranks):
         raise ConfigError(FLAG, str(checkpoint.path), "records no RNG state per trainer worker", INTACT)

@@ -310,6 +310,10 @@ class Runner:
         ``floor``: the highest generation the run directory ever used; every new process's lies above it."""
         self.state = self.core.with_kept(self.state, epochs, floor)
 
+    def restore_stream(self, version: int, oldest: tuple[int, ...] = ()) -> None:
+        """A resumed stream's checkpoint: its committed version (and groups), before the first operation."""
+        self.state = self.core.with_checkpoint(self.state, version, oldest)
+
     def restore_restart_ages(self, ages: list[list[float]]) -> None:
         """A resumed job's engines keep the restart budget they had spent (before its first operation)."""
         now = self.clock()

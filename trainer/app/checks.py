@@ -410,15 +410,6 @@ def check_run(
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
         )
-    if config.fully_async:
-        raise ConfigError(
-            "--fully-async",
-            True,
-            "the run loop and Job do not run a stream yet: the lifecycle's core and checker model it "
-            "(`lifecycle check --fully-async ...`, `lifecycle graph --preset streaming`); the engines and the "
-            "trainer follow",
-            f"drop --fully-async (for one step of overlap, use {names['async_mode']})",
-        )
     o = options
     path = _path(FLAGS["run_dir"], o.run_dir)
     assert path is not None

@@ -19,8 +19,10 @@ module must not pay for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import weakref
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +43,7 @@ from lifecycle.observe.monitor import MonitorSink
 from rollout.executor import EvalResult, RolloutManager
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
+from rollout.stream import Group, StreamState, Taken
 from rollout.task import Task, checked_task
 from trainer.app import heap
 from trainer.app.checks import check_run
@@ -222,6 +225,10 @@ class Job:
             log_dir=str(self.run_dir),
             engine_ledger=self.engine_ledger,
         )
+        stream = self._manager.stream
+        if self.resume is not None and self.resume.stream is not None:
+            stream.restore(StreamState.of(self.resume.stream))
+        self._trainer.stream_record = lambda: stream.snapshot().record() if stream.started else None
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
         # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
         WeightBroadcast(self._runner, self._manager.controller, self._trainer)
@@ -345,9 +352,66 @@ class Job:
         if onload:
             await self.manager.onload_kv()
 
+    # -- streaming (--fully-async): generation never stops; the trainer takes what is fresh enough -------------
+
+    @contextlib.asynccontextmanager
+    async def streaming(self) -> AsyncIterator[Job]:
+        """Run the rollout stream for the block: every routable engine generates on, completed groups queue up;
+        :meth:`take` trains on them and :meth:`update_weights` pushes new weights while requests are in flight.
+        On the way out the stream stops (its requests in flight are kept as prompts to send again)::
+
+            async with job.streaming():
+                for step in range(steps):
+                    batch = await job.take()  # groups within --max-weight-staleness; stale ones re-queued
+                    await job.update_weights(step + 1)
+        """
+        stream = self.manager.stream
+        await stream.start()
+        try:
+            yield self
+        finally:
+            await stream.stop()
+
+    async def take(self, *, timeout: float | None = None) -> Taken:
+        """The next batch of completed groups, offered to the core's ``take``: every group more than
+        ``--max-weight-staleness`` versions behind the committed weights is dropped (``stream.group_dropped``) and
+        its prompt sent again; one optimisation step on the rest. A batch dropped whole is followed by the next
+        one; ``timeout`` (default: the stream's bound per group, times the batches the queue holds) bounds each
+        wait, and so many whole drops in a row that the bound can never be met end in an error naming the flag."""
+        stream = self.manager.stream
+        wait = timeout if timeout is not None else stream.group_timeout * stream.max_batches
+        dropped: list[Group] = []
+        for _ in range(WHOLE_DROPS):
+            await stream.offer(await stream.next_batch(wait))
+            stats = await self.trainer.take(stream.samples)
+            taken = stream.taken()
+            dropped.extend(taken.dropped)
+            if taken.samples:
+                return Taken(taken.samples, taken.groups, dropped, taken.version, stats or {})
+        raise ConfigError(
+            "--max-weight-staleness",
+            self.config.max_weight_staleness,
+            f"{WHOLE_DROPS} batches in a row were all older than the bound when the trainer took them: the stream "
+            "cannot keep up with the updates",
+            "raise --max-weight-staleness, or lower --async-data-buffer-max-batches so groups wait less",
+        )
+
+    @property
+    def streams(self) -> bool:
+        """Whether the job streams (``--fully-async``): its loop uses :meth:`streaming` and :meth:`take`."""
+        return self.runner.core.streaming
+
     async def eval(self, step: int) -> EvalResult:
-        """miles' eval on the committed weights (restarted engines catch up first)."""
-        return await self.manager.eval(step)
+        """miles' eval on the committed weights (restarted engines catch up first). In a stream the stream
+        stops for it (the rollout manager evaluates from Ready) and starts again after."""
+        stream = self.manager.stream
+        if not stream.running:
+            return await self.manager.eval(step)
+        await stream.stop()
+        try:
+            return await self.manager.eval(step)
+        finally:
+            await stream.start()
 
     async def checkpoint(self, done: int) -> Path | None:
         """A job checkpoint once ``done`` steps are, when ``config.checkpoint_due`` says so (every
@@ -358,6 +422,7 @@ class Job:
 
 
 _T = TypeVar("_T")
+WHOLE_DROPS = 8  # batches dropped whole in a row before a take gives up: the bound cannot be met
 
 
 class JobReused(LifecycleError, RuntimeError):

@@ -271,6 +271,8 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
                 progress.t0 = time.monotonic()
                 if opts.async_mode:
                     await _async_steps(opts, job, record)
+                elif job.streams:
+                    await _stream_steps(opts, job, start, record)
                 else:
                     await _sync_steps(opts, job, start, record)
             finally:
@@ -313,6 +315,39 @@ async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder) 
         record(step, samples, {**stats, **evals}, ts)
         with bind_context(step=step, rollout_id=step):
             await job.checkpoint(step + 1)
+
+
+async def _stream_steps(opts: RunOptions, job: Job, start: int, record: Recorder) -> None:
+    """--fully-async: the stream generates throughout; per step the trainer takes a batch within the staleness
+    bound (older groups are dropped and their prompts sent again) and pushes its weights while requests are in
+    flight; a job checkpoint after the step's row, as in the sync loop (it records the stream's queue)."""
+    interval = job.config.eval_interval
+    evals: dict[str, Any] = {}
+    if interval is not None and start == 0:
+        with bind_context(step=0, rollout_id=0):
+            _add_eval(evals, await job.eval(0))  # miles: eval before the first rollout
+    async with job.streaming():
+        for step in range(start, opts.steps):
+            ts = time.monotonic()
+            with bind_context(step=step, rollout_id=step):
+                await _inject_due(opts.faults, step, job.manager, job.trainer)
+                taken = await job.take()
+                await job.update_weights(step + 1, onload=False)
+                if interval is not None and (step + 1) % interval == 0:
+                    _add_eval(evals, await job.eval(step))  # the stream stops for it, and goes on
+            lag = taken.staleness
+            stats = {
+                **taken.stats,
+                **evals,
+                "version": taken.version,
+                "staleness": lag,
+                "staleness_max": max(lag),
+                "dropped": len(taken.dropped),
+            }
+            record(step, taken.samples, stats, ts)
+            evals = {}
+            with bind_context(step=step, rollout_id=step):
+                await job.checkpoint(step + 1)
 
 
 def _timeline(events: Path, run_dir: Path, opts: RunOptions, *, failing: bool) -> Path | None:

@@ -1,5 +1,4 @@
-"""``--fully-async`` at the run loop's door: refused with --async (it streams already), and refused by ``lifecycle run``
-and ``Job`` until they run a stream -- never accepted and silently run lock-step."""
+"""``--fully-async`` at the run loop's door: refused with --async (it streams already), accepted on its own."""
 
 from __future__ import annotations
 
@@ -21,9 +20,6 @@ def test_async_with_fully_async_is_refused() -> None:
     assert caught.value.flag == "--async"
 
 
-def test_the_run_loop_does_not_accept_a_stream_it_would_run_lock_step(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="do not run a stream yet") as caught:
-        check_run(STREAMING, RunOptions(run_dir=tmp_path / "run"))
-    assert caught.value.flag == "--fully-async" and "--async" in caught.value.fix
-    with pytest.raises(ConfigError, match=r"RunOptions\.async_mode"):
-        check_run(STREAMING, RunOptions(run_dir=tmp_path / "run"), names=API_NAMES)
+def test_the_run_loop_accepts_a_stream(tmp_path: Path) -> None:
+    check_run(STREAMING, RunOptions(run_dir=tmp_path / "run"))
+    check_run(STREAMING, RunOptions(run_dir=tmp_path / "run2"), names=API_NAMES)
