@@ -399,7 +399,11 @@ class EventMonitor:
         return bound if isinstance(bound, int) else None
 
     def _related(self) -> tuple[int, ...]:
-        return (self.job.committed_at,) if self.job.committed_at >= 0 else ()
+        """The event that set the version a group is counted against: its commit, or the resume before it."""
+        job = self.job
+        if job.committed_at >= 0:
+            return (job.committed_at,)
+        return (job.resuming[1],) if job.resuming is not None else ()
 
     def _group(self, e: Event) -> tuple[str, int | None, list[_Found]]:
         """The group's name, its oldest version (the oldest of ``oldest`` and its spans' ``versions``), and what

@@ -277,6 +277,8 @@ def test_miles_2244_version_57_to_1_across_a_resume_is_caught() -> None:
     assert [v.invariant for v in found] == ["weight_version_never_goes_backwards", "no_group_newer_than_the_version"]
     assert "resumed at weight version 1, but version 57 was checkpointed after it" in found[0].problem
     assert "weight version 57, newer than the committed version 1" in found[1].problem  # the restored group
+    resumed = next(i for i, e in enumerate(resume_at_57("1").events) if e["event"] == "job.resumed")
+    assert found[1].related == (resumed,)  # counted against the version the run resumed at
 
 
 def test_a_resume_below_a_commit_before_its_step_is_caught_without_the_checkpoints_line() -> None:
