@@ -111,6 +111,8 @@ class _Job:
     resuming: tuple[str, int] | None = None  # a resumed run's checkpoint version, until its first commit
     # every commit of the job, its drivers' included: (the step it committed, the version, its event index)
     commits: list[tuple[int | None, str, int]] = field(default_factory=list)
+    # the stream's buffered groups, across drivers (a resumed run restores them): name -> (oldest, event index)
+    buffered: dict[str, tuple[int, int]] = field(default_factory=dict)
     # engines whose in-flight update failed, until they load the committed weights: (its time, its event index)
     failed_refit: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
@@ -192,7 +194,8 @@ class EventMonitor:
         """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
         version = str(e.get("weight_version"))
         last, commits = self.job.checkpointed, self.job.commits
-        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=commits)
+        buffered = self.job.buffered
+        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=commits, buffered=buffered)
         rule = "weight_version_never_goes_backwards"
         if last is not None and _older(version, last[0]):
             problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
@@ -406,11 +409,14 @@ class EventMonitor:
         return (job.resuming[1],) if job.resuming is not None else ()
 
     def _group(self, e: Event) -> tuple[str, int | None, list[_Found]]:
-        """The group's name, its oldest version (the oldest of ``oldest`` and its spans' ``versions``), and what
-        is wrong with its versions whatever happens to it: one newer than the committed version."""
+        """The group's name, its oldest version (the oldest of ``oldest``, its spans' ``versions`` and the oldest
+        it was buffered with), and what is wrong with its versions whatever happens to it: one newer than the
+        committed version."""
         name = str(e.get("group"))
         versions = [v for v in (e.get("oldest"), *(e.get("versions") or ())) if v is not None]
         numbers = [n for n in map(_int, versions) if n is not None]
+        if name in self.job.buffered:
+            numbers.append(self.job.buffered[name][0])
         oldest = min(numbers) if numbers else None
         version = self._version()
         out: list[_Found] = []
@@ -432,7 +438,15 @@ class EventMonitor:
 
     def _group_buffered(self, e: Event) -> Iterable[_Found]:
         job = self.job
-        name, _, out = self._group(e)
+        name, oldest, out = self._group(e)
+        said = _int(e.get("oldest"))
+        if name in job.buffered and said is not None and said > job.buffered[name][0]:
+            # a resumed stream restores a group with the versions it was generated under (AReaL #1388)
+            was, at = job.buffered[name]
+            problem = f"group {name} was buffered again with oldest {said}, first buffered with oldest {was}: "
+            out.append(("no_trained_group_beyond_staleness", problem + "its staleness is undercounted", (at,)))
+        if oldest is not None and name not in job.buffered:
+            job.buffered[name] = (oldest, self.index)
         # an engine whose in-flight update failed generates nothing until it reloads: a group that only engines in
         # that window generated, completed after their failures, shows one that did (a group with samples of
         # another engine too may hold samples a failed engine finished before its pause: not judged)
@@ -450,6 +464,7 @@ class EventMonitor:
 
     def _group_taken(self, e: Event) -> Iterable[_Found]:
         name, oldest, out = self._group(e)
+        self.job.buffered.pop(name, None)
         out += self._judged_version(e, name)
         version, bound, rule = self._version(), self._bound(e), "no_trained_group_beyond_staleness"
         if version is None or bound is None:
@@ -477,6 +492,7 @@ class EventMonitor:
         group dropped shows the guard counted against another version than the committed one -- the same wrong
         count that, the other way round, trains a stale group (and fresh work is thrown away)."""
         name, oldest, out = self._group(e)
+        self.job.buffered.pop(name, None)
         out += self._judged_version(e, name)
         version, bound = self._version(), self._bound(e)
         if version is None or bound is None or oldest is None:

@@ -226,6 +226,22 @@ def test_a_group_stamped_newer_than_its_oldest_span_is_judged_by_the_span() -> N
     assert "2 versions stale" in found[1]
 
 
+def test_areal_1388_a_resumed_stream_that_restamps_its_restored_groups_is_caught() -> None:
+    """The checkpoint kept g4 (oldest 2); the resumed run restores it stamped at its own version, 3, and takes it at
+    4: counted from the stamp it looks 1 stale, but its tokens are of version 2."""
+    log = clean(until="resume")
+    log.add("job.resumed", resume_at=3, weight_version="3", checkpoint="ckpt/job-000003", discarded_steps=[])
+    log.started(load="ckpt")
+    log.buffered("g4", 3)  # re-stamped at the checkpoint's version
+    log.launch("3")
+    log.update(4, step=3)
+    log.taken("g4", 3, 4)
+    found = EventMonitor().feed_all(log.events)
+    assert {v.invariant for v in found} == {"no_trained_group_beyond_staleness"}
+    assert "g4 was buffered again with oldest 3, first buffered with oldest 2" in found[0].problem
+    assert any("2 versions stale (oldest 2, committed 4)" in v.problem for v in found)
+
+
 def test_a_fresh_group_dropped_as_stale_is_caught() -> None:
     """The guard drops exactly the groups beyond K: a fresh one dropped shows it counted against another version."""
     log = clean(until="failure")
