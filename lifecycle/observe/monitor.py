@@ -192,19 +192,18 @@ class EventMonitor:
 
     def _resumed(self, e: Event) -> Iterable[_Found]:
         """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
-        version = str(e.get("weight_version"))
-        last, commits = self.job.checkpointed, self.job.commits
-        buffered = self.job.buffered
-        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=commits, buffered=buffered)
+        version, at = str(e.get("weight_version")), e.get("resume_at")
+        last, buffered = self.job.checkpointed, self.job.buffered
+        # the commits of the steps resumed from on died with the driver (void, like their steps); the others were
+        # in the checkpoint: a resume below one of them lost versions (miles #2244's 57 -> 1), even where the log
+        # lacks the checkpoint's own line
+        kept = [c for c in self.job.commits if not isinstance(at, int) or c[0] is None or c[0] < at]
+        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=kept, buffered=buffered)
         rule = "weight_version_never_goes_backwards"
         if last is not None and _older(version, last[0]):
             problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
             return [(rule, problem, (last[1],))]
-        # a commit of a step before the one resumed at was in the checkpoint: a resume below it lost versions
-        # (miles #2244's 57 -> 1) even where the log lacks the checkpoint's own line
-        at = e.get("resume_at")
-        kept = [c for c in commits if isinstance(at, int) and c[0] is not None and c[0] < at]
-        newer = [c for c in kept if _older(version, c[1])]
+        newer = [c for c in kept if c[0] is not None and _older(version, c[1])]
         if newer:
             step, was, i = max(newer, key=lambda c: int(c[1]))
             problem = (

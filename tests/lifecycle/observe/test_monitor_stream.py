@@ -304,6 +304,25 @@ def test_a_resume_below_a_commit_before_its_step_is_caught_without_the_checkpoin
     assert "resumed at step 57 with weight version 1, but version 57 was committed at step 56" in found[0].problem
 
 
+def test_a_second_resume_forgets_the_commits_the_first_one_voided() -> None:
+    """The first driver committed 58 at step 57 and died; the resumed one replayed step 57 (committing 58 again) and
+    died too: its own checkpoint at 58 is the one to judge against, not the voided commit."""
+    log = resume_at_57("57")
+    log.launch("57")
+    log.commit("58", step=57)
+    log.checkpoint("58", resume_at=58)
+    log.add("job.resumed", resume_at=58, weight_version="58", checkpoint="ckpt/job-000058", discarded_steps=[])
+    log.started(load="ckpt")
+    log.launch("58")
+    assert names(log.events) == []
+    voided = resume_at_57("57")
+    voided.events[-3:-3] = [{"event": "weights.committed", "weight_version": "60", "step": 57}]  # before the death
+    voided.launch("57")
+    voided.commit("58", step=57)
+    voided.add("job.resumed", resume_at=58, weight_version="58", checkpoint="ckpt/job-000058", discarded_steps=[])
+    assert names(voided.events) == []  # 60 was voided with step 57 at the first resume
+
+
 def test_a_resumed_stream_that_first_commits_from_zero_is_caught() -> None:
     log = resume_at_57("57")
     log.launch("1")  # the resumed core counted from 0 (mutant version_reset_on_resume)
