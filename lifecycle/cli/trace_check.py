@@ -24,7 +24,10 @@ def add_check_parser(tsub: Any, load: Any) -> None:
         "as it writes the log). The config is read from the log's lifecycle.started line, or --config. "
         f"Judged: {', '.join(JUDGED)}.",
     )
-    c.add_argument("file", type=nonblank, metavar="FILE", help="an events.jsonl (a torn last line is skipped)")
+    c.add_argument(
+        "file", nargs="?", type=nonblank, metavar="FILE", help="an events.jsonl (a torn last line is skipped)"
+    )
+    c.add_argument("--list", action="store_true", help="print the invariants judged, each with its rule, and exit")
     c.add_argument(
         "--config", type=nonblank, metavar="FILE", help="settings file for a log without a lifecycle.started line"
     )
@@ -53,7 +56,17 @@ def describe(events: list[Event], v: Violation) -> str:
     return "\n".join(lines)
 
 
+def list_judged() -> str:
+    """Every invariant an event log is judged against, with its rule (``--list``)."""
+    return "\n".join(f"{name}\n  {INVARIANTS[name].doc}" for name in JUDGED)
+
+
 def cmd_check(ns: argparse.Namespace, load: Any) -> int:
+    if ns.list:
+        print(list_judged())
+        return 0
+    if ns.file is None:
+        raise ConfigError("trace check", None, "no event log given", "pass FILE (an events.jsonl), or --list")
     events: list[Event] = load(ns.file, None)
     config = _config(ns.config)
     if config is None and not any(e.get("event") == STARTED for e in events):

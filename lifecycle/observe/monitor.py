@@ -8,6 +8,11 @@ what the core decided shows up as a violation. The same :class:`EventMonitor` ru
 (``lifecycle trace check``). Each rule carries the name of the invariant it witnesses
 (:data:`lifecycle.check.invariants.INVARIANTS`), and the state sets it needs come from the core, not from here.
 
+In a stream (``--fully-async``) it judges each group the stream reports (``stream.group_buffered``,
+``stream.group_taken``, ``stream.group_dropped``) against the committed versions *this log* shows
+(``weights.committed``), never against the version the event names: a runtime whose own counter went back
+(miles #2244, 57 -> 1) would otherwise vouch for itself.
+
 Why some rules wait for the *next* rollout move: a move is logged before its handlers run (the pause
 of the monitor, a release of memory), so the shell's report of the work may come a little after the
 move. The runner finishes every command of an operation before the rollout machine moves again, so by
@@ -21,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lifecycle.check.invariants import INVARIANTS, NEVER_IN_REPLAY
+from lifecycle.check.invariants import IN_FLIGHT, INVARIANTS, NEVER_IN_REPLAY
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import Core
 from lifecycle.decide.errors import LifecycleError
@@ -30,6 +35,9 @@ from lifecycle.decide.events import (
     CHECKPOINTED,
     COMMITTED,
     GATEWAY,
+    GROUP_BUFFERED,
+    GROUP_DROPPED,
+    GROUP_TAKEN,
     MEMORY,
     PROBE,
     RESUMED,
@@ -45,6 +53,7 @@ from lifecycle.decide.events import (
 from lifecycle.observe.trace import line
 
 Event = Mapping[str, Any]
+FAILED_REFIT = frozenset({"abort_update", "revert"})  # an in-flight update's failure, as an engine's move
 MOVES_KEPT = 16  # per engine: far more than the moves of one batch of commands
 
 # the invariants the event stream can witness (each a name of lifecycle.check.invariants); `lifecycle trace check
@@ -60,6 +69,9 @@ JUDGED = (
     "onload_restores_what_offload_released",
     "weight_version_never_goes_backwards",
     "gateway_agrees_with_lifecycle",
+    "no_trained_group_beyond_staleness",
+    "no_group_newer_than_the_version",
+    "no_generation_after_failed_update",
 )
 assert all(name in INVARIANTS for name in JUDGED), "a judged invariant is missing from lifecycle.check.invariants"
 
@@ -97,6 +109,12 @@ class _Job:
     monitor_paused_at: int = -1  # rollout moves seen when the monitor last stopped Running
     checkpointed: tuple[str, int] | None = None  # the version of the last job checkpoint, and its event index
     resuming: tuple[str, int] | None = None  # a resumed run's checkpoint version, until its first commit
+    # every commit of the job, its drivers' included: (the step it committed, the version, its event index)
+    commits: list[tuple[int | None, str, int]] = field(default_factory=list)
+    # the stream's buffered groups, across drivers (a resumed run restores them): name -> (oldest, event index)
+    buffered: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # engines whose in-flight update failed, until they load the committed weights: (its time, its event index)
+    failed_refit: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
     def state(self, instance: str) -> str:
         return self.states.get(instance, "Init")
@@ -174,12 +192,25 @@ class EventMonitor:
 
     def _resumed(self, e: Event) -> Iterable[_Found]:
         """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
-        version = str(e.get("weight_version"))
-        last = self.job.checkpointed
-        self.job = _Job(checkpointed=last, resuming=(version, self.index))
+        version, at = str(e.get("weight_version")), e.get("resume_at")
+        last, buffered = self.job.checkpointed, self.job.buffered
+        # the commits of the steps resumed from on died with the driver (void, like their steps); the others were
+        # in the checkpoint: a resume below one of them lost versions (miles #2244's 57 -> 1), even where the log
+        # lacks the checkpoint's own line
+        kept = [c for c in self.job.commits if not isinstance(at, int) or c[0] is None or c[0] < at]
+        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=kept, buffered=buffered)
+        rule = "weight_version_never_goes_backwards"
         if last is not None and _older(version, last[0]):
             problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
-            return [("weight_version_never_goes_backwards", problem, (last[1],))]
+            return [(rule, problem, (last[1],))]
+        newer = [c for c in kept if c[0] is not None and _older(version, c[1])]
+        if newer:
+            step, was, i = max(newer, key=lambda c: int(c[1]))
+            problem = (
+                f"the run resumed at step {at} with weight version {version}, but version {was} was committed at "
+                f"step {step}, before it"
+            )
+            return [(rule, problem, (i,))]
         return ()
 
     def _transition(self, e: Event) -> Iterable[_Found]:
@@ -222,6 +253,8 @@ class EventMonitor:
             if "launch_engine" in effects:  # a new process: it holds no verified weights and releases nothing
                 job.held.pop(instance, None)
                 job.released.pop(instance, None)
+            if src in IN_FLIGHT and e.get("trigger") in FAILED_REFIT:  # its paused requests hold no future
+                job.failed_refit[instance] = (_text(e.get("ts")), self.index)
             if dst == "Serving" and src != "Serving":
                 out += self._enters_serving(instance)
             if isinstance(e.get("ts"), str):
@@ -243,6 +276,15 @@ class EventMonitor:
         if released:
             problem = f"{instance} entered Serving with memory still released: {', '.join(sorted(released))}"
             out.append(("onload_restores_what_offload_released", problem, ()))
+        failed = "no_generation_after_failed_update"
+        if instance in job.failed_refit:
+            at = job.failed_refit[instance][1]
+            problem = f"{instance} entered Serving after its in-flight weight update failed, without loading the "
+            out.append((failed, problem + "committed weights since", (at,)))
+        version, at = job.held.get(instance, (None, -1))
+        if version is not None and job.committed is not None and _older(job.committed, version):
+            problem = f"{instance} entered Serving holding weight version {version}, which was never committed "
+            out.append((failed, problem + f"(the committed version is {job.committed})", (at,)))
         return out
 
     def _committed(self, e: Event) -> Iterable[_Found]:
@@ -260,13 +302,25 @@ class EventMonitor:
         elif job.committed is not None and version is not None and _older(version, job.committed):
             problem = f"weight version {version} was committed after version {job.committed}"
             out.append((rule, problem, (job.committed_at,)))
+        elif self.p.get("streaming") and version is not None and version == job.committed and _int(version) is not None:
+            # a stream ages every buffered group by one version per commit: a version committed twice is a
+            # commit its staleness accounting does not see
+            problem = f"weight version {version} was committed twice in a row (a stream's versions only increase)"
+            out.append((rule, problem, (job.committed_at,)))
         job.committed = version
         job.committed_at = self.index
+        if version is not None:
+            step = e.get("step")
+            job.commits.append((step if isinstance(step, int) else None, version, self.index))
         return out
 
     def _weights(self, e: Event) -> Iterable[_Found]:
         if e.get("outcome") == "loaded":
-            self.job.held[str(e.get("instance"))] = (str(e.get("weight_version")), self.index)
+            job, instance = self.job, str(e.get("instance"))
+            job.held[instance] = (str(e.get("weight_version")), self.index)
+            # a load of the engine's own (a catch-up, a restart), not an in-flight update's, ends a failed refit
+            if instance in job.failed_refit and job.state_at(instance, e.get("done_at")) == "LoadingWeights":
+                del job.failed_refit[instance]
         return ()
 
     def _adopted(self, e: Event) -> Iterable[_Found]:
@@ -330,9 +384,145 @@ class EventMonitor:
             return [("replay_never_constructs", problem, ())]
         return ()
 
+    # -- the stream (--fully-async): each group judged against the versions this log committed -------------------
+    def _version(self) -> int | None:
+        """The committed version as this log shows it: the last weights.committed, or -- in a resumed run before
+        its first commit (its restored groups) -- the checkpoint's."""
+        job = self.job
+        if job.committed is not None:
+            return _int(job.committed)
+        return _int(job.resuming[0]) if job.resuming is not None else None
+
+    def _bound(self, e: Event) -> int | None:
+        """K: the config's --max-weight-staleness (the event's own ``bound`` only where the config is unknown)."""
+        if self.core is not None:
+            return self.core.bound if self.core.streaming else None
+        bound = e.get("bound")
+        return bound if isinstance(bound, int) else None
+
+    def _related(self) -> tuple[int, ...]:
+        """The event that set the version a group is counted against: its commit, or the resume before it."""
+        job = self.job
+        if job.committed_at >= 0:
+            return (job.committed_at,)
+        return (job.resuming[1],) if job.resuming is not None else ()
+
+    def _group(self, e: Event) -> tuple[str, int | None, list[_Found]]:
+        """The group's name, its oldest version (the oldest of ``oldest``, its spans' ``versions`` and the oldest
+        it was buffered with), and what is wrong with its versions whatever happens to it: one newer than the
+        committed version."""
+        name = str(e.get("group"))
+        versions = [v for v in (e.get("oldest"), *(e.get("versions") or ())) if v is not None]
+        numbers = [n for n in map(_int, versions) if n is not None]
+        if name in self.job.buffered:
+            numbers.append(self.job.buffered[name][0])
+        oldest = min(numbers) if numbers else None
+        version = self._version()
+        out: list[_Found] = []
+        if version is not None and numbers and max(numbers) > version:
+            problem = (
+                f"group {name} holds tokens of weight version {max(numbers)}, newer than the committed version "
+                f"{version}: the version went backwards, or an engine generated under weights never committed"
+            )
+            out.append(("no_group_newer_than_the_version", problem, self._related()))
+        return name, oldest, out
+
+    def _judged_version(self, e: Event, name: str) -> list[_Found]:
+        """The stream judged the group against the version the event names: it must be the committed one."""
+        said, version = e.get("version"), self._version()
+        if said is None or version is None or _int(said) == version:
+            return []
+        problem = f"the stream judged group {name} against weight version {said}, the committed version is {version}"
+        return [("no_trained_group_beyond_staleness", problem, self._related())]
+
+    def _group_buffered(self, e: Event) -> Iterable[_Found]:
+        job = self.job
+        name, oldest, out = self._group(e)
+        said = _int(e.get("oldest"))
+        if name in job.buffered and said is not None and said > job.buffered[name][0]:
+            # a resumed stream restores a group with the versions it was generated under (AReaL #1388)
+            was, at = job.buffered[name]
+            problem = f"group {name} was buffered again with oldest {said}, first buffered with oldest {was}: "
+            out.append(("no_trained_group_beyond_staleness", problem + "its staleness is undercounted", (at,)))
+        if oldest is not None and name not in job.buffered:
+            job.buffered[name] = (oldest, self.index)
+        # an engine whose in-flight update failed generates nothing until it reloads: a group that only engines in
+        # that window generated, completed after their failures, shows one that did (a group with samples of
+        # another engine too may hold samples a failed engine finished before its pause: not judged)
+        named = [str(x) for x in e.get("engines") or ()]
+        failed = [job.failed_refit[x] for x in named if x in job.failed_refit]
+        if named and len(failed) == len(named):
+            done, latest = e.get("done_at"), max(failed, key=lambda f: f[1])
+            if not (isinstance(done, str) and latest[0] is not None and done <= latest[0]):
+                who = ", ".join(named)
+                problem = f"group {name} was generated by {who} after its in-flight weight update failed, before it "
+                out.append(
+                    ("no_generation_after_failed_update", problem + "loaded the committed weights", (latest[1],))
+                )
+        return out
+
+    def _group_taken(self, e: Event) -> Iterable[_Found]:
+        name, oldest, out = self._group(e)
+        self.job.buffered.pop(name, None)
+        out += self._judged_version(e, name)
+        version, bound, rule = self._version(), self._bound(e), "no_trained_group_beyond_staleness"
+        if version is None or bound is None:
+            return out  # no committed version yet, or not a stream: nothing to count against
+        if oldest is None:
+            problem = f"the trainer took group {name}, which names no version: its staleness cannot be judged"
+            return [*out, (rule, problem, ())]
+        said = _int(e.get("oldest"))
+        if said is not None and said > oldest:
+            problem = (
+                f"group {name} is stamped oldest {said} but holds tokens of version {oldest}: staleness undercounted"
+            )
+            out.append((rule, problem, ()))
+        stale = version - oldest
+        if not 0 <= stale <= bound:
+            how = f"{stale} versions stale" if stale > 0 else f"newer than the version ({stale})"
+            problem = (
+                f"the trainer took group {name}, {how} (oldest {oldest}, committed {version}), beyond the bound {bound}"
+            )
+            out.append((rule, problem, self._related()))
+        return out
+
+    def _group_dropped(self, e: Event) -> Iterable[_Found]:
+        """A drop is the staleness guard's other answer: it drops exactly the groups beyond the bound, so a fresh
+        group dropped shows the guard counted against another version than the committed one -- the same wrong
+        count that, the other way round, trains a stale group (and fresh work is thrown away)."""
+        name, oldest, out = self._group(e)
+        self.job.buffered.pop(name, None)
+        out += self._judged_version(e, name)
+        version, bound = self._version(), self._bound(e)
+        if version is None or bound is None or oldest is None:
+            return out
+        stale = version - oldest
+        if 0 <= stale <= bound:
+            problem = (
+                f"group {name} was dropped as too stale at {stale} versions (oldest {oldest}, committed {version}), "
+            )
+            out.append(("no_trained_group_beyond_staleness", problem + f"within the bound {bound}", self._related()))
+        return out
+
     def finish(self) -> list[Violation]:
         """The end of the log: nothing to add today (every rule judges as events arrive)."""
         return []
+
+
+def _int(version: object) -> int | None:
+    """A version as a number (they are the trainer's step numbers as text); None for anything else."""
+    if isinstance(version, bool):
+        return None
+    if isinstance(version, int):
+        return version
+    try:
+        return int(str(version))
+    except ValueError:
+        return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _older(version: str, than: str) -> bool:
@@ -357,6 +547,9 @@ _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
     GATEWAY: EventMonitor._gateway,
     PROBE: EventMonitor._probe,
     ROLLOUT_SOURCE: EventMonitor._source,
+    GROUP_BUFFERED: EventMonitor._group_buffered,
+    GROUP_TAKEN: EventMonitor._group_taken,
+    GROUP_DROPPED: EventMonitor._group_dropped,
 }
 
 
