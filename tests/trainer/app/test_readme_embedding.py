@@ -17,6 +17,7 @@ import pytest
 from lifecycle.decide.events import read_jsonl
 
 README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+EMBEDDING = (Path(__file__).resolve().parents[3] / "docs" / "embedding.md").read_text()
 
 
 PROJECT = ("lifecycle", "engines", "rollout", "trainer")
@@ -59,3 +60,31 @@ def test_readme_embedding_example_trains_through_the_machines(tmp_path: Path) ->
     assert ("monitor", "create") in moves  # rollout FT (the default component) starts the monitor
     assert {e["event"] for e in events} >= {"lifecycle.started", "engine.weights", "weights.committed"}
     assert not [e for e in events if e["event"] == "lifecycle.invariant_violated"]  # the live monitor ran clean
+
+
+def _stream_block() -> str:
+    found = re.findall(r"\[start:stream\] -->\n```python\n(.*?)```", EMBEDDING, re.S)
+    assert found, "docs/embedding.md lost its streaming example"
+    return str(found[0])
+
+
+def test_the_streaming_example_is_a_users_own_loop() -> None:
+    block = _stream_block()
+    assert not _project_imports(block), "it reuses the README example's imports and task"
+    assert re.search(r"^\s+for step in range\(steps\):", block, re.M)
+    for verb in ("job.streaming()", "await job.take(", "await job.update_weights("):
+        assert verb in block, verb
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_streaming_example_trains_within_its_bound(tmp_path: Path) -> None:
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(_embedding_block(), "README.md:embedding", "exec", dont_inherit=True), namespace)
+    exec(compile(_stream_block(), "docs/embedding.md:stream", "exec", dont_inherit=True), namespace)
+    stream = namespace["stream"]
+    lags = asyncio.run(stream(steps=3, run_dir=str(tmp_path)))  # type: ignore[operator]
+    assert lags and all(0 <= lag <= 1 for lag in lags), lags
+    events = read_jsonl(tmp_path / "events.jsonl")
+    moves = {(e.get("machine"), e.get("trigger")) for e in events}
+    assert ("rollout", "stream") in moves and ("engine", "pause") in moves and ("rollout", "update_done") in moves
+    assert sum(e["event"] == "stream.group_taken" for e in events) == len(lags)
