@@ -36,6 +36,7 @@ from trainer.app.options import (
     parse_ray_address,
 )
 from trainer.app.run_manifest import check_new_run
+from trainer.grpo import TIS_CLIP, TIS_CLIP_LOW, tis_problem
 
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
@@ -446,6 +447,18 @@ def check_run(
     if not isinstance(o.metrics_host, str) or not o.metrics_host.strip():
         raise ConfigError(
             FLAGS["metrics_host"], o.metrics_host, "must be a non-empty address", "pass 127.0.0.1 (default), or 0.0.0.0"
+        )
+    if o.use_tis is not None and not isinstance(o.use_tis, bool):
+        raise ConfigError(
+            FLAGS["use_tis"], o.use_tis, "must be True, False or None (on with --fully-async)", "pass a bool"
+        )
+    tis = tis_problem(o.tis_clip, o.tis_clip_low)
+    if tis is not None:
+        raise ConfigError(
+            FLAGS["tis_clip"],
+            o.tis_clip,
+            f"{tis} ({FLAGS['tis_clip_low']} {o.tis_clip_low!r})",
+            f"pass e.g. {FLAGS['tis_clip']} {TIS_CLIP:g} {FLAGS['tis_clip_low']} {TIS_CLIP_LOW:g} (slime's defaults)",
         )
     # the combinations
     check_model(o.model, checkpoint)
