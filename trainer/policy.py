@@ -93,7 +93,7 @@ def engine_logprobs(samples: Sequence[Mapping[str, Any]], mask: Tensor) -> Tenso
     out = torch.zeros_like(mask)
     for i, s in enumerate(samples):
         lps, n = s.get("logprobs"), len(s["output_ids"])
-        where = f"sample {i} (group {s.get('group')!r}, weight version {s.get('weight_version')!r})"
+        where = f"sample {s.get('index', i)} (group {s.get('group')!r}, weight version {s.get('weight_version')!r})"
         if not lps:
             raise LogprobsError(
                 f"--use-tis: {where} carries no engine logprobs, and the truncated importance ratio needs them "

@@ -9,6 +9,7 @@ fail on the bug it guards against (``test_catches_*``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import math
 import pickle
@@ -321,3 +322,50 @@ def test_training_on_two_versions_old_samples_with_the_correction_learns() -> No
 @pytest.mark.usefixtures("one_thread")
 def test_an_on_policy_run_with_the_correction_is_the_run_without_it() -> None:
     assert _stale_run(lag=0, tis=TIS(), steps=12) == _stale_run(lag=0, tis=None, steps=12)
+
+
+# -- through a trainer group ------------------------------------------------------------------------------------------
+def test_a_job_without_its_own_backend_gets_the_correction_where_it_streams(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from trainer.group import TrainerGroup
+
+    for fully_async, kwargs in ((True, {"use_tis": True, "tis_clip": 2.0, "tis_clip_low": 0.0}), (False, {})):
+        config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1, "fully_async": fully_async})
+        backend = TrainerGroup(config, tmp_path).backend
+        assert {k: backend.kwargs[k] for k in kwargs} == kwargs and ("use_tis" in backend.kwargs) == fully_async
+
+
+@pytest.mark.bad_input
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_sample_without_logprobs_stops_the_step_naming_the_option_not_a_worker_crash(tmp_path: Path) -> None:
+    """On real Ray workers, under train FT (where a failed step is healed and retried): a step's stats carry the
+    correction's columns, and a sample without logprobs is an error that reaches the driver as itself, not as a
+    crashed worker ("a worker crashed again in train after a heal") or Ray's ``RayTaskError``."""
+    from lifecycle.decide.events import EventLog, MemorySink
+    from lifecycle.decide.runner import Runner
+    from trainer.group import TrainerGroup
+
+    from .conftest import bind_rollout_stand_in, generated
+
+    config = LifecycleConfig.from_mapping(
+        {"use_fault_tolerance": True, "ft_components": ["train"], "rollout_num_gpus": 1}
+    )
+    runner = Runner(config, log=EventLog([MemorySink()]))
+    bind_rollout_stand_in(runner)
+    group = TrainerGroup(config, tmp_path, runner=runner, backend=grpo_backend(use_tis=True))
+
+    async def scenario() -> str:
+        try:
+            await group.start()
+            await generated(group.runner)
+            stats = await group.train(_with_engine(_samples(), _own_logprobs(_model(), _samples())))
+            assert stats is not None  # the columns of the step's metrics.jsonl row: the engines were the trainer
+            assert stats["tis_mean_ratio"] == pytest.approx(1.0, abs=1e-4) and stats["tis_clipped_fraction"] == 0.0
+            with pytest.raises(LogprobsError) as info:
+                await group.train([{k: v for k, v in s.items() if k != "logprobs"} for s in _samples()])
+            return str(info.value)
+        finally:
+            await group.dispose()
+
+    text = asyncio.run(scenario())
+    assert "--use-tis: sample 0" in text and "carries no engine logprobs" in text and "Fix: " in text
