@@ -369,3 +369,13 @@ def test_a_sample_without_logprobs_stops_the_step_naming_the_option_not_a_worker
 
     text = asyncio.run(scenario())
     assert "--use-tis: sample 0" in text and "carries no engine logprobs" in text and "Fix: " in text
+
+
+def test_a_run_at_the_defaults_is_the_same_job_as_before_the_options_existed(tmp_path: Path) -> None:
+    """Job checkpoints written before --use-tis existed record no TIS settings: a run at their defaults records
+    none either (one fingerprint, so such a checkpoint resumes); a run that sets one records it."""
+    from trainer.app.options import RunOptions
+
+    assert not {"use_tis", "tis_clip", "tis_clip_low"} & set(RunOptions(run_dir=tmp_path).job_settings())
+    given = RunOptions(run_dir=tmp_path, use_tis=True, tis_clip=3.0).job_settings()
+    assert (given["use_tis"], given["tis_clip"]) == (True, 3.0) and "tis_clip_low" not in given

@@ -624,6 +624,10 @@ MANIFEST: dict[str, Check] = {
 SINCE = frozenset(opt.name for opt in OPTIONS if opt.since)
 # the options that change the trained state: a job checkpoint belongs to these (and the config's settings)
 JOB_OPTIONS = tuple(opt.name for opt in OPTIONS if opt.trains)
+# those added since checkpoints were first written, by their defaults as run.json holds them: recorded only when set
+_LATER = {
+    opt.name: opt.to_json(opt.default) if opt.to_json else opt.default for opt in OPTIONS if opt.trains and opt.since
+}
 # how the command line spells each option, and an API caller (run_loop's RunOptions, a Job's options)
 FLAGS: dict[str, str] = {opt.name: opt.flag for opt in OPTIONS if opt.flag is not None}
 API_NAMES: dict[str, str] = {opt.name: f"RunOptions.{opt.name}" for opt in OPTIONS}
@@ -641,8 +645,10 @@ def loop_only(options: RunOptions) -> list[Option]:
 
 
 def job_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of a run (``RunOptions.manifest()``) that its job checkpoints belong to."""
-    return {k: options.get(k) for k in JOB_OPTIONS}
+    """The options of a run (``RunOptions.manifest()``) that its job checkpoints belong to. One added later
+    (``since``) is left out at its default: a job checkpoint written before it existed, and the same job resumed
+    now, have one fingerprint."""
+    return {k: options.get(k) for k in JOB_OPTIONS if k not in _LATER or options.get(k, _LATER[k]) != _LATER[k]}
 
 
 # -- lifecycle run's flags ---------------------------------------------------------------------------------------------
