@@ -26,14 +26,20 @@ def default_use_tis(config: LifecycleConfig) -> bool:
     return config.fully_async
 
 
-def tis_problem(clip: object, clip_low: object) -> str | None:
-    """What is wrong with these truncation bounds (None: nothing): finite numbers, 0 <= clip_low < clip."""
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (clip, clip_low))
-    if not numbers:
-        return f"the truncation bounds must be finite numbers (tis_clip {clip!r}, tis_clip_low {clip_low!r})"
+def tis_problem(
+    clip: object, clip_low: object, names: tuple[str, str] = ("tis_clip", "tis_clip_low")
+) -> tuple[str, object, str] | None:
+    """What is wrong with these truncation bounds, as (the name of the bound at fault, its value, the problem);
+    None: nothing (finite numbers, 0 <= clip_low < clip). ``names``: how the caller spells the two."""
+    high, low = names
+    for name, v in ((high, clip), (low, clip_low)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            return name, v, "must be a finite number"
     assert isinstance(clip, int | float) and isinstance(clip_low, int | float)
+    if clip <= 0:
+        return high, clip, "must be greater than 0 (the truncation 0 <= lower < upper)"
     if not 0 <= clip_low < clip:
-        return f"the truncation needs 0 <= tis_clip_low < tis_clip (got {clip_low!r} and {clip!r})"
+        return low, clip_low, f"must be at least 0 and below {high} {clip!r} (the truncation 0 <= lower < upper)"
     return None
 
 
@@ -53,7 +59,7 @@ def grpo_backend(
     ``[tis_clip_low, tis_clip]`` (every sample must then carry its engine ``logprobs``)."""
     problem = tis_problem(tis_clip, tis_clip_low)
     if problem is not None:
-        raise ConfigError("grpo_backend(tis_clip=, tis_clip_low=)", (tis_clip, tis_clip_low), problem, _TIS_FIX)
+        raise ConfigError(f"grpo_backend({problem[0]}=)", problem[1], problem[2], _TIS_FIX)
     kwargs = {"model_size": model_size, "seed": seed, "lr": lr, "temperature": temperature, "checkpoint": checkpoint}
     if use_tis:  # absent when off: the spec of a run without the correction is the one it always was
         kwargs |= {"use_tis": True, "tis_clip": float(tis_clip), "tis_clip_low": float(tis_clip_low)}

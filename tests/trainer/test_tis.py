@@ -220,7 +220,9 @@ def test_the_error_crosses_a_worker_as_itself() -> None:
     ("clip", "low"), [(0.0, 0.0), (2.0, 2.0), (2.0, -0.1), (float("nan"), 0.0), (float("inf"), 0.0)]
 )
 def test_truncation_bounds_outside_0_low_clip_are_refused(clip: float, low: float) -> None:
-    with pytest.raises(ConfigError, match=r"tis_clip_low < tis_clip|finite numbers"):
+    with pytest.raises(
+        ConfigError, match=r"grpo_backend\(tis_clip(_low)?=\): must be (a finite number|greater|at least)"
+    ):
         grpo_backend(use_tis=True, tis_clip=clip, tis_clip_low=low)
 
 
@@ -257,7 +259,7 @@ def test_the_run_options_parse_keep_and_check(tmp_path: Path) -> None:
     assert RunOptions.from_manifest(older, tmp_path / "run.json", run_dir=tmp_path / "r").use_tis is None
     config = LifecycleConfig.from_mapping({"rollout_num_gpus": 1})
     bad = RunOptions.from_args(parser.parse_args(["--tis-clip", "0.5", "--tis-clip-low", "1"]), run_dir=tmp_path / "x")
-    with pytest.raises(ConfigError, match=r"--tis-clip.*tis_clip_low < tis_clip"):
+    with pytest.raises(ConfigError, match=r"--tis-clip-low: must be at least 0 and below --tis-clip 0.5"):
         check_run(config, bad)
 
 

@@ -452,14 +452,10 @@ def check_run(
         raise ConfigError(
             FLAGS["use_tis"], o.use_tis, "must be True, False or None (on with --fully-async)", "pass a bool"
         )
-    tis = tis_problem(o.tis_clip, o.tis_clip_low)
+    tis = tis_problem(o.tis_clip, o.tis_clip_low, (FLAGS["tis_clip"], FLAGS["tis_clip_low"]))
     if tis is not None:
-        raise ConfigError(
-            FLAGS["tis_clip"],
-            o.tis_clip,
-            f"{tis} ({FLAGS['tis_clip_low']} {o.tis_clip_low!r})",
-            f"pass e.g. {FLAGS['tis_clip']} {TIS_CLIP:g} {FLAGS['tis_clip_low']} {TIS_CLIP_LOW:g} (slime's defaults)",
-        )
+        fix = f"pass e.g. {FLAGS['tis_clip']} {TIS_CLIP:g} {FLAGS['tis_clip_low']} {TIS_CLIP_LOW:g} (slime's defaults)"
+        raise ConfigError(*tis, fix)
     # the combinations
     check_model(o.model, checkpoint)
     if not engines_given:
