@@ -19,7 +19,9 @@ batch) and ``l_eng`` the engine's logprob (the sample's ``logprobs``)::
 detached: it reweights each token's policy gradient and is not itself optimised. Without TIS ``w_t = 1``; with
 TIS on on-policy samples (the engine's logprobs equal the trainer's) ``w_t = 1`` exactly and the loss is the
 same. There is no PPO ratio to clip: the trainer takes one gradient step per batch, so ``pi/pi_old`` is 1 where
-the gradient is taken. The inner clamp keeps ``exp`` finite (the raw ratio is reported in the step's stats).
+the gradient is taken. The inner clamp keeps ``exp`` finite. The step's stats (columns of ``metrics.jsonl``)
+say how far off-policy the batch was: ``tis_mean_ratio``, the mean of ``exp(clamp(l_old - l_eng))`` before
+truncation, and ``tis_clipped_fraction``, the share of response tokens whose weight the truncation changed.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ class TIS:
     """Truncated importance sampling: each token's policy gradient weighted by the trainer/engine probability
     ratio, truncated to ``[clip_low, clip]`` (slime's ``--tis-clip-low`` / ``--tis-clip``)."""
 
-    clip: float = 2.0
-    clip_low: float = 0.0
+    clip: float  # the defaults are the run options' (trainer.grpo.TIS_CLIP, TIS_CLIP_LOW)
+    clip_low: float
 
 
 class LogprobsError(BackendError):
@@ -124,8 +126,7 @@ def grpo_loss(
     model: CausalLM, samples: Sequence[Mapping[str, Any]], *, temperature: float = 1.0, tis: TIS | None = None
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy-gradient loss of one batch and a few diagnostics; ``tis``: the off-policy correction of the
-    module docstring (its stats: ``tis_mean_ratio``, the untruncated ratio's mean over response tokens, and
-    ``tis_clipped_fraction``, the share of tokens the truncation changed)."""
+    module docstring, and its two stats."""
     ids, mask = batch_tensors(samples, pad_id=model.tokenizer.pad_id)
     adv = torch.tensor(advantages(samples))
     engine = None if tis is None else engine_logprobs(samples, mask)  # checked before the forward pass
@@ -144,10 +145,9 @@ def grpo_loss(
     loss = -(adv * per_sample).mean()
     mean_logprob = (logprobs.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     stats = {"loss": float(loss.detach()), "logprob": float(mean_logprob.mean()), **stats}
+    # trainer/engine mismatch: the same tokens, the same weights, should agree closely
     engine_lps = [lp for s in samples for lp in s.get("logprobs") or ()]
-    if engine_lps and all(
-        isinstance(x, int | float) for x in engine_lps
-    ):  # trainer/engine mismatch: the same tokens, the same weights, should agree closely
+    if engine_lps and all(isinstance(x, int | float) for x in engine_lps):
         trainer_lps = logprobs.detach()[mask.bool()]
         if trainer_lps.numel() == len(engine_lps):
             stats["logprob_diff"] = float((trainer_lps - torch.tensor(engine_lps)).abs().mean())

@@ -27,10 +27,11 @@ from lifecycle.decide.errors import ConfigError  # noqa: E402
 from rollout.pattern import PatternTask  # noqa: E402
 from trainer import policy  # noqa: E402
 from trainer.backend import BackendError, build_backend  # noqa: E402
-from trainer.grpo import GRPOBackend, default_use_tis, grpo_backend  # noqa: E402
+from trainer.grpo import TIS_CLIP, TIS_CLIP_LOW, GRPOBackend, default_use_tis, grpo_backend  # noqa: E402
 from trainer.policy import TIS, LogprobsError, batch_tensors, grpo_loss  # noqa: E402
 
 Samples = list[dict[str, Any]]
+SLIME = TIS(clip=TIS_CLIP, clip_low=TIS_CLIP_LOW)  # slime's defaults: truncated at 2, not below
 
 
 def _model() -> TinyCausalLM:
@@ -86,7 +87,7 @@ def _shifted(model: TinyCausalLM, samples: Samples, shift: Sequence[float]) -> S
 def test_on_policy_samples_train_exactly_as_without_the_correction() -> None:
     model = _model()
     samples = _with_engine(_samples(), _own_logprobs(model, _samples()))
-    loss, stats, grads = _grads(model, samples, TIS())
+    loss, stats, grads = _grads(model, samples, SLIME)
     plain_loss, plain_stats, plain_grads = _grads(model, samples, None)
     assert loss == plain_loss and all(torch.equal(grads[n], plain_grads[n]) for n in plain_grads)
     assert stats["tis_mean_ratio"] == 1.0 and stats["tis_clipped_fraction"] == 0.0
@@ -98,7 +99,7 @@ def test_a_ratio_inside_the_bounds_weights_the_gradient_and_is_not_itself_differ
     ratio left in the graph adds d(ratio)/d(theta) * logprob terms; an inverted ratio gives 1/1.5."""
     model = _model()
     samples = _shifted(model, _samples(), [math.log(1.5)] * 4)
-    loss, stats, grads = _grads(model, samples, TIS(clip=2.0))
+    loss, stats, grads = _grads(model, samples, SLIME)
     plain_loss, _, plain_grads = _grads(model, samples, None)
     assert loss == pytest.approx(1.5 * plain_loss, rel=1e-5)
     assert all(torch.allclose(grads[n], 1.5 * plain_grads[n], rtol=1e-4, atol=1e-7) for n in plain_grads)
@@ -124,7 +125,7 @@ def _planted(model: TinyCausalLM) -> tuple[Samples, float, float]:
 def test_a_planted_off_policy_sample_gets_the_truncated_ratio() -> None:
     model = _model()
     samples, truncated, _ = _planted(model)
-    loss, stats, _ = _grads(model, samples, TIS(clip=2.0))
+    loss, stats, _ = _grads(model, samples, SLIME)
     assert loss == pytest.approx(truncated, rel=1e-5)
     assert stats["tis_clipped_fraction"] == pytest.approx(3 / 14)  # sample 1's 3 tokens of 4 + 3 + 4 + 3
     assert stats["tis_mean_ratio"] == pytest.approx((11 + 3 * math.exp(5.0)) / 14, rel=1e-4)  # the raw ratio
@@ -138,7 +139,7 @@ def test_catches_a_correction_without_truncation(monkeypatch: pytest.MonkeyPatch
         test_a_planted_off_policy_sample_gets_the_truncated_ratio()
     model = _model()
     samples, _, untruncated = _planted(model)
-    assert _grads(model, samples, TIS(clip=2.0))[0] == pytest.approx(untruncated, rel=1e-4)
+    assert _grads(model, samples, SLIME)[0] == pytest.approx(untruncated, rel=1e-4)
 
 
 def test_catches_a_ratio_left_in_the_graph() -> None:
@@ -170,7 +171,7 @@ def test_the_lower_bound_raises_a_ratio_below_it() -> None:
 def test_the_ratio_stays_finite_however_far_the_engine_was() -> None:
     model = _model()
     samples = _shifted(model, _samples(), [400.0, 0.0, 0.0, 0.0])  # exp(400) overflows a float
-    loss, stats, _ = _grads(model, samples, TIS())
+    loss, stats, _ = _grads(model, samples, SLIME)
     assert math.isfinite(loss) and math.isfinite(stats["tis_mean_ratio"])
 
 
@@ -196,7 +197,7 @@ def test_a_sample_without_usable_engine_logprobs_is_one_error_naming_the_option(
     else:
         samples[1]["logprobs"] = logprobs
     with pytest.raises(LogprobsError) as info:
-        grpo_loss(model, samples, tis=TIS())
+        grpo_loss(model, samples, tis=SLIME)
     text = str(info.value)
     assert says in text and "--use-tis" in text and "sample 1 (group 0, weight version '3')" in text
     assert "Fix: " in text and "--no-use-tis" in text and "rollout.sample.sample(" in text
@@ -316,14 +317,14 @@ def _stale_run(lag: int, tis: TIS | None, steps: int) -> list[float]:
 
 @pytest.mark.usefixtures("one_thread")
 def test_training_on_two_versions_old_samples_with_the_correction_learns() -> None:
-    rewards = _stale_run(lag=2, tis=TIS(), steps=30)
+    rewards = _stale_run(lag=2, tis=SLIME, steps=30)
     first5, last5 = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last5 >= 2 * first5 and last5 > 0.5, rewards
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_an_on_policy_run_with_the_correction_is_the_run_without_it() -> None:
-    assert _stale_run(lag=0, tis=TIS(), steps=12) == _stale_run(lag=0, tis=None, steps=12)
+    assert _stale_run(lag=0, tis=SLIME, steps=12) == _stale_run(lag=0, tis=None, steps=12)
 
 
 # -- through a trainer group ------------------------------------------------------------------------------------------
