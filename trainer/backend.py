@@ -43,7 +43,17 @@ METHODS = (
 @runtime_checkable
 class TrainerBackend(Protocol):
     def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
-        """Gradients of this shard's loss by parameter name, and a few float diagnostics (``loss`` at least)."""
+        """Gradients of this shard's loss by parameter name, and a few float diagnostics (``loss`` at least; each
+        becomes a column of the step's ``metrics.jsonl`` row, averaged over the workers).
+
+        ``samples``: :class:`rollout.sample.Sample` dicts, whole GRPO groups (``group``) -- ``prompt_ids``,
+        ``output_ids``, ``reward`` -- and what an off-policy correction needs: ``logprobs``, the engine's
+        log-probability of each output token when it sampled it (at the task's temperature; absent or empty
+        where a replay file or a rollout function gave none), and ``weight_version``, the engine weight
+        version that generated it. Lock-step runs train on the version the trainer holds; streaming runs
+        (``--fully-async``) on samples up to ``--max-weight-staleness`` versions older. A backend that corrects
+        for that computes its own logprobs of ``output_ids`` before its update and weights each token by
+        ``exp(own - engine)``, truncated, as the project's trainer does (``--use-tis``, :mod:`trainer.policy`)."""
         ...
 
     def apply_grads(self, grads: Mapping[str, Any]) -> None:

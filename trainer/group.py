@@ -55,8 +55,9 @@ class TrainerGroup:
         job: Mapping[str, Any] | None = None,
     ) -> None:
         """``backend`` names the trainer each worker runs (default: the project's, ``trainer.grpo.grpo_backend()``
-        on the initial checkpoint's architecture); every worker loads ``initial_checkpoint`` when one is given,
-        and a resumed job's workers then restore ``resume`` (``--load``: the core's ``restore`` move). ``seed``
+        on the initial checkpoint's architecture, its off-policy correction on with ``--fully-async``); every worker
+        loads ``initial_checkpoint`` when one is given, and a resumed job's workers then restore ``resume``
+        (``--load``: the core's ``restore`` move). ``seed``
         seeds each worker's global generators (with its rank): what a backend draws from them (dropout) repeats.
         ``job``: the loop's settings and the job's id, which each job checkpoint records
         (``RunOptions.job_settings``)."""
@@ -71,10 +72,10 @@ class TrainerGroup:
         self.size = workers
         self.initial_checkpoint = None if initial_checkpoint is None else Path(initial_checkpoint)
         if backend is None:  # the project's trainer, built as the initial checkpoint's architecture
-            from trainer.grpo import grpo_backend
+            from trainer.grpo import default_use_tis, grpo_backend
 
             checkpoint = None if self.initial_checkpoint is None else str(self.initial_checkpoint)
-            backend = grpo_backend(checkpoint=checkpoint)
+            backend = grpo_backend(checkpoint=checkpoint, use_tis=default_use_tis(config))
         self.backend = backend
         self.call_timeout = call_timeout  # every worker call is bounded; running out is a worker crash
         self.keep_checkpoints = keep_checkpoints

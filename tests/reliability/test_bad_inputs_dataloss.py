@@ -362,6 +362,9 @@ JOB_CHANGES: dict[str, Any] = {
     "rollout_fn": "mypkg.rollout:make",
     "data_source": "mypkg.data:make",
     "async_mode": True,
+    "use_tis": True,
+    "tis_clip": 3.0,
+    "tis_clip_low": 0.5,
 }
 
 

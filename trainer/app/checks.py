@@ -36,6 +36,7 @@ from trainer.app.options import (
     parse_ray_address,
 )
 from trainer.app.run_manifest import check_new_run
+from trainer.grpo import TIS_CLIP, TIS_CLIP_LOW, tis_problem
 
 
 def check_async(config: LifecycleConfig, async_mode: bool) -> None:
@@ -438,6 +439,14 @@ def check_run(
         raise ConfigError(
             FLAGS["metrics_host"], o.metrics_host, "must be a non-empty address", "pass 127.0.0.1 (default), or 0.0.0.0"
         )
+    if o.use_tis is not None and not isinstance(o.use_tis, bool):
+        raise ConfigError(
+            FLAGS["use_tis"], o.use_tis, "must be True, False or None (on with --fully-async)", "pass a bool"
+        )
+    tis = tis_problem(o.tis_clip, o.tis_clip_low, (FLAGS["tis_clip"], FLAGS["tis_clip_low"]))
+    if tis is not None:
+        fix = f"pass e.g. {FLAGS['tis_clip']} {TIS_CLIP:g} {FLAGS['tis_clip_low']} {TIS_CLIP_LOW:g} (slime's defaults)"
+        raise ConfigError(*tis, fix)
     # the combinations
     check_model(o.model, checkpoint)
     if not engines_given:

@@ -46,7 +46,7 @@ from trainer.app.job import initial_weights as initial_weights  # re-exported: t
 from trainer.app.options import API_NAMES
 from trainer.app.options import RunOptions as RunOptions  # re-exported: run_loop's argument
 from trainer.app.run_manifest import write_run_manifest
-from trainer.grpo import grpo_backend
+from trainer.grpo import default_use_tis, grpo_backend
 from trainer.job_state import check_run_files, continue_metrics, load_job_checkpoint
 
 if TYPE_CHECKING:  # the group imports Ray; the loop imports it only when it runs (tests use Progress without Ray)
@@ -205,7 +205,14 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     task = checked_task(opts.task or PatternTask(seed=opts.seed), "RunOptions.task")
     checkpoint = None if opts.hf_checkpoint is None else str(opts.hf_checkpoint)
     backend = opts.backend or grpo_backend(
-        model_size=opts.model_size, seed=opts.seed, lr=opts.lr, temperature=task.temperature, checkpoint=checkpoint
+        model_size=opts.model_size,
+        seed=opts.seed,
+        lr=opts.lr,
+        temperature=task.temperature,
+        checkpoint=checkpoint,
+        use_tis=default_use_tis(config) if opts.use_tis is None else opts.use_tis,
+        tis_clip=opts.tis_clip,
+        tis_clip_low=opts.tis_clip_low,
     )
     torn = cut_torn_tail(events_path) if resume is not None else b""  # the dead driver's unended last line
     job = Job(

@@ -32,6 +32,7 @@ from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.faults import FAULTS
 from trainer.app.faults import Fault, fault_arg, parse_fault
 from trainer.backend import RANKS, BackendSpec
+from trainer.grpo import TIS_CLIP, TIS_CLIP_LOW
 
 if TYPE_CHECKING:  # engines.engine imports the HTTP client; trainer.job_state imports torch
     from engines.engine import Timeouts
@@ -198,6 +199,11 @@ def _bounded(name: str) -> Check:
 def _positive_number(v: Any, high: float = 1e9) -> str | None:
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 < v <= high
     return None if ok else f"must be a finite number greater than 0 (at most {high:g})"
+
+
+def _non_negative(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return None if ok else "must be a finite number of at least 0"
 
 
 def _lease(v: Any) -> str | None:
@@ -407,6 +413,36 @@ class RunOptions:
         manifest=_one_of(True, False),
         trains=True,
     )
+    use_tis: bool | None = option(
+        None,
+        "off-policy correction of the project's trainer (slime's --use-tis, truncated importance sampling): each "
+        "token's policy gradient weighted by exp(trainer logprob - engine logprob), truncated to "
+        "[--tis-clip-low, --tis-clip]; every sample must carry its engine logprobs. Default: on with "
+        "--fully-async (samples of older weights), off otherwise; --no-use-tis turns it off",
+        flag="--use-tis",
+        cli=lambda: {"action": argparse.BooleanOptionalAction, "default": None},
+        manifest=_one_of(True, False, None),
+        since=True,
+        trains=True,
+    )
+    tis_clip: float = option(
+        TIS_CLIP,
+        f"with --use-tis: the ratio's upper truncation C (slime's --tis-clip, default {TIS_CLIP:g})",
+        flag="--tis-clip",
+        cli=lambda: {"type": float, "metavar": "C"},
+        manifest=_positive_number,
+        since=True,
+        trains=True,
+    )
+    tis_clip_low: float = option(
+        TIS_CLIP_LOW,
+        f"with --use-tis: the ratio's lower truncation (slime's --tis-clip-low, default {TIS_CLIP_LOW:g}: none)",
+        flag="--tis-clip-low",
+        cli=lambda: {"type": float, "metavar": "C"},
+        manifest=_non_negative,
+        since=True,
+        trains=True,
+    )
     keep_checkpoints: int = option(
         3,
         "weight versions kept as checkpoint directories under RUN_DIR/weights (default 3; the served one "
@@ -588,6 +624,10 @@ MANIFEST: dict[str, Check] = {
 SINCE = frozenset(opt.name for opt in OPTIONS if opt.since)
 # the options that change the trained state: a job checkpoint belongs to these (and the config's settings)
 JOB_OPTIONS = tuple(opt.name for opt in OPTIONS if opt.trains)
+# those added since checkpoints were first written, by their defaults as run.json holds them: recorded only when set
+_LATER = {
+    opt.name: opt.to_json(opt.default) if opt.to_json else opt.default for opt in OPTIONS if opt.trains and opt.since
+}
 # how the command line spells each option, and an API caller (run_loop's RunOptions, a Job's options)
 FLAGS: dict[str, str] = {opt.name: opt.flag for opt in OPTIONS if opt.flag is not None}
 API_NAMES: dict[str, str] = {opt.name: f"RunOptions.{opt.name}" for opt in OPTIONS}
@@ -605,8 +645,10 @@ def loop_only(options: RunOptions) -> list[Option]:
 
 
 def job_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of a run (``RunOptions.manifest()``) that its job checkpoints belong to."""
-    return {k: options.get(k) for k in JOB_OPTIONS}
+    """The options of a run (``RunOptions.manifest()``) that its job checkpoints belong to. One added later
+    (``since``) is left out at its default: a job checkpoint written before it existed, and the same job resumed
+    now, have one fingerprint."""
+    return {k: options.get(k) for k in JOB_OPTIONS if k not in _LATER or options.get(k, _LATER[k]) != _LATER[k]}
 
 
 # -- lifecycle run's flags ---------------------------------------------------------------------------------------------
