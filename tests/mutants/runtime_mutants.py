@@ -69,6 +69,8 @@ T_RESUME, T_WITHDRAW, T_HEALTH, T_SLOT, T_STOP, T_TEARDOWN = (
     "tests/trainer/app/test_broadcast_teardown.py",
 )
 
+STREAM, T_STREAM = "rollout/stream.py", "tests/trainer/app/test_stream_loop.py"
+
 MUTANTS: tuple[RuntimeMutant, ...] = (
     RuntimeMutant(
         "onload_restores_one_tag",
@@ -431,6 +433,34 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         '        if outcome.name == "ready":\n            await self.routings[self._group(cmd)].publish(engine)\n'
         "            await self._keep(engine)\n",
         (f"{T_CONTROLLER}::test_the_routing_holds_exactly_the_serving_engines_after_a_recovery_and_a_drain",),
+    ),
+    # -- the stream (--fully-async) ----------------------------------------------------------------------------
+    RuntimeMutant(
+        "requeue_keeps_the_stale_group",
+        "the take's requeue_prompts re-sends a stale group's prompt but leaves the group in the batch: it is trained "
+        "(the staleness filter silently inert, miles #2244's symptom)",
+        STREAM,
+        "        group = self.offered.pop(0)\n",
+        "        group = self.offered[0]\n",
+        (f"{T_STREAM}::test_a_dropped_group_is_never_trained_and_its_prompt_comes_back",),
+    ),
+    RuntimeMutant(
+        "stamp_at_finish",
+        "a sample is stamped with the version committed when its request finished, not the oldest it may hold: a "
+        "request that spans an update looks fresh (rllm #622: under-counted staleness)",
+        STREAM,
+        "                answers[r.index] = (a, a.engine, first, last)\n",
+        "                answers[r.index] = (a, a.engine, last, last)\n",
+        (f"{T_STREAM}::test_a_stream_trains_within_its_bound_while_updates_land_mid_request[1]",),
+    ),
+    RuntimeMutant(
+        "resume_forgets_the_stream_version",
+        "a resumed stream's core counts its weight version from 0 again (miles #2244: 57 -> 1): its restored groups "
+        "look newer than the version",
+        GROUP,
+        "                self.runner.restore_stream(int(resume.weight_version))\n",
+        "                pass\n",
+        (f"{T_STREAM}::test_a_stream_saves_and_resumes_its_version_and_queue",),
     ),
 )
 BY_NAME = {m.name: m for m in MUTANTS}
