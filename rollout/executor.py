@@ -431,7 +431,7 @@ class RolloutManager:
         self.stream = Stream(
             self.runner,
             self.controller,
-            task,
+            lambda: self.executor.task,
             lambda text: tokens.encode(self.controller.committed[0] if self.controller.committed else None, text),
             max_batches=config.async_data_buffer_max_batches or 2,
             group_timeout=4 * request,

@@ -161,7 +161,7 @@ class Stream:
         self,
         runner: Runner,
         controller: InferenceController,
-        task: Task,
+        task: Callable[[], Task],
         tokens: Callable[[str], list[int]],
         *,
         max_batches: int,
@@ -170,9 +170,9 @@ class Stream:
     ) -> None:
         self.runner = runner
         self.controller = controller
-        self.task = task
+        self._task = task  # the rollout's task, a data source's prompts in it once the rollout function is built
         self.tokens = tokens
-        self.batch = len(task.prompts(0))  # groups per batch: one rollout's prompts
+        self._batch: int | None = None
         self.max_batches = max_batches
         self.group_timeout = group_timeout
         self.max_tries = max_tries
@@ -203,6 +203,17 @@ class Stream:
         """The stream as a checkpoint records it: groups still in flight count as prompts to send again."""
         pending = [*self._inflight_prompts(), *self.queue]
         return StreamState(self.cursor, sorted(pending, key=_order), list(self.done))
+
+    @property
+    def task(self) -> Task:
+        return self._task()
+
+    @property
+    def batch(self) -> int:
+        """Groups per batch: one rollout's prompts (read when first asked: a data source is built at init)."""
+        if self._batch is None:
+            self._batch = len(self.task.prompts(0))
+        return self._batch
 
     @property
     def running(self) -> bool:

@@ -434,6 +434,14 @@ def check_run(
         raise ConfigError(FLAGS["engine_lease"], lease, "must be a number of seconds or None", "pass e.g. 120")
     _check_timeouts(o.timeouts)
     _factory_path(FLAGS["rollout_fn"], o.rollout_fn)
+    if config.fully_async and o.rollout_fn is not None:
+        raise ConfigError(
+            names["rollout_fn"],
+            o.rollout_fn,
+            "runs a whole rollout at a time, and --fully-async never stops generating: its stream sends the task's "
+            "prompts group by group itself (a --data-source still feeds it)",
+            "drop the rollout function, or run without --fully-async",
+        )
     _factory_path(FLAGS["data_source"], o.data_source)
     if not isinstance(o.metrics_host, str) or not o.metrics_host.strip():
         raise ConfigError(

@@ -23,3 +23,12 @@ def test_async_with_fully_async_is_refused() -> None:
 def test_the_run_loop_accepts_a_stream(tmp_path: Path) -> None:
     check_run(STREAMING, RunOptions(run_dir=tmp_path / "run"))
     check_run(STREAMING, RunOptions(run_dir=tmp_path / "run2"), names=API_NAMES)
+
+
+def test_a_rollout_function_is_refused_in_a_stream(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="never stops generating") as caught:
+        check_run(STREAMING, RunOptions(run_dir=tmp_path / "run", rollout_fn="json:loads"))
+    assert caught.value.flag == "--rollout-function"
+    with pytest.raises(ConfigError, match="never stops generating") as caught:
+        check_run(STREAMING, RunOptions(run_dir=tmp_path / "run", rollout_fn="json:loads"), names=API_NAMES)
+    assert caught.value.flag == "RunOptions.rollout_fn"
