@@ -344,6 +344,14 @@ class Job:
                 f"push {'the next step' if last is None else last + 1} (e.g. update_weights(step + 1) after "
                 "training step `step`)",
             )
+        if self.config.fully_async and last is not None and version != last + 1:
+            raise ConfigError(
+                "Job.update_weights(version=)",
+                version,
+                f"skips versions after {last}: a stream counts a sample's staleness in versions, one per update "
+                "(--max-weight-staleness), so its versions are consecutive",
+                f"push {last + 1}",
+            )
         if onload:
             await self.manager.onload_weights()
         await self.trainer.update_weights(version)

@@ -32,3 +32,19 @@ def test_a_rollout_function_is_refused_in_a_stream(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="never stops generating") as caught:
         check_run(STREAMING, RunOptions(run_dir=tmp_path / "run", rollout_fn="json:loads"), names=API_NAMES)
     assert caught.value.flag == "RunOptions.rollout_fn"
+
+
+def test_a_stream_pushes_consecutive_versions(tmp_path: Path) -> None:
+    """A stream's staleness counts updates: a version that skips one is refused before anything is sent (the
+    same check on a lock-step job lets it through to the trainer)."""
+    import asyncio
+
+    from rollout.pattern import PatternTask
+    from trainer.app.job import Job
+
+    job = Job(STREAMING, PatternTask(), run_dir=tmp_path / "run")
+    job._version = 3
+    with pytest.raises(ConfigError, match="skips versions after 3") as caught:
+        asyncio.run(job.update_weights(5))
+    assert caught.value.flag == "Job.update_weights(version=)" and "push 4" in caught.value.fix
+    job._dirs.release()
