@@ -43,10 +43,19 @@ EXPLORED_OPS: tuple[OperationName, ...] = tuple(
     cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
 )
 ENGINE_OPS = ("stop_engine", "start_engine")
-# stop_routing (hold_routing) talks to the router, not to the engine: no engine fault changes its answer (a router fault is news)
+# stop_routing and hold_routing talk to the router, not to the engine: no engine fault changes their answer
+# (a router fault is news)
 # hand_back_requests talks to the stream, which re-sends what it holds a record of, whatever the engine's health
 _SURE = frozenset(
-    {"allocate_workers", "init_model", "offload_train", "onload_train", "stop_routing", "hold_routing", "hand_back_requests"}
+    {
+        "allocate_workers",
+        "init_model",
+        "offload_train",
+        "onload_train",
+        "stop_routing",
+        "hold_routing",
+        "hand_back_requests",
+    }
 )
 # the trainer's commands: their plain success, and those during which the checker lets a worker crash
 _SUCCESS = {

@@ -451,7 +451,7 @@ MUTANTS: tuple[RuntimeMutant, ...] = (
         STREAM,
         "                answers[r.index] = (a, a.engine, first, last)\n",
         "                answers[r.index] = (a, a.engine, last, last)\n",
-        (f"{T_STREAM}::test_a_stream_trains_within_its_bound_while_updates_land_mid_request[1]",),
+        (f"{T_STREAM}::test_a_stream_learns_within_its_bound_while_updates_land_mid_request[1]",),
     ),
     RuntimeMutant(
         "resume_forgets_the_stream_version",

@@ -15,6 +15,7 @@ import pytest
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import TRANSITION, WEIGHTS, read_jsonl
+from lifecycle.observe.monitor import EventMonitor
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -81,3 +82,21 @@ def test_a_broadcast_reaches_vllm_tensor_for_tensor(disk_run: RunResult, tmp_pat
             if e.get("event") == WEIGHTS and e["instance"] == engine
         ]
         assert loaded == [("0", "disk")] + [(str(v), "broadcast") for v in range(1, steps + 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("bound", [1, 4])
+def test_a_stream_learns_on_real_vllm_servers_within_its_bound(tmp_path: Path, vllm_python: str, bound: int) -> None:
+    """--fully-async on vLLM: its engines are paused with /pause?mode=keep, load, /resume -- requests in flight
+    across updates (groups spanning two versions) -- and no trained group is more than K versions behind."""
+    result = _run(tmp_path / "run", vllm_python, 12, fully_async=True, max_weight_staleness=bound)
+    assert result.last5 >= 2 * result.first5, result.rewards
+    lags = [lag for m in result.metrics for lag in m["staleness"]]
+    assert lags and all(0 <= lag <= bound for lag in lags), lags
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert any(len(e["versions"]) > 1 for e in events if e.get("event") == "stream.group_buffered")
+    moves = {(e["trigger"], e["src"], e["dst"]) for e in events if e.get("event") == TRANSITION}
+    assert ("pause", "Serving", "Paused") in moves and ("resume", "Paused", "Serving") in moves
+    config = LifecycleConfig.from_mapping({**VLLM, "fully_async": True, "max_weight_staleness": bound})
+    assert not EventMonitor(config).feed_all(events)
