@@ -57,6 +57,8 @@ Recorder = Callable[[int, list[Sample], dict[str, Any], float], None]  # one ste
 SHORT = {
     "Serving": "S",
     "Quiesced": "Q",
+    "Paused": "p",
+    "UpdatingInFlight": "u",
     "PendingWeights": "P",
     "Unhealthy": "U",
     "Recovering": "R",
