@@ -20,6 +20,9 @@ from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import (
     BLOCKED,
     COMMITTED,
+    GROUP_BUFFERED,
+    GROUP_DROPPED,
+    GROUP_TAKEN,
     PROBE,
     STARTED,
     TRANSITION,
@@ -33,6 +36,7 @@ from lifecycle.observe.monitor import JUDGED
 PREFIX = "rl_lifecycle"
 STATE_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 PROBE_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+STREAM_OUTCOMES = {GROUP_BUFFERED: "buffered", GROUP_TAKEN: "taken", GROUP_DROPPED: "dropped"}
 RECOVERY_OUTCOMES = {"restart": "restarted", "give_up": "gave_up"}  # how an engine leaves Recovering
 
 
@@ -111,6 +115,20 @@ class Metrics:
             f"{PREFIX}_committed_weight_version", "The version every engine must serve (the trainer's last).",
             registry=r,
         )  # fmt: skip
+        self.stream_groups = Counter(
+            f"{PREFIX}_stream_groups",
+            "--fully-async: groups the stream completed (buffered), the trainer trained on (taken), or dropped as "
+            "more than --max-weight-staleness versions behind (dropped).",
+            ["outcome"],
+            registry=r,
+        )
+        self.staleness = Histogram(
+            f"{PREFIX}_stream_staleness_versions",
+            "--fully-async: how many versions behind the committed weights each group the trainer took or dropped was.",
+            ["outcome"],
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, 64),
+            registry=r,
+        )
         self.violations = Counter(
             f"{PREFIX}_invariant_violations", "Invariant violations the live monitor saw.", ["invariant"], registry=r
         )
@@ -153,6 +171,12 @@ class Metrics:
             version = _number(event.get("weight_version"))
             if version is not None:
                 self.committed.set(version)
+        elif kind in STREAM_OUTCOMES:
+            outcome = STREAM_OUTCOMES[kind]
+            self._child(self.stream_groups, outcome).inc()
+            version, oldest = _number(event.get("version")), _number(event.get("oldest"))
+            if version is not None and oldest is not None:
+                self._child(self.staleness, outcome).observe(version - oldest)
         elif kind == VIOLATED:
             self.violations.labels(event.get("invariant")).inc()
         elif kind == STARTED and self._budget is None:

@@ -102,6 +102,19 @@ def test_guard_rejections_name_the_predicate_and_violations_are_counted() -> Non
     assert value(s, "rl_lifecycle_invariant_violations_total", invariant="traffic_only_to_serving") == 1
 
 
+def test_a_streams_groups_and_their_staleness_are_counted() -> None:
+    """--fully-async: buffered, taken and dropped groups, and how stale each judged one was."""
+    taken = {"event": "stream.group_taken", "group": "0/1", "oldest": "3", "version": "4", "bound": 1}
+    dropped = {"event": "stream.group_dropped", "group": "0/2", "oldest": "1", "version": "4", "bound": 1}
+    buffered = {"event": "stream.group_buffered", "group": "0/1", "oldest": "3", "versions": ["3"]}
+    s = fed([buffered, buffered, taken, dropped])
+    assert value(s, "rl_lifecycle_stream_groups_total", outcome="buffered") == 2
+    assert value(s, "rl_lifecycle_stream_groups_total", outcome="taken") == 1
+    assert value(s, "rl_lifecycle_stream_groups_total", outcome="dropped") == 1
+    assert value(s, "rl_lifecycle_stream_staleness_versions_sum", outcome="taken") == 1
+    assert value(s, "rl_lifecycle_stream_staleness_versions_sum", outcome="dropped") == 3
+
+
 def test_the_names_follow_prometheus_conventions_and_no_label_is_unbounded() -> None:
     metrics = Metrics()
     for e in read_jsonl(LOG):
