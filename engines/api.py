@@ -167,8 +167,11 @@ class SGLangAPI:
         await self.client.continue_generation()
 
     async def hand_back(self, timeout: float) -> None:
-        """``/abort_request {"abort_all": true}``: a paused scheduler still takes it and finishes every request
-        it queued or froze with finish_reason abort; no ``/continue_generation`` follows."""
+        """``/abort_request {"abort_all": true}``, and no ``/continue_generation``. A paused scheduler still takes
+        it: every queued request ends at once with finish_reason abort -- after ``retract`` that is every kept one
+        (the CPU engine ends ``in_place`` ones at once too). Real SGLang only marks a request frozen ``in_place``
+        to end at its next step, which a paused scheduler does not take: its caller's call ends when the stream
+        cancels it (a disconnect is an abort in SGLang)."""
         await self.client.abort_request(
             abort_all=True, abort_message="handed back: the weight update failed", timeout=timeout
         )
