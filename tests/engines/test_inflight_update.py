@@ -21,6 +21,7 @@ import pytest
 
 from engines.api import SGLangAPI, keeping_pause
 from engines.engine import UPDATE_CALLS, Engine, Timeouts
+from engines.errors import EngineTimeout
 from engines.launcher import launcher_factory
 from engines.models import TinyCausalLM
 from engines.process import torch_engine_command
@@ -71,6 +72,7 @@ def slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slot]:
         yield s
     finally:
         s.run(engine.close())
+        s.run(asyncio.sleep(0.1))  # the launcher's death watch sees the exit before its loop closes
         s.loop.close()
 
 
@@ -172,6 +174,28 @@ def test_after_a_failed_update_the_kept_request_comes_back_and_the_engine_stays_
     # not resumed: still paused on the server, a new request waits, nothing generated
     assert out["after"]["paused"] and not out["late_served"] and out["generated_meanwhile"] == 0
     assert out["served"] == "v1"  # the failed load published nothing
+
+
+@pytest.mark.weight_update
+def test_a_kept_request_outlasts_the_pause_only_under_the_kept_bound(serving_v1: Slot) -> None:
+    """A request held through a pause longer than the request timeout: the plain bound gives it up (the stream
+    would re-send work the engine still holds), the kept bound waits it out."""
+    slot, t = serving_v1, Timeouts(request=0.5)
+    short = {"max_new_tokens": 20, "temperature": 0.0, "ignore_eos": True}
+
+    async def held(timeout: float) -> str:
+        assert (await slot.engine.pause_generation()).name == "done"
+        call = asyncio.create_task(slot.engine.client.generate(PROMPT, sampling_params=short, timeout=timeout))
+        await asyncio.sleep(1.0)  # the update's time
+        assert (await slot.engine.continue_generation()).name == "done"
+        try:
+            reason = (await call).meta_info.finish_reason
+            return "none" if reason is None else str(reason.type)
+        except EngineTimeout:
+            return "timed out"
+
+    assert slot.run(held(t.request)) == "timed out"
+    assert slot.run(held(t.kept())) == "length"
 
 
 def test_hand_back_on_a_slot_without_a_server_is_done_with_its_reason() -> None:
