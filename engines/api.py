@@ -22,6 +22,7 @@ from engines.client import EngineClient
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineProtocolError
 from engines.http import HTTPTransport
 from lifecycle.decide.backends import BackendName, capabilities
+from lifecycle.decide.config import KEEPING_PAUSE_MODES
 
 Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 GROUP_BACKEND = "gloo"  # the weight-update group's transport on these CPUs
@@ -68,10 +69,16 @@ class ServerAPI(Protocol):
     async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
         """Receive every bucket of the trainer's broadcast in one session publishing ``version``."""
 
-    async def pause(self) -> None:
-        """Stop generating, keeping what runs (resumed by :meth:`resume`)."""
+    async def pause(self, mode: str | None = None) -> None:
+        """Stop generating, keeping what runs (resumed by :meth:`resume`): in ``mode`` (--pause-generation-mode),
+        or the backend's first mode that keeps requests."""
 
     async def resume(self) -> None: ...
+
+    async def hand_back(self, timeout: float) -> None:
+        """End every request the paused server holds, so that each caller gets its answer back now (finish_reason
+        abort, the tokens so far) and the stream re-sends it elsewhere; the server stays paused: it generates
+        nothing more on the weights it holds (a failed or reverted update's)."""
 
     async def release(self, tags: Sequence[str]) -> None:
         """Release the memory tags (``weights``, ``kv_cache``) in one request."""
@@ -89,8 +96,9 @@ class SGLangAPI:
 
     def __init__(self, url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.client = EngineClient(url, engine_id=engine_id, api_key=api_key, timeout=timeout)
-        # what drain asks: SGLang's "retract" puts running requests back in the queue, resumed by continue
-        self.pause_mode = capabilities("sglang", "cpu").pause_modes[0]
+        # what a pause asks unless told: SGLang's "retract" puts running requests back in the queue, resumed by
+        # continue (a retracted request is re-prefilled: its tokens after an update see the new weights only)
+        self.pause_mode = keeping_pause(self.backend)
 
     async def ready(self, timeout: float) -> None:
         await self.client.health_generate(timeout=timeout)
@@ -152,11 +160,21 @@ class SGLangAPI:
             raise
         await self.client.end_weight_update(timeout=timeout)
 
-    async def pause(self) -> None:
-        await self.client.pause_generation(mode=self.pause_mode)  # type: ignore[arg-type]
+    async def pause(self, mode: str | None = None) -> None:
+        await self.client.pause_generation(mode=mode or self.pause_mode)  # type: ignore[arg-type]
 
     async def resume(self) -> None:
         await self.client.continue_generation()
+
+    async def hand_back(self, timeout: float) -> None:
+        """``/abort_request {"abort_all": true}``, and no ``/continue_generation``. A paused scheduler still takes
+        it: every queued request ends at once with finish_reason abort -- after ``retract`` that is every kept one
+        (the CPU engine ends ``in_place`` ones at once too). Real SGLang only marks a request frozen ``in_place``
+        to end at its next step, which a paused scheduler does not take: its caller's call ends when the stream
+        cancels it (a disconnect is an abort in SGLang)."""
+        await self.client.abort_request(
+            abort_all=True, abort_message="handed back: the weight update failed", timeout=timeout
+        )
 
     async def release(self, tags: Sequence[str]) -> None:
         await self.client.release_memory_occupation(list(tags))  # SGLang's tags: a list, every tag in one call
@@ -166,6 +184,11 @@ class SGLangAPI:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def keeping_pause(backend: BackendName) -> str:
+    """The backend's first pause mode that keeps the requests in flight (the order of its declared modes)."""
+    return next(m for m in capabilities(backend, "cpu").pause_modes if m in KEEPING_PAUSE_MODES)
 
 
 class APIFactory(Protocol):

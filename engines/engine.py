@@ -50,6 +50,11 @@ class _Batch:
     done: asyncio.Future[Outcome]
 
 
+# the calls an in-flight update makes on one server, each bounded by the request timeout: pause, open the session,
+# transfer, close it, read the version, resume
+UPDATE_CALLS = 6
+
+
 @dataclass
 class Timeouts:
     """Every wait is bounded; each timeout is an outcome (start_failed, request_failed, alive)."""
@@ -57,6 +62,12 @@ class Timeouts:
     startup: float = 60.0
     request: float = 30.0
     death: float = 10.0
+
+    def kept(self, update: float | None = None) -> float:
+        """The bound on a generate call whose requests an in-flight update may hold paused: the generation's own
+        ``request`` bound plus one update's (``update``; by default its calls on one server, each bounded by
+        ``request``). Bounded still: a server that never resumes fails the call, and the stream re-sends it."""
+        return self.request + (self.request * UPDATE_CALLS if update is None else update)
 
 
 class Engine:
@@ -73,10 +84,13 @@ class Engine:
         probe_endpoint: str = "health_generate",
         api: APIFactory | None = None,
         external: bool = False,
+        pause_mode: str | None = None,
     ) -> None:
         """``external``: a server something else started (--rollout-external-engine-addrs): what it is, which
-        process answers and what it serves are read from it at every attach, never assumed."""
+        process answers and what it serves are read from it at every attach, never assumed. ``pause_mode``:
+        --pause-generation-mode (None: the backend's first mode that keeps requests)."""
         self.id = engine_id
+        self.pause_mode = pause_mode
         self.external = external
         self.identity: str | None = None  # which process answers at the address (an external server's facts)
         self.probe_endpoint = probe_endpoint
@@ -150,7 +164,7 @@ class Engine:
             await self.server.close()
         self.server = self.api_factory(url, engine_id=self.id, api_key=self.api_key, timeout=self.timeouts.request)
         await self.server.probe("health", self.timeouts.request)
-        await asyncio.wait_for(self.server.pause(), self.timeouts.request)
+        await asyncio.wait_for(self.server.pause(self.pause_mode), self.timeouts.request)
         for tag in ("weights", "kv_cache"):  # one by one: a tag still held is refused, the other resumed
             with contextlib.suppress(EngineError):
                 await self.server.resume_memory([tag])
@@ -277,8 +291,25 @@ class Engine:
         return await self._request("resume")
 
     async def pause_generation(self) -> Outcome:
-        """Stop generating, keeping what runs (SGLang's ``retract``, vLLM's ``keep``)."""
-        return await self._request("pause")
+        """Stop generating, keeping what runs: --pause-generation-mode, else the backend's first mode that keeps
+        requests (SGLang's ``retract``, vLLM's ``keep``)."""
+        return await self._request("pause", self.pause_mode)
+
+    async def hand_back_requests(self) -> Outcome:
+        """The requests the paused server kept through a failed (or reverted) update end on it now, so each
+        caller gets its answer back (finish_reason abort) and the stream re-sends it to a Serving engine. The
+        server stays paused: continuing it would generate on weights no completed update published. Always
+        ``done`` -- the stream holds the record of every request it sent and re-sends them whether or not the
+        server answered (a dead or hung server's calls end by their own bound); ``reason`` says when it did not."""
+        self.reason = ""
+        if self.server is None:
+            self.reason = "no server process: its requests ended with it"
+        else:
+            try:
+                await self.server.hand_back(self.timeouts.request)
+            except EngineError as exc:
+                self.reason = f"hand back failed (the stream re-sends the requests all the same): {exc}"
+        return Outcome("done", reason=self.reason)
 
     async def release(self, tag: str) -> Outcome:
         """Release one memory tag. The core gives an offload's tags as one command each (``release_weights``,

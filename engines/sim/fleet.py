@@ -190,6 +190,11 @@ class SimEngine:
         await self.wait(request.path)
         return web.Response(text="Cache flushed.\n")
 
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """Nothing to end: a simulated engine answers each generation at once, so none is ever held."""
+        await self.wait(request.path)
+        return web.Response(status=200)
+
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self.health)
@@ -205,6 +210,7 @@ class SimEngine:
         app.router.add_post("/pause_generation", self.pause)
         app.router.add_post("/continue_generation", self.resume_generation)
         app.router.add_post("/flush_cache", self.flush_cache)
+        app.router.add_post("/abort_request", self.abort_request)
         return app
 
 

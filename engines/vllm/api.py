@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from engines.api import Bucket, ServerFacts, mismatch
+from engines.api import Bucket, ServerFacts, keeping_pause, mismatch
 from engines.errors import (
     EngineError,
     EngineHTTPError,
@@ -24,7 +24,7 @@ from engines.errors import (
     EngineUnreachable,
 )
 from engines.vllm.client import VLLMClient, process_start_time, read_metrics, read_progress
-from lifecycle.decide.backends import BackendName, capabilities
+from lifecycle.decide.backends import BackendName
 
 # a bucket's HTTP call waits for the trainer's broadcast of it; the group's own timeout must fire first, so the
 # engine's error (the trainer died, or fell silent) comes back as an answer rather than a client timeout
@@ -38,7 +38,7 @@ class VLLMAPI:
 
     def __init__(self, url: str, *, engine_id: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         self.client = VLLMClient(url, engine_id=engine_id, api_key=api_key, timeout=timeout)
-        self.pause_mode = capabilities("vllm", "cpu").pause_modes[0]  # "keep": frozen, resumed by /resume
+        self.pause_mode = keeping_pause(self.backend)  # "keep": frozen, resumed by /resume
         self.released: set[str] = set()  # the memory tags this server's sleep released (a new process: none)
 
     async def ready(self, timeout: float) -> None:
@@ -160,11 +160,18 @@ class VLLMAPI:
                 await self.client.update_weights({"abort": True}, timeout=timeout)
             await self.client.start_weight_update(timeout=timeout)
 
-    async def pause(self) -> None:
-        await self.client.pause(self.pause_mode)  # type: ignore[arg-type]
+    async def pause(self, mode: str | None = None) -> None:
+        await self.client.pause(mode or self.pause_mode)  # type: ignore[arg-type]
 
     async def resume(self) -> None:
         await self.client.resume()
+
+    async def hand_back(self, timeout: float) -> None:
+        """``/abort_requests`` with no ids: the API server ends every request it tracks (its callers get
+        finish_reason abort and the tokens so far) and the engine core drops them; the scheduler stays paused
+        (``/is_paused`` true), so nothing queued after runs until a ``/resume`` -- which only a completed
+        update's engine gets."""
+        await self.client.abort_requests(timeout=timeout)
 
     async def release(self, tags: Sequence[str]) -> None:
         """vLLM's sleep (level 1) releases weights and KV cache at once: one ``/sleep`` whatever the tags, and a
