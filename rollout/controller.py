@@ -26,7 +26,7 @@ from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
 from engines.ledger import EngineLedger
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.decide.events import PROBE, ROUTED, EventLog
+from lifecycle.decide.events import HANDED_BACK, PROBE, ROUTED, EventLog
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
 from rollout.external import ExternalEngines
@@ -79,7 +79,8 @@ class InferenceController:
                     backend=self.config.rollout_backend,
                     on_news=self.engine_unhealthy,  # names the generation published (a late verdict is fenced)
                     health_checks=self.config.gateway_health_check,  # SMG's verdict as news (README)
-                    request_timeout=self.timeouts.request,
+                    # a stream's requests may wait paused through an update: SMG must not cut them at the request bound
+                    request_timeout=self.timeouts.kept() if self.config.fully_async else self.timeouts.request,
                 )
             else:
                 self.routings[group] = LocalRouting(f"local-{group}")
@@ -100,7 +101,7 @@ class InferenceController:
                 "engine.route_traffic": self._route,
                 "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
                 "engine.hold_routing": lambda c: self.routings[self._group(c)].hold(self.slot(c)),
-                "engine.hand_back_requests": lambda c: self.slot(c).hand_back_requests(),
+                "engine.hand_back_requests": self._hand_back,
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -178,7 +179,25 @@ class InferenceController:
             raise ControllerError("engines must start, but the rollout manager has no launcher factory")
         else:
             launcher = self.launcher_factory(engine_id)
-        return Engine(engine_id, launcher, timeouts=self.timeouts, probe_endpoint=endpoint, external=url is not None)
+        return Engine(
+            engine_id,
+            launcher,
+            timeouts=self.timeouts,
+            probe_endpoint=endpoint,
+            external=url is not None,
+            pause_mode=self.config.pause_generation_mode,
+        )
+
+    async def _hand_back(self, cmd: Command) -> Outcome:
+        """``hand_back_requests``: the engine ends the requests it kept through a failed update (they come back as
+        aborted, and the stream sends them again); the calls still open to it are cancelled too (a request frozen
+        ``in_place`` on SGLang ends only when its caller goes). The engine stays paused and unrouted."""
+        engine = self.slot(cmd)
+        outcome = await engine.hand_back_requests()
+        await self.routings[self._group(cmd)].withdraw(engine)  # out already (hold_routing): cancels what is open
+        if self.log.enabled:
+            self.log.emit(HANDED_BACK, instance=engine.id)
+        return outcome
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""

@@ -434,7 +434,7 @@ class RolloutManager:
             lambda: self.executor.task,
             lambda text: tokens.encode(self.controller.committed[0] if self.controller.committed else None, text),
             max_batches=config.async_data_buffer_max_batches or 2,
-            group_timeout=4 * request,
+            group_timeout=(timeouts or Timeouts()).kept() + 2 * request,
         )
 
     @property

@@ -81,7 +81,13 @@ class Routing(Protocol):
         ...
 
     async def generate(
-        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+        self,
+        requests: Sequence[GenRequest],
+        on_unhealthy: OnUnhealthy,
+        *,
+        logprobs: bool,
+        max_tries: int = 3,
+        timeout: float | None = None,
     ) -> dict[int, Answer]: ...
 
     async def close(self) -> None: ...
@@ -132,7 +138,13 @@ class LocalRouting:
         return Outcome("done")
 
     async def generate(
-        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+        self,
+        requests: Sequence[GenRequest],
+        on_unhealthy: OnUnhealthy,
+        *,
+        logprobs: bool,
+        max_tries: int = 3,
+        timeout: float | None = None,
     ) -> dict[int, Answer]:
         """Round-robin shards, one batch per member, concurrently; a member whose batch fails is reported and
         its prompts go to the others in the next try (every prompt answered at most once)."""
@@ -144,7 +156,10 @@ class LocalRouting:
             epoch = engine.epoch  # the process the batch goes to: by the time it fails, it may have been replaced
             request = asyncio.ensure_future(
                 engine.client.generate_batch(
-                    [r.text for r in batch], sampling_params=[r.params for r in batch], return_logprob=logprobs
+                    [r.text for r in batch],
+                    sampling_params=[r.params for r in batch],
+                    return_logprob=logprobs,
+                    timeout=timeout,
                 )
             )
             out = self._inflight.setdefault(engine.id, set())
@@ -342,7 +357,13 @@ class RouterRouting:
         return Outcome("done", facts=(seen,))
 
     async def generate(
-        self, requests: Sequence[GenRequest], on_unhealthy: OnUnhealthy, *, logprobs: bool, max_tries: int = 3
+        self,
+        requests: Sequence[GenRequest],
+        on_unhealthy: OnUnhealthy,
+        *,
+        logprobs: bool,
+        max_tries: int = 3,
+        timeout: float | None = None,
     ) -> dict[int, Answer]:
         """Every prompt is one ``/generate`` through the router, concurrently; a failure the router pins on an
         engine is reported as that engine's, and the prompts left go through the router again."""
@@ -355,6 +376,7 @@ class RouterRouting:
             if client is None:
                 return "", "the router is not running"
             try:
+                # its bound is the gateway's (request_timeout, a stream's kept one): ``timeout`` is the local path's
                 answer = await client.generate(r.text, sampling_params=r.params, return_logprob=logprobs)
             except EngineError as exc:
                 return by_url.get(upstream_of(exc) or "", ""), str(exc)

@@ -175,6 +175,7 @@ class Stream:
         self._batch: int | None = None
         self.max_batches = max_batches
         self.group_timeout = group_timeout
+        self.kept = controller.timeouts.kept()  # a request an in-flight update holds paused waits this long at most
         self.max_tries = max_tries
         self.versions = Versions(runner)
         self.cursor = 0  # the next rollout id whose prompts join the queue
@@ -356,7 +357,7 @@ class Stream:
                 continue
             first = self.versions.now()
             got = await self.controller.routing().generate(
-                todo, self.controller.engine_unhealthy, logprobs=True, max_tries=1
+                todo, self.controller.engine_unhealthy, logprobs=True, max_tries=1, timeout=self.kept
             )
             last = self.versions.now()
             for r in todo:
