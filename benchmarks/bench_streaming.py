@@ -17,7 +17,9 @@ stops the stream for a greedy pass: another cost, measured apart if wanted). Per
   the job's own clients. The engine's report, not the driver's view: through the SMG gateway (the default where
   it is installed) the driver does not know which engine holds a request, and a request the driver has sent may
   still be queued at the engine. ``held`` is the share in which it had requests but was paused for a weight
-  update (the stream's in-flight update keeps them): not idle, not generating either;
+  update (the stream's in-flight update keeps them): not idle, not generating either. Cross-check from the
+  driver's side: the share of the steps in which no routing ``generate`` call was out at all (every engine idle
+  from the driver's view; an engine's own idle share can only be larger);
 * **reward**: the first-5 and last-5 mean, as ``lifecycle run`` prints it;
 * **the version lag** of the groups trained on (``metrics.jsonl``'s ``staleness``, one entry per group of
   ``group_size`` samples: how many versions its oldest token is behind the trainer's) and the groups dropped as
@@ -111,6 +113,17 @@ def occupancy(loads: Sequence[Load], start: float, end: float) -> dict[str, Occu
     return out
 
 
+def uncovered(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``[start, end]`` that no interval covers (the driver's view: no generate call out at all)."""
+    covered, reach = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return (end - start) - covered
+
+
 def lag_distribution(rows: Sequence[Mapping[str, Any]]) -> Counter[int]:
     """Groups trained on, by version lag (``metrics.jsonl``'s ``staleness``: one entry per group trained)."""
     lags: Counter[int] = Counter()
@@ -137,6 +150,7 @@ class Run:
     trained: int
     generated: int
     engines: dict[str, Occupancy]
+    unsent: float  # seconds of the window in which the driver had no generate call out
     rewards: list[float]
     lags: Counter[int]
     dropped: int
@@ -157,8 +171,18 @@ class Summary:
     def trained_rate(self) -> float:
         return sum(r.trained for r in self.runs) / self.seconds
 
+    def spread(self) -> str:
+        """The trained rate's range over the rounds (empty for one round): how far one run's ratio can be trusted."""
+        if len(self.runs) < 2:
+            return ""
+        rates = [r.trained / r.seconds for r in self.runs]
+        return f"; rounds {min(rates):.0f}-{max(rates):.0f}"
+
     def generated_rate(self) -> float:
         return sum(r.generated for r in self.runs) / self.seconds
+
+    def unsent(self) -> float:
+        return sum(r.unsent for r in self.runs) / self.seconds
 
     def occupancy(self) -> Occupancy:
         total = Occupancy()
@@ -188,9 +212,10 @@ def table(summaries: Sequence[Summary], baseline: str = BASELINE) -> str:
     base = next(s for s in summaries if s.mode == baseline)
     head = (
         "| mode | steps' wall | trained samples/s | generated samples/s | engines idle | held (paused with requests) "
+        "| no request out (driver) "
         "| reward first-5 → last-5 | version lag of trained groups | dropped groups |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for s in summaries:
         occ, first_last = s.occupancy(), s.reward()
         lags = s.lags()
@@ -200,10 +225,11 @@ def table(summaries: Sequence[Summary], baseline: str = BASELINE) -> str:
         lines.append(
             f"| {s.mode} "
             f"| {s.seconds:.1f} s "
-            f"| {s.trained_rate():.1f} ({s.trained_rate() / base.trained_rate():.2f}x) "
+            f"| {s.trained_rate():.1f} ({s.trained_rate() / base.trained_rate():.2f}x{s.spread()}) "
             f"| {s.generated_rate():.1f} ({s.generated_rate() / base.generated_rate():.2f}x) "
             f"| {idle:.1%} ({idle / base_idle:.2f}x) "
             f"| {occ.share('held'):.1%} "
+            f"| {s.unsent():.1%} "
             f"| {first_last[0]:.3f} → {first_last[1]:.3f} "
             f"| {lag}{'' if streaming else ' (by construction)'} "
             f"| {s.dropped() if streaming else '—'} |"
@@ -221,6 +247,7 @@ class Recorder:
     end: float | None = None
     loads: list[Load] = field(default_factory=list)
     generated: int = 0
+    calls: list[tuple[float, float]] = field(default_factory=list)  # the routings' generate calls in the window
     group_size: int = 0
 
     @property
@@ -282,13 +309,15 @@ def windowed(rec: Recorder, steps: Callable[..., Awaitable[None]]) -> Callable[.
 
 def counted(rec: Recorder, generate: Callable[..., Awaitable[dict[int, Any]]]) -> Callable[..., Any]:
     """A routing's ``generate`` that counts the answers it returns inside the window (an aborted one is not an
-    answer: the stream sends it again)."""
+    answer: the stream sends it again) and records when it was out."""
 
     @functools.wraps(generate)
     async def run(*args: Any, **kwargs: Any) -> dict[int, Any]:
+        t0 = time.monotonic()
         done = await generate(*args, **kwargs)
         if rec.open:
             rec.generated += sum(1 for a in done.values() if not _aborted(a))
+            rec.calls.append((t0, time.monotonic()))
         return done
 
     return run
@@ -354,6 +383,7 @@ def one_run(mode: str, args: argparse.Namespace) -> Run:
         seconds=rec.end - rec.start,
         trained=sum(int(r["samples"]) for r in rows),
         generated=rec.generated,
+        unsent=uncovered(rec.calls, rec.start, rec.end),
         engines=occupancy(rec.loads, rec.start, rec.end),
         rewards=[float(r["reward"]) for r in rows],
         lags=lag_distribution(rows) if config.fully_async else lockstep_lags(rows, rec.group_size, async_mode),

@@ -45,6 +45,12 @@ def test_occupancy_holds_each_poll_until_the_next_and_clips_to_the_window(bench:
     assert bench.occupancy([load(5.0, "e0", 1, False)], 0.0, 3.0)["e0"].seconds == 0.0  # after the window
 
 
+def test_uncovered_is_the_window_less_the_union_of_the_calls(bench: ModuleType) -> None:
+    calls = [(1.0, 3.0), (2.0, 4.0), (6.0, 12.0), (-1.0, 0.5)]  # overlapping, and out of the window [0, 10]
+    assert bench.uncovered(calls, 0.0, 10.0) == 0.5 + 2.0
+    assert bench.uncovered([], 0.0, 10.0) == 10.0
+
+
 def test_lag_distributions(bench: ModuleType) -> None:
     rows = [{"samples": 16, "staleness": [0, 1]}, {"samples": 8, "staleness": [1]}, {"samples": 8}]
     assert bench.lag_distribution(rows) == Counter({1: 2, 0: 1})
@@ -55,7 +61,7 @@ def test_lag_distributions(bench: ModuleType) -> None:
 def run_of(bench: ModuleType, mode: str, seconds: float, idle: float, lags: dict[int, int]) -> Any:
     engines = {"e0": bench.Occupancy(idle=idle * seconds, generating=(1 - idle) * seconds)}
     rewards = [0.1] * 5 + [0.7] * 5
-    return bench.Run(mode, seconds, 320, 400, engines, rewards, Counter(lags), 3, 8)
+    return bench.Run(mode, seconds, 320, 400, engines, seconds / 4, rewards, Counter(lags), 3, 8)
 
 
 def test_the_table_prints_ratios_against_the_same_runs_lock_step(bench: ModuleType) -> None:
@@ -64,9 +70,13 @@ def test_the_table_prints_ratios_against_the_same_runs_lock_step(bench: ModuleTy
     stream.runs.append(run_of(bench, "stream K=1", 10.0, 0.1, {0: 10, 1: 30}))
     text = bench.table([lock, stream])
     lock_row, stream_row = text.splitlines()[2:]
-    assert "| 16.0 (1.00x) | 20.0 (1.00x) | 40.0% (1.00x) |" in lock_row and "(by construction)" in lock_row
+    assert (
+        "| 16.0 (1.00x) | 20.0 (1.00x) | 40.0% (1.00x) | 0.0% | 25.0% |" in lock_row and "(by construction)" in lock_row
+    )
     assert "| 32.0 (2.00x) | 40.0 (2.00x) | 10.0% (0.25x) |" in stream_row
     assert "0.100 → 0.700" in stream_row and "| 0: 10, 1: 30 | 3 |" in stream_row
+    lock.runs.append(run_of(bench, "lock-step", 40.0, 0.4, {0: 40}))  # a second, slower round: its range shows
+    assert "| 10.7 (1.00x; rounds 8-16) |" in bench.table([lock, stream]).splitlines()[2]
 
 
 def test_the_hooks_find_the_loops_step_functions_and_count_answers_in_the_window(bench: ModuleType) -> None:
@@ -108,6 +118,7 @@ def test_the_hooks_find_the_loops_step_functions_and_count_answers_in_the_window
     asyncio.run(main())
     assert rec.generated == 2 and rec.group_size == 8  # the aborted answer is sent again, not counted
     assert rec.start is not None and rec.end is not None and rec.end - rec.start >= 0.03
+    assert len(rec.calls) == 1 and rec.start <= rec.calls[0][0] <= rec.calls[0][1] <= rec.end
 
 
 def test_engine_load_reads_a_real_cpu_engines_own_report(bench: ModuleType, slow_engine: Any, support: Any) -> None:
