@@ -122,7 +122,7 @@ def test_the_hooks_find_the_loops_step_functions_and_count_answers_in_the_window
 
 
 def test_engine_load_reads_a_real_cpu_engines_own_report(bench: ModuleType, slow_engine: Any, support: Any) -> None:
-    """Idle, a request in flight, the same request held while paused in place, and idle again."""
+    """Idle, a request in flight, it and a later one held while paused in place (running and waiting), idle again."""
 
     async def main() -> list[tuple[int, bool]]:
         seen = []
@@ -137,10 +137,16 @@ def test_engine_load_reads_a_real_cpu_engines_own_report(bench: ModuleType, slow
             await support.wait_for(running, what="a running request")
             seen.append(await bench.engine_load(client))
             await client.pause_generation("in_place")
+            late = asyncio.create_task(client.generate("Twice", sampling_params={"max_new_tokens": 2}))
+
+            async def queued() -> bool:
+                return bool((await support.internal_state(client))["num_waiting_reqs"] >= 1)
+
+            await support.wait_for(queued, what="a request waiting behind the pause")
             seen.append(await bench.engine_load(client))
             await client.continue_generation()
-            await task
+            await asyncio.gather(task, late)
             seen.append(await bench.engine_load(client))
         return seen
 
-    assert asyncio.run(main()) == [(0, False), (1, False), (1, True), (0, False)]
+    assert asyncio.run(main()) == [(0, False), (1, False), (2, True), (0, False)]
