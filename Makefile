@@ -74,6 +74,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_fleet.py
 	$(BIN)/python benchmarks/bench_weights.py
 	$(BIN)/python benchmarks/bench_resume.py --backend both
+	$(BIN)/python benchmarks/bench_streaming.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_ENV) site .pytest_cache .ruff_cache .hypothesis test-artifacts
