@@ -269,8 +269,9 @@ _STREAM = (
 STREAM_OUTCOMES: dict[str, str] = {
     "kill-engine": "engine marked Unhealthy with requests in flight, relaunched, loads the committed weights "
     "before it is routed" + _STREAM,
-    "fail-update": "the in-flight update's load refused: the engine never resumes on those weights (Unhealthy, "
-    "relaunched), loads the committed weights before it is routed" + _STREAM,
+    "fail-update": "the in-flight update's load refused: that engine never resumes on those weights (Unhealthy, "
+    "relaunched, its kept requests sent elsewhere), the update commits on the others; it loads the weights before "
+    "it is routed" + _STREAM,
     "crash-trainer": "worker replaced and restored from saved state, the take retried; versions never go back"
     + _STREAM,
     "kill-driver": "the driver dies mid-stream with its engines and workers; lifecycle run --resume restores the "
