@@ -9,6 +9,8 @@ an error naming the engine/worker, the state and the reason. Inside every run th
 ``matrix_audit`` rollout function checks weight versions (``/model_info`` of every Serving
 engine) and sample accounting; from the event log each cell checks that a restarted engine is
 never routed before it loaded the weights and that the fault maps to a transition with a reason.
+In a stream (``--fully-async``: the *streaming* modes) no rollout function runs; those cells audit the stream
+from the event log, ``metrics.jsonl`` and the job's last checkpoint instead (:func:`check_stream_accounting`).
 ``lose-node`` cells run ``lifecycle run --ray-nodes 3`` in a subprocess (a process can start Ray
 only once, and this session already has its local cluster).
 
