@@ -66,6 +66,16 @@ ROLLOUT_ONLY_FAULTS = ("kill-engine", "hang-engine")
 # On real vLLM servers: a death, a hang and a failed update, with rollout FT off and on (each cell starts two
 # servers, 25-40 s on 2 cores, and a recovery a third).
 VLLM_FAULTS, VLLM_FT = ("kill-engine", "hang-engine", "fail-update"), ("none", "rollout")
+# Mid-stream (--fully-async): an engine killed with requests in flight, a failed in-flight update and a crashed
+# trainer worker, each healed and not; the driver's death and --resume, with and without --detach-engines (one FT
+# configuration: the resume is the same under all four); a kill and a failed update on real vLLM servers, healed.
+STREAM_CELLS: list[tuple[str, str, str]] = [
+    *((f, "streaming", ft) for f in ("kill-engine", "fail-update") for ft in VLLM_FT),
+    *(("crash-trainer", "streaming", ft) for ft in ("none", "train")),
+    ("kill-driver", "streaming", "both"),
+    ("kill-driver", "streaming-kept-engines", "both"),
+    *((f, "streaming-vllm", "rollout") for f in ("kill-engine", "fail-update")),
+]
 CELLS: list[tuple[str, str, str]] = (
     [(f, "normal", ft) for f in FAULTS if f not in BROADCAST_FAULTS for ft in FT_CONFIGS]
     + [(f, "rollout-only", ft) for f in ROLLOUT_ONLY_FAULTS for ft in FT_CONFIGS]
@@ -73,6 +83,7 @@ CELLS: list[tuple[str, str, str]] = (
     + [(f, "vllm", ft) for f in VLLM_FAULTS for ft in VLLM_FT]
     + [("hang-serving", "gateway-checks", ft) for ft in VLLM_FT]  # SMG marks the stalled engine first
     + [("kill-driver", "kept-engines", ft) for ft in FT_CONFIGS]  # the resume re-adopts the engines
+    + STREAM_CELLS
 )
 assert {m for _, m, _ in CELLS} == set(MODES)
 
@@ -149,6 +160,21 @@ def render(results: dict[tuple[str, str], CellResult], total_seconds: float) -> 
         "outlives them (`ray start --head`), the engines live on after the SIGKILL, and the resume re-adopts them --",
         "the same processes (generation 1, no launch) -- holding the version the dead driver committed after its",
         "checkpoint, which is void: each is reloaded with the checkpoint's before any is routed.",
+        "",
+        "The *streaming* rows run `--fully-async` (`--max-weight-staleness 1`, the default; 2 batches buffered): the",
+        "engines generate throughout and every weight update is pushed in flight (engines `Paused`, requests kept,",
+        "then `UpdatingInFlight`), so `kill-engine` kills an engine serving the stream with requests in flight,",
+        "`fail-update` tears the checkpoint of an in-flight update, `crash-trainer` crashes the worker mid-stream",
+        "and `kill-driver` SIGKILLs the driver mid-stream (the resume restores the checkpoint's version and its",
+        "stream: the cursor, the prompts to send again, the completed groups with their versions); *streaming-vllm*",
+        "runs the kill and the failed update on real vLLM servers, *streaming-kept-engines* the driver's death with",
+        "`--detach-engines`. No rollout function runs in a stream, so in place of the audit each cell checks the",
+        "stream's accounting: every `stream.group_taken` in the event log within the bound (0 <= version - oldest",
+        "<= 1) and every `metrics.jsonl` row's staleness too, every `stream.group_dropped` beyond it and its prompt",
+        "sent again, no group trained twice in the job's history, the committed version never going back within a",
+        "driver; and, from the job's last checkpoint (`--save`, written after the last step), that the groups",
+        "trained, the checkpoint's completed groups and its prompts to send again are every prompt below its",
+        "cursor, once each: nothing lost.",
         "",
         "| fault | what is injected |",
         "|---|---|",

@@ -36,6 +36,7 @@ from lifecycle.decide.predicates import (
     heals_trainer,
     offloads_rollout,
     rollout_ft,
+    streaming,
     updates_rollout_weights,
 )
 from lifecycle.decide.presets import FT_PRESETS
@@ -184,6 +185,12 @@ MODES: dict[str, dict[str, object]] = {
     # --detach-engines: the engines outlive the driver (on a Ray cluster that does) and the resume adopts them
     # (the cells give the real --save; this one only makes the mode's config valid on its own)
     "kept-engines": {"detach_engines": True, "save": "runs/job/checkpoints"},
+    # --fully-async (K = 1, the default bound): the stream generates throughout, weights are pushed while requests
+    # are in flight -- the fault strikes an engine with requests in flight, an in-flight update, the driver or a
+    # trainer worker mid-stream; the same on real vLLM servers, and the driver's death with the engines kept
+    "streaming": {"fully_async": True},
+    "streaming-vllm": {"rollout_backend": "vllm", "fully_async": True},
+    "streaming-kept-engines": {"fully_async": True, "detach_engines": True, "save": "runs/job/checkpoints"},
 }
 
 
@@ -254,6 +261,29 @@ _DRIVER_KEPT = (
     "re-adopts the same engine processes, reloads a version the dead driver committed after it before any is "
     "routed, runs the later steps again; every step trained once"
 )
+# --fully-async: what a healed fault leaves of the stream -- every group trained within the bound, none lost
+_STREAM = (
+    "; the stream goes on: its requests are re-sent, every completed group is trained once within "
+    "--max-weight-staleness or dropped and its prompt sent again, none lost"
+)
+STREAM_OUTCOMES: dict[str, str] = {
+    "kill-engine": "engine marked Unhealthy with requests in flight, relaunched, loads the committed weights "
+    "before it is routed" + _STREAM,
+    "fail-update": "the in-flight update's load refused: that engine never resumes on those weights (Unhealthy, "
+    "relaunched, its kept requests sent elsewhere), the update commits on the others; it loads the weights before "
+    "it is routed" + _STREAM,
+    "crash-trainer": "worker replaced and restored from saved state, the take retried; versions never go back"
+    + _STREAM,
+    "kill-driver": "the driver dies mid-stream with its engines and workers; lifecycle run --resume restores the "
+    "last checkpoint's version and stream (its prompts to send again, its completed groups judged by their "
+    "recorded versions), relaunches the engines, loads its weights before any is routed; every step trained once"
+    + _STREAM,
+}
+_DRIVER_KEPT_STREAM = (
+    "the driver dies mid-stream, its engines live on (detached); lifecycle run --resume restores the last "
+    "checkpoint's version and stream, re-adopts the same engine processes, reloads a version the dead driver "
+    "committed after it before any is routed; every step trained once" + _STREAM
+)
 # Which configurations heal a fault, by the part it strikes (the predicates decide).
 HEALS: dict[str, Callable[[LifecycleConfig], bool]] = {
     "engine": rollout_ft,
@@ -271,8 +301,10 @@ def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
         return Expected("stops", OUTCOMES[kind].stops)
     if target == "engine" and mode == "rollout-only":
         return Expected("recovers", _ENGINE_NO_TRAINER)
-    if target == "driver" and mode == "kept-engines":
-        return Expected("recovers", _DRIVER_KEPT)
+    if target == "driver" and config.keeps_engines:
+        return Expected("recovers", _DRIVER_KEPT_STREAM if streaming(config) else _DRIVER_KEPT)
+    if streaming(config) and kind in STREAM_OUTCOMES:
+        return Expected("recovers", STREAM_OUTCOMES[kind])
     return Expected("recovers", OUTCOMES[kind].recovers)
 
 
