@@ -932,14 +932,7 @@ def test_cell(
     matrix_results[(kind, mode, ft)] = CellResult(kind, mode, ft, f"{observed}; {judged}", run.seconds)
 
 
-HAND_BACK = (
-    "Engine.hand_back_requests is written on branch s-engines: until it is merged a failed in-flight update's "
-    "hand_back_requests raises AttributeError, and every engine it paused is marked Unhealthy and relaunched"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=HAND_BACK)
 def test_stream_update_failed_whole(tmp_path: Path) -> None:
     """Mid-stream, a whole in-flight update fails (the trainer worker dies between two buckets of its broadcast,
     under train and rollout FT): every engine it paused hands its requests back and waits for the committed
