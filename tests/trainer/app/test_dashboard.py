@@ -31,6 +31,8 @@ from trainer.app.metrics import Metrics
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "docs" / "grafana" / "rl-lifecycle.json"
 EVENTS = EVENT_LOGS / "rollout_ft_kill_events.jsonl"
+# the stream's group events of a real `lifecycle run --fully-async` (the recorded run above does not stream)
+STREAM_EVENTS = EVENT_LOGS / "stream_groups_events.jsonl"
 
 PREFIX = "rl_lifecycle_"
 DATASOURCE_UIDS = {"${datasource}", "$datasource"}
@@ -81,12 +83,14 @@ def _refuse_a_move(metrics: Metrics) -> None:
 
 @pytest.fixture(scope="module")
 def run_metrics() -> Exported:
-    """What the exporter emitted for the recorded run (plus one real guard refusal if the run had none)."""
+    """What the exporter emitted for the recorded run and a stream's group events (plus one real guard refusal if
+    the run had none)."""
     metrics = Metrics()
-    with EVENTS.open() as f:
-        for line in f:
-            if line.strip():
-                metrics(json.loads(line))
+    for path in (EVENTS, STREAM_EVENTS):
+        with path.open() as f:
+            for line in f:
+                if line.strip():
+                    metrics(json.loads(line))
     if not any(f.samples for f in metrics.registry.collect() if f.name == f"{PREFIX}guard_rejections"):
         _refuse_a_move(metrics)
     return exported(metrics)
