@@ -195,10 +195,13 @@ class Stream:
 
     # -- the loop's calls --------------------------------------------------------------------------------
     def restore(self, state: StreamState) -> None:
-        """A resumed stream: the checkpoint's queue first, its groups judged by their recorded versions."""
+        """A resumed stream: the checkpoint's queue first, its groups judged by their recorded versions (logged
+        again, ``restored``, so the monitor holds them to the versions they were first buffered with)."""
         self.cursor = state.cursor
         self.queue.extend(state.prompts)
         self.done.extend(state.groups)
+        for group in state.groups:
+            self._emit(GROUP_BUFFERED, group, restored=True)
 
     def snapshot(self) -> StreamState:
         """The stream as a checkpoint records it: groups still in flight count as prompts to send again."""

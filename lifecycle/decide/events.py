@@ -227,6 +227,7 @@ class GroupEvent(EventFields, total=False):
     bound: int
     engines: list[str]
     prompts: int
+    restored: bool  # buffered: a group a resumed run restored from its job checkpoint, with its recorded versions
 
 
 class HandedBackEvent(EventFields, total=False):

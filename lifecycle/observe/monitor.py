@@ -111,8 +111,10 @@ class _Job:
     resuming: tuple[str, int] | None = None  # a resumed run's checkpoint version, until its first commit
     # every commit of the job, its drivers' included: (the step it committed, the version, its event index)
     commits: list[tuple[int | None, str, int]] = field(default_factory=list)
-    # the stream's buffered groups, across drivers (a resumed run restores them): name -> (oldest, event index)
+    # the stream's buffered groups: name -> (oldest, event index); at a resume they become ``before`` (what the
+    # dead driver had buffered), which the groups the resumed run restores from its checkpoint are held to
     buffered: dict[str, tuple[int, int]] = field(default_factory=dict)
+    before: dict[str, tuple[int, int]] = field(default_factory=dict)
     # engines whose in-flight update failed, until they load the committed weights: (its time, its event index)
     failed_refit: dict[str, tuple[str | None, int]] = field(default_factory=dict)
 
@@ -193,12 +195,12 @@ class EventMonitor:
     def _resumed(self, e: Event) -> Iterable[_Found]:
         """A new driver: every process the log showed died with the old one; what persists is the checkpoint."""
         version, at = str(e.get("weight_version")), e.get("resume_at")
-        last, buffered = self.job.checkpointed, self.job.buffered
+        last, before = self.job.checkpointed, {**self.job.before, **self.job.buffered}
         # the commits of the steps resumed from on died with the driver (void, like their steps); the others were
         # in the checkpoint: a resume below one of them lost versions (miles #2244's 57 -> 1), even where the log
         # lacks the checkpoint's own line
         kept = [c for c in self.job.commits if not isinstance(at, int) or c[0] is None or c[0] < at]
-        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=kept, buffered=buffered)
+        self.job = _Job(checkpointed=last, resuming=(version, self.index), commits=kept, before=before)
         rule = "weight_version_never_goes_backwards"
         if last is not None and _older(version, last[0]):
             problem = f"the run resumed at weight version {version}, but version {last[0]} was checkpointed after it"
@@ -414,8 +416,9 @@ class EventMonitor:
         name = str(e.get("group"))
         versions = [v for v in (e.get("oldest"), *(e.get("versions") or ())) if v is not None]
         numbers = [n for n in map(_int, versions) if n is not None]
-        if name in self.job.buffered:
-            numbers.append(self.job.buffered[name][0])
+        first = self.job.buffered.get(name) or (self.job.before.get(name) if e.get("restored") else None)
+        if first is not None:
+            numbers.append(first[0])
         oldest = min(numbers) if numbers else None
         version = self._version()
         out: list[_Found] = []
@@ -439,9 +442,11 @@ class EventMonitor:
         job = self.job
         name, oldest, out = self._group(e)
         said = _int(e.get("oldest"))
-        if name in job.buffered and said is not None and said > job.buffered[name][0]:
-            # a resumed stream restores a group with the versions it was generated under (AReaL #1388)
-            was, at = job.buffered[name]
+        # a resumed stream restores a group with the versions it was generated under (AReaL #1388); a group the dead
+        # driver completed after its checkpoint was taken is not restored but generated again (a new stamp is right)
+        first = job.before.get(name) if e.get("restored") else job.buffered.get(name)
+        if first is not None and said is not None and said > first[0]:
+            was, at = first
             problem = f"group {name} was buffered again with oldest {said}, first buffered with oldest {was}: "
             out.append(("no_trained_group_beyond_staleness", problem + "its staleness is undercounted", (at,)))
         if oldest is not None and name not in job.buffered:

@@ -186,7 +186,7 @@ def run_here(fault: Fault, ft: str, mode: str, tmp: Path, vllm_python: str | Non
         timeouts=Timeouts(startup=300.0, request=VLLM_REQUEST_TIMEOUT, death=10.0)
         if vllm
         else Timeouts(startup=120.0, request=REQUEST_TIMEOUT, death=10.0),
-        rollout_fn="matrix_audit:factory",
+        rollout_fn=None if streams(mode) else "matrix_audit:factory",  # a stream sends the prompts itself
         quiet=True,
         model="tiny-llama" if vllm else "char",
         vllm_python=vllm_python,
@@ -374,7 +374,9 @@ def run_killed_and_resumed(
     flags = ["--config", "none", *_flags(values), "--steps", str(DRIVER_STEPS)]
     flags += ["--save", str(tmp / "run" / "ckpt"), "--save-interval", str(DRIVER_INTERVAL)]
     flags += ["--inject", f"kill-driver:0@{DRIVER_AT}", "--run-dir", str(tmp / "run")]
-    flags += ["--rollout-function", "matrix_audit:factory", "--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
+    if not streams(mode):  # a stream sends the prompts itself: a rollout function is refused with it
+        flags += ["--rollout-function", "matrix_audit:factory"]
+    flags += ["--quiet", "--engine-request-timeout", str(REQUEST_TIMEOUT)]
     joined = ["--ray-address", ray_address] if ray_address else []
     env = {**environ, AUDIT_ENV: str(audit), "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     env.pop("RAY_ADDRESS", None)

@@ -76,8 +76,10 @@ class Log:
         spans = [str(v) for v in (versions or (oldest,))]
         self.add(f"stream.group_{kind}", group=name, oldest=str(oldest), versions=spans, **fields)
 
-    def buffered(self, name: str, oldest: int, *versions: int, engines: tuple[str, ...] = ENGINES) -> None:
-        self.group("buffered", name, oldest, *versions, engines=list(engines))
+    def buffered(
+        self, name: str, oldest: int, *versions: int, engines: tuple[str, ...] = ENGINES, **fields: Any
+    ) -> None:
+        self.group("buffered", name, oldest, *versions, engines=list(engines), **fields)
 
     def taken(self, name: str, oldest: int, version: int, *versions: int) -> None:
         self.group("taken", name, oldest, *versions, version=str(version), bound=K)
@@ -232,7 +234,7 @@ def test_areal_1388_a_resumed_stream_that_restamps_its_restored_groups_is_caught
     log = clean(until="resume")
     log.add("job.resumed", resume_at=3, weight_version="3", checkpoint="ckpt/job-000003", discarded_steps=[])
     log.started(load="ckpt")
-    log.buffered("g4", 3)  # re-stamped at the checkpoint's version
+    log.buffered("g4", 3, restored=True)  # restored from the checkpoint, re-stamped at its version
     log.launch("3")
     log.update(4, step=3)
     log.taken("g4", 3, 4)
@@ -240,6 +242,20 @@ def test_areal_1388_a_resumed_stream_that_restamps_its_restored_groups_is_caught
     assert {v.invariant for v in found} == {"no_trained_group_beyond_staleness"}
     assert "g4 was buffered again with oldest 3, first buffered with oldest 2" in found[0].problem
     assert any("2 versions stale (oldest 2, committed 4)" in v.problem for v in found)
+
+
+def test_a_group_the_dead_driver_completed_after_its_checkpoint_is_generated_again_with_a_new_stamp() -> None:
+    """The checkpoint recorded g4's prompt (in flight when it was written); the dead driver completed g4 after it
+    (oldest 2), and the resumed run generates it again (oldest 3): not a restored group, so its new stamp is right,
+    and it is judged by it."""
+    log = clean(until="resume")
+    log.add("job.resumed", resume_at=3, weight_version="3", checkpoint="ckpt/job-000003", discarded_steps=[])
+    log.started(load="ckpt")
+    log.launch("3")
+    log.buffered("g4", 3)  # generated again by the resumed run
+    log.update(4, step=3)
+    log.taken("g4", 3, 4)
+    assert EventMonitor().feed_all(log.events) == []
 
 
 def test_a_fresh_group_dropped_as_stale_is_caught() -> None:
