@@ -86,7 +86,7 @@ def test_a_broadcast_reaches_vllm_tensor_for_tensor(disk_run: RunResult, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster")
-@pytest.mark.parametrize("bound", [1, 4])
+@pytest.mark.parametrize("bound", [1])  # K = 4 on vLLM: measured once (docs/measured.md), ~2 min of CI saved
 def test_a_stream_learns_on_real_vllm_servers_within_its_bound(tmp_path: Path, vllm_python: str, bound: int) -> None:
     """--fully-async on vLLM: its engines are paused with /pause?mode=keep, load, /resume -- requests in flight
     across updates (groups spanning two versions) -- and no trained group is more than K versions behind."""
