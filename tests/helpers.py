@@ -6,8 +6,11 @@ module, a harness such as ``tests/reliability/badinput.py`` or a fixture alike.
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # Real runs' event logs, checked in once and read by the lifecycle, trainer and browser suites.
@@ -30,3 +33,14 @@ def alive(pid: int) -> bool:
     except OSError:  # gone, or going while read
         return False
     return fields[0] not in ("Z", "X")
+
+
+class OwnLoop:
+    """A test's engine slot with its own event loop: the slot's HTTP session belongs to the loop it was made on, so
+    every call of a module's tests runs on that one."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(coro)

@@ -28,6 +28,7 @@ from engines.process import torch_engine_command
 from engines.protocol import GenerateResponse, SamplingParams
 from engines.vllm.api import VLLMAPI
 from lifecycle.decide.backends import CAPABILITIES, capabilities
+from tests.helpers import OwnLoop
 
 SEEDS = {"v1": 21, "v2": 22}  # the two checkpoints on disk (the engine process itself starts from seed 0)
 N = 200  # tokens per request: ~2-3 s at the engine's 10 ms step, long enough to pause it mid-generation
@@ -36,15 +37,12 @@ PROMPT = "Once upon"
 KEEPING = ("retract", "in_place")
 
 
-class Slot:
+class Slot(OwnLoop):
     """One engine slot on a CPU engine and its own event loop (the slot's HTTP session belongs to it)."""
 
     def __init__(self, engine: Engine, checkpoints: dict[str, str]) -> None:
+        super().__init__()
         self.engine, self.checkpoints = engine, checkpoints
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
 
     async def state(self) -> dict[str, Any]:
         return dict((await self.engine.client.server_info()).internal_states[0])

@@ -8,12 +8,10 @@ a SIGSTOPped server fails its probe but is not dead; a SIGKILLed one is confirme
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +22,7 @@ from engines.engine import Engine, Timeouts
 from engines.models import build_tiny_llama
 from engines.vllm.api import VLLMAPI
 from engines.vllm.launcher import vllm_launcher_factory
+from tests.helpers import OwnLoop
 
 SIZES = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 256}
 GREEDY = {"max_new_tokens": 8, "temperature": 0.0}
@@ -32,15 +31,12 @@ PROMPTS = [[5, 6, 7], [9, 10, 11, 12]]
 pytestmark = pytest.mark.slow
 
 
-class Slot:
+class Slot(OwnLoop):
     """One slot and its own event loop (the slot's HTTP session belongs to it), for the module's tests."""
 
     def __init__(self, engine: Engine, models: dict[str, Path]) -> None:
+        super().__init__()
         self.engine, self.models = engine, models
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
 
     def generate(self) -> list[list[int]]:
         answers = self.run(self.engine.client.generate_batch(input_ids=PROMPTS, sampling_params=GREEDY))
