@@ -260,8 +260,8 @@ class Stream:
             if left <= 0:
                 raise StreamError(
                     f"no batch of {self.batch} groups completed within {timeout:.0f}s ({len(self.done)} done, "
-                    f"{len(self.inflight)} in flight, engines {self.controller.states()}); raise --engine-request-timeout "
-                    "or check the engines"
+                    f"{len(self.inflight)} in flight, engines {self.controller.states()}); "
+                    "raise --engine-request-timeout or check the engines"
                 )
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
