@@ -65,6 +65,13 @@ GROUP_BUFFERED = "stream.group_buffered"  # group, oldest (its oldest token's we
 GROUP_TAKEN = "stream.group_taken"  # group, oldest, version (the committed one it is trained against), bound
 GROUP_DROPPED = "stream.group_dropped"  # group, oldest, version, bound, prompts (re-queued)
 HANDED_BACK = "stream.handed_back"  # the requests an engine kept through a failed update, re-sent elsewhere
+# an elastic fleet (--rollout-min-num-gpus / --rollout-max-num-gpus): who is a member, who leaves, who is routed
+FLEET = "fleet.scaled"  # the desired member count changed (a scale op) or a reconcile ended: target, members, bounds
+PREEMPT_NOTICE = "engine.preempt_notice"  # an engine will be taken away: its deadline, and who said so
+DRAINED = "engine.drained"  # a leaving engine's requests in flight finished, or the drain bound passed first
+GATEWAY_MEMBERS = "gateway.members"  # one router's whole worker list, as it reported it (GET /workers)
+SYNC_CONNECTED = "weight_sync.connected"  # a broadcast group formed: its generation, world size and members
+SYNC_DESTROYED = "weight_sync.destroyed"  # a broadcast group torn down (membership changed, a failure, the end)
 
 
 # -- what each kind of event holds: the one definition its writer is typed with and every reader checks --------
@@ -235,6 +242,53 @@ class HandedBackEvent(EventFields, total=False):
     requests: int
 
 
+class FleetEvent(EventFields, total=False):
+    """Desired vs allocated vs routable, in engines (Dynamo's engine-group states): ``target`` the members wanted,
+    ``members`` the slots that hold or will hold a member, ``serving`` the routable ones."""
+
+    target: int
+    members: list[str]
+    serving: list[str]
+    min_engines: int
+    max_engines: int
+
+
+class NoticeEvent(EventFields, total=False):
+    instance: str
+    epoch: int
+    deadline_s: float  # seconds from this event to the moment the engine is taken (SIGTERM, node removed)
+    by: str  # "injector", "ray" (a draining node), "user"
+
+
+class DrainedEvent(EventFields, total=False):
+    instance: str
+    epoch: int
+    running: int  # requests still running when the drain ended (0 unless it timed out)
+    handed_back: int  # of them, handed back to the stream
+    timed_out: bool
+    seconds: float
+
+
+class Worker(TypedDict, total=False):
+    instance: str | None  # the engine the worker's URL belongs to (None: a URL the job does not know)
+    url: str
+    epoch: int | None
+    status: str | None
+    weight_version: Version
+
+
+class GatewayMembersEvent(EventFields, total=False):
+    router: str
+    workers: list[Worker]
+
+
+class SyncGroupEvent(EventFields, total=False):
+    generation: int
+    world_size: int
+    members: list[str]
+    why: str  # destroyed: "membership", "failed", "shutdown"
+
+
 class FaultEvent(EventFields, total=False):
     """The injector's record: which fault, where, and details of its own (a pid, the actor's info, ...)."""
 
@@ -270,6 +324,12 @@ EVENT_SCHEMAS: dict[str, type] = {
     HANDED_BACK: HandedBackEvent,
     FAULT_INJECTED: FaultEvent,
     FAULT_FIRED: FaultEvent,
+    FLEET: FleetEvent,
+    PREEMPT_NOTICE: NoticeEvent,
+    DRAINED: DrainedEvent,
+    GATEWAY_MEMBERS: GatewayMembersEvent,
+    SYNC_CONNECTED: SyncGroupEvent,
+    SYNC_DESTROYED: SyncGroupEvent,
 }
 _CHECKS = {kind: checker(cls) for kind, cls in EVENT_SCHEMAS.items()}
 _ANY_EVENT = checker(EventFields)  # a kind this version does not know (written later, or by an older version)
