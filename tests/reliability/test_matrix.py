@@ -57,6 +57,7 @@ from trainer.app.faults import (
     BROADCAST_FAULTS,
     FT_CONFIGS,
     MODES,
+    NOTICE_FLEET,
     TRAINER_FAULTS,
     Fault,
     check_faults,
@@ -154,6 +155,8 @@ def cell_config(fault: str, ft: str, mode: str = "normal") -> dict[str, Any]:
     values = {**CELL, **FT_CONFIGS[ft], **MODES[mode], **MODE_CELL.get(mode, {})}
     if fault == "crash-during-offload":
         values["offload_rollout"] = True
+    if KINDS[fault].notice:  # a notice is acted on by an elastic fleet only
+        values |= NOTICE_FLEET
     return values
 
 
@@ -797,7 +800,7 @@ class Lane:
         if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
             kept = self.where.kept_head if keeps(mode) else None
             return run_killed_and_resumed(ft, tmp, mode, kept, self.environ)
-        if kind == "lose-node":
+        if KINDS[kind].needs == "ray-nodes":
             return run_subprocess(cell_fault(kind), ft, tmp, self.environ)
         if self.runner is None or self.runner.proc.poll() is not None:
             self.runner = CellRunner(self.where.ray_address, self.tmp, self.environ)
@@ -836,7 +839,7 @@ def cell_runs(
             where = Where(vllm_python=request.getfixturevalue("vllm_python"))
         except pytest.skip.Exception:  # the vLLM cells' tests skip (or fail under LIFECYCLE_REQUIRE_ALL) themselves
             cells = [c for c in cells if not on_vllm(c[1])]
-    if any(kind not in ("kill-driver", "lose-node") for kind, _, _ in cells):
+    if any(kind != "kill-driver" and KINDS[kind].needs != "ray-nodes" for kind, _, _ in cells):
         import ray
 
         request.getfixturevalue("ray_cluster")
@@ -1006,11 +1009,13 @@ def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -
 
 def test_expected_follows_the_predicates() -> None:
     """Rollout faults recover exactly under rollout FT (with or without a trainer), trainer crashes exactly under
-    train FT, a dead driver under any."""
+    train FT, a dead driver and a preemption with notice under any."""
     for kind, mode, ft in CELLS:
         comps = set(FT_CONFIGS[ft].get("ft_components", []))
         heals = ("train" in comps) if kind in TRAINER_FAULTS else ("rollout" in comps)
         if kind == "kill-driver":  # the job's state is on disk: every FT configuration resumes
+            heals = True
+        if KINDS[kind].notice:  # a planned leave, drained by the elastic fleet: never a failure
             heals = True
         assert expected(kind, ft, mode).outcome == ("recovers" if heals else "stops"), (kind, mode, ft)
 
