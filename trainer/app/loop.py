@@ -315,6 +315,7 @@ async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder, 
     for step in range(start, opts.steps):
         ts = time.monotonic()
         with bind_context(step=step, rollout_id=step):
+            await _scale_due(opts, step, job)
             await _inject_due(injector, step, job.manager, job.trainer)
             evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
             if interval is not None and step == 0:  # miles: eval before the first rollout
@@ -342,6 +343,7 @@ async def _stream_steps(opts: RunOptions, job: Job, start: int, record: Recorder
         for step in range(start, opts.steps):
             ts = time.monotonic()
             with bind_context(step=step, rollout_id=step):
+                await _scale_due(opts, step, job)
                 await _inject_due(injector, step, job.manager, job.trainer)
                 taken = await job.take()
                 await job.update_weights(step + 1, onload=False)
@@ -446,6 +448,7 @@ async def _async_steps(opts: RunOptions, job: Job, record: Recorder, injector: F
                 assert pending is not None
                 samples = await pending  # generated during the previous step's training (weights k-1)
                 pending = None
+                await _scale_due(opts, step, job)
                 await _inject_due(injector, step, manager, job.trainer)
                 if step + 1 < opts.steps:
                     pending = _start_generate(manager, step + 1)
@@ -477,6 +480,14 @@ def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
         evals["eval_skipped"] = result.skipped or "no_reward"
     else:
         evals["eval_reward"] = result.reward
+
+
+async def _scale_due(opts: RunOptions, step: int, job: Job) -> None:
+    """The fleet's size from this step on (``--scale-rollout N@STEP``), before the step's faults: the job's
+    ``scale_rollout``, which returns once joiners hold the committed weights and leavers are out of the gateway."""
+    for scale in opts.scale:
+        if scale.step == step:
+            await job.scale_rollout(scale.engines)
 
 
 async def _inject_due(injector: FaultInjector, step: int, manager: RolloutManager, trainer: TrainerGroup) -> None:
