@@ -218,6 +218,7 @@ PredicateName = Literal[
     "ci_injects_rollout_faults",
     "ci_mode",
     "constructs_rollout_fn",
+    "elastic",
     "eval_fleet_enabled",
     "eval_fleet_self_probes",
     "external_engines",
