@@ -354,3 +354,15 @@ def test_without_bounds_the_group_has_no_generation() -> None:
     d = Drive(cfg(update_weight_transfer_mode="broadcast")).start()
     d.op("update_weights")
     assert d.s.sync_generation == 0 and all(c.generation == 0 for c in d.commands)
+
+
+@pytest.mark.parametrize("mode", ["disk", "broadcast"])
+def test_an_update_while_an_engine_drains_leaves_it_out_of_the_snapshot_and_the_group(mode: str) -> None:
+    d = elastic(update_weight_transfer_mode=mode)
+    d.op("generate")
+    d.op("retire_engine", 1)  # its drain runs on: no drained news yet
+    d.op("generate_done")
+    assert d.op("update_weights") is None and d.s.failed is None
+    assert d.engines() == ["Quiesced", "Draining", "Init"]
+    assert d.s.engines[0].current and not d.s.engines[1].current  # only the snapshot's engine took the update
+    assert d.core.group_members(d.s) == ((0,) if mode == "broadcast" else ())
