@@ -158,6 +158,19 @@ class Core:
             )
         )
 
+    def with_target(self, state: JobState, target: int) -> JobState:
+        """A resumed elastic job's target (its job checkpoint's): the fleet starts as configured and the first
+        boundary (a generate, a stream, the trainer's update) joins or retires members to reach it."""
+        if not self.elastic:
+            raise ValueError("this job has no elastic fleet (--rollout-min/max-num-gpus): it has no target to restore")
+        if not self.min_engines <= target <= self.engines:
+            raise ValueError(
+                f"a target of {target} engines is outside the fleet's bounds {self.min_engines}..{self.engines}"
+            )
+        if state.rollout != "Init":
+            raise ValueError("a target is restored before the first operation, not after")
+        return state._replace(target=target)
+
     def with_checkpoint(self, state: JobState, version: int, oldest: tuple[int, ...] = ()) -> JobState:
         """A resumed stream's job checkpoint: its committed version and the oldest-token version of each group it
         buffered. The workers' restore publishes them (the trainer's ``restored``): the version first, then each

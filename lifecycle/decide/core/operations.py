@@ -76,7 +76,12 @@ def precondition(step: StepDraft, op: Op) -> str | None:
     job, core = step.job, step.core
     if op.name in ("generate", "eval", "stream") and job.dirty:
         return "the last weight update failed and was not redone: engines may hold different weights"
-    if op.name in ("generate", "eval", "stream") and core.engines and all(e.state in core.gone for e in job.engines):
+    if (
+        op.name in ("generate", "eval", "stream")
+        and core.engines
+        and not (core.elastic and job.target)  # an elastic fleet's boundary joins its target first
+        and all(e.state in core.gone for e in job.engines)
+    ):
         return "no rollout engine is in play (all stopped or never started): start one first (start_engine)"
     if op.name == "eval_done" and job.fleet not in ("Init", "Idle"):
         return f"the eval fleet is {job.fleet}: release it first"

@@ -418,6 +418,13 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         engine_markable,
     ),
     ResultRow("engine", ANY, ERROR, "a request raised: mark_unhealthy (a leaver: lost)", engine_fault, engine_markable),
+    ResultRow(
+        "rollout",
+        "read_gateway",
+        ERROR,
+        "a router's worker list could not be read: the report is missing (the monitor says so), the run goes on",
+        lambda step, cmd, outcome: None,
+    ),
     # -- the weight-update group ---------------------------------------------------------------------------------------
     ResultRow(
         "weight_sync", "init_weight_group", "done", "it connected", fire("sync", "connected"), sync_in("Connecting")

@@ -366,3 +366,30 @@ def test_an_update_while_an_engine_drains_leaves_it_out_of_the_snapshot_and_the_
     assert d.engines() == ["Quiesced", "Draining", "Init"]
     assert d.s.engines[0].current and not d.s.engines[1].current  # only the snapshot's engine took the update
     assert d.core.group_members(d.s) == ((0,) if mode == "broadcast" else ())
+
+
+def test_a_resumed_target_is_reached_at_the_first_boundary() -> None:
+    d = Drive(cfg(**BOUNDS))
+    d.s = d.core.with_target(d.s, 3)
+    d.start()
+    assert d.engines() == ["Quiesced", "Quiesced", "Init"]  # the configured fleet starts
+    d.op("generate")
+    assert d.engines() == ["Serving"] * 3 and d.s.target == 3
+    with pytest.raises(ValueError, match="outside the fleet's bounds"):
+        d.core.with_target(d.core.initial(), 4)
+    with pytest.raises(ValueError, match="no elastic fleet"):
+        Core(cfg()).with_target(Core(cfg()).initial(), 2)
+
+
+def test_a_gateway_that_cannot_be_read_does_not_stop_the_run() -> None:
+    d = elastic()
+    d.do(Op("scale_rollout", target=3), lambda c: Outcome("error") if c.effect == "read_gateway" else ok(c))
+    assert d.s.failed is None and d.engines() == ["Quiesced"] * 3
+
+
+def test_a_fleet_whose_every_engine_left_is_replaced_at_the_next_generate() -> None:
+    d = Drive(cfg(rollout_num_gpus=1, rollout_max_num_gpus=1)).start()
+    d.do(notice(0))
+    assert d.engines() == ["Retired"]
+    assert d.op("generate") is None
+    assert d.engines() == ["Serving"] and d.s.engines[0].current
