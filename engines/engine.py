@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engines.api import APIFactory, Bucket, ServerAPI, mismatch
+from engines.drain import Drain, drain, read_running
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
 from engines.launcher import Launcher
+from lifecycle.decide.backends import RunningCount
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import MEMORY, WEIGHTS
@@ -285,6 +287,20 @@ class Engine:
             return failed._replace(facts=(self._fact(WEIGHTS, weight_version=got, transfer=how, outcome="refused"),))
         self.weight_version = version
         return Outcome("loaded", facts=(self._fact(WEIGHTS, weight_version=version, transfer=how, outcome="loaded"),))
+
+    async def drain(self, source: RunningCount | None, bound: float) -> Drain:
+        """Wait (bounded by ``bound`` seconds) until the server runs no request: it was withdrawn from its router,
+        so only what was forwarded before is left. ``source``: where its backend reports the count."""
+        server = self.server
+        if server is None:
+            return Drain(0, False, 0.0, "no server process: its requests ended with it")
+        client = server.client
+
+        async def read(timeout: float) -> int:
+            assert source is not None
+            return await read_running(client, source, timeout)
+
+        return await drain(None if source is None else read, bound)
 
     # -- traffic and memory -----------------------------------------------------------------------------
     async def continue_generation(self) -> Outcome:

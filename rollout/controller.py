@@ -25,8 +25,9 @@ from engines.engine import Engine, EngineFailed, Timeouts
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
 from engines.ledger import EngineLedger
+from lifecycle.decide.backends import capabilities
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.decide.events import HANDED_BACK, PROBE, ROUTED, EventLog
+from lifecycle.decide.events import DRAINED, HANDED_BACK, PROBE, ROUTED, EventLog
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
 from rollout.external import ExternalEngines
@@ -37,6 +38,8 @@ from rollout.routing import LocalRouting, RouterRouting, Routing
 from rollout.watch import DeathWatch
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)
+DRAIN_TIMEOUT_S = 30.0  # --rollout-drain-timeout's default (K8s terminationGracePeriodSeconds, GCE Spot)
+DRAIN_MARGIN_S = 3.0  # kept before a notice's deadline: the engine is stopped and its death confirmed in it
 
 
 class InferenceController:
@@ -67,6 +70,8 @@ class InferenceController:
         self.replacements = self.external.replacements  # external engine -> how often its process was replaced
         self.kept = KeptEngines(runner, engine_ledger, self._serve)
         self.deaths = DeathWatch(runner.report)  # a watcher per live process: its death is news at once
+        self.drains: set[asyncio.Task[None]] = set()  # leaving engines' drains, beside the lanes
+        self.notices: dict[str, tuple[int | None, float]] = {}  # instance -> (epoch, monotonic deadline) of a notice
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -102,6 +107,7 @@ class InferenceController:
                 "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
                 "engine.hold_routing": lambda c: self.routings[self._group(c)].hold(self.slot(c)),
                 "engine.hand_back_requests": self._hand_back,
+                "engine.drain_requests": self._drain_beside,
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -198,6 +204,66 @@ class InferenceController:
         if self.log.enabled:
             self.log.emit(HANDED_BACK, instance=engine.id)
         return outcome
+
+    def drain_bound(self, deadline_s: float | None = None) -> float:
+        """Seconds a leaving engine's drain may take: ``--rollout-drain-timeout``, and never past a notice's
+        deadline less :data:`DRAIN_MARGIN_S` (the engine must still be stopped and its death confirmed by then)."""
+        bound = float(getattr(self.config, "rollout_drain_timeout", None) or DRAIN_TIMEOUT_S)
+        if deadline_s is not None:
+            bound = min(bound, deadline_s - DRAIN_MARGIN_S)
+        return max(0.0, bound)
+
+    async def drain_requests(
+        self, cmd: Command, *, deadline_s: float | None = None, hand_back: bool = False
+    ) -> Outcome:
+        """``drain_requests`` carried out: the engine is out of its router already; wait (bounded by
+        :meth:`drain_bound`) until the server's own running count reaches 0, polled where its backend row says
+        (``Capabilities.running``). On a timeout with ``hand_back`` (a stream: the core says so) what is left is
+        handed back through ``hand_back_requests``' own path, and the stream sends it again. Logs
+        ``engine.drained`` and returns the news ``drained`` about this process (its epoch), ``reason`` saying
+        how it ended; ``deadline_s``: seconds left of a notice, None for a planned retire."""
+        engine = self.slot(cmd)
+        epoch = engine.epoch
+        if deadline_s is None and cmd.instance in self.notices:
+            noticed_epoch, at = self.notices[cmd.instance]
+            if noticed_epoch == epoch:
+                deadline_s = at - time.monotonic()
+        row = capabilities(self.config.rollout_backend, self.config.rollout_device)
+        drained = await engine.drain(row.running, self.drain_bound(deadline_s))
+        handed = 0
+        if drained.timed_out and hand_back:
+            await self._hand_back(cmd)
+            handed = max(drained.running, 0)
+        if self.log.enabled:
+            self.log.emit(
+                DRAINED,
+                instance=engine.id,
+                epoch=epoch,
+                running=drained.running,
+                handed_back=handed,
+                timed_out=drained.timed_out,
+                seconds=drained.seconds,
+            )
+        reason = "" if not drained.timed_out else f"{drained.running} requests still running after {drained.seconds:g}s"
+        if drained.error:
+            reason += f" (the count could not be read: {drained.error})"
+        return Outcome("drained", cmd.group, cmd.engine, reason, epoch=epoch)
+
+    async def _drain_beside(self, cmd: Command) -> Outcome:
+        """The effect's handler: the drain runs beside the lane (``done`` at once: the watching started) and its
+        end is news (``drained``, fenced by the process's epoch like a death)."""
+
+        async def run() -> None:
+            await self.runner.report(await self.drain_requests(cmd))
+
+        task = asyncio.create_task(run(), name=f"drain-{cmd.instance}")
+        self.drains.add(task)
+        task.add_done_callback(self.drains.discard)
+        return Outcome("done")
+
+    def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None:
+        """A preemption notice for this process of the slot: its drain ends before the deadline."""
+        self.notices[instance] = (epoch, time.monotonic() + deadline_s)
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
@@ -360,7 +426,7 @@ class InferenceController:
         for routing in self.routings.values():
             with contextlib.suppress(Exception):
                 await routing.close()
-        tasks = [*watchers, *self.external.tasks()]
+        tasks = [*watchers, *self.external.tasks(), *self.drains]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
