@@ -22,12 +22,13 @@ from collections.abc import Awaitable, Callable
 
 from engines.backends import engine_backend
 from engines.engine import Engine, EngineFailed, Timeouts
+from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
 from engines.ledger import EngineLedger
 from lifecycle.decide.backends import capabilities
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.decide.events import DRAINED, HANDED_BACK, PROBE, ROUTED, EventLog
+from lifecycle.decide.events import DRAINED, GATEWAY_MEMBERS, HANDED_BACK, PROBE, ROUTED, EventLog, Worker
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
 from rollout.external import ExternalEngines
@@ -108,6 +109,7 @@ class InferenceController:
                 "engine.hold_routing": lambda c: self.routings[self._group(c)].hold(self.slot(c)),
                 "engine.hand_back_requests": self._hand_back,
                 "engine.drain_requests": self._drain_beside,
+                "rollout.read_gateway": self._read_gateway,
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -260,6 +262,42 @@ class InferenceController:
         self.drains.add(task)
         task.add_done_callback(self.drains.discard)
         return Outcome("done")
+
+    async def read_gateway(self) -> tuple[list[Fact], list[str]]:
+        """``read_gateway``: each group's gateway (SMG) read whole -- ``GET /workers`` of the rollout and the eval
+        router -- as one ``gateway.members`` fact per router that runs and answers (and why each other did not):
+        every worker SMG lists, with the engine whose URL it is (None: a URL no slot of the group holds) and that
+        process's epoch. It only reports (the monitor judges the list against the Serving engines): SMG is never
+        repaired to hide a disagreement."""
+        facts, errors = [], []
+        for group, routing in self.routings.items():
+            if not isinstance(routing, RouterRouting) or not routing.router.alive:
+                continue  # in-process routing, or no gateway running: there is no list to read
+            engines = self.engines if group == ROLLOUT else self.evals
+            owners = {e.url.rstrip("/"): e for e in engines if e.url is not None}
+            try:
+                listed = await routing.router.workers()
+            except EngineError as exc:
+                errors.append(f"{routing.name}: {exc}")
+                continue
+            workers: list[Worker] = []
+            for url in sorted(listed):
+                worker, owner = listed[url], owners.get(url)
+                workers.append(
+                    Worker(
+                        instance=None if owner is None else owner.id,
+                        url=url,
+                        epoch=None if owner is None else owner.epoch,
+                        status=worker.status,
+                        weight_version=worker.weight_version,
+                    )
+                )
+            facts.append(Fact.of(GATEWAY_MEMBERS, router=routing.name, workers=workers))
+        return facts, errors
+
+    async def _read_gateway(self, cmd: Command) -> Outcome:
+        facts, errors = await self.read_gateway()
+        return Outcome("done", reason="; ".join(errors), facts=tuple(facts))
 
     def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None:
         """A preemption notice for this process of the slot: its drain ends before the deadline."""
