@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engines.api import APIFactory, Bucket, ServerAPI, mismatch
+from engines.api import GROUP_NAME, APIFactory, Bucket, ServerAPI, mismatch
 from engines.drain import Drain, drain, read_running
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
 from engines.launcher import Launcher
@@ -250,24 +250,29 @@ class Engine:
         return await self.server.served_version(self.timeouts.request)
 
     # -- the weight-update group (broadcast mode) ---------------------------------------------------------
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        """Join the trainer's group at ``rank`` (raises EngineError: the group did not form)."""
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = GROUP_NAME
+    ) -> None:
+        """Join the trainer's group ``group`` (one generation's name) at ``rank`` (raises EngineError: the group
+        did not form)."""
         if self.server is None:
             raise EngineError(self.id, "join_group", "no server process")
-        await self.server.join_group(address, port, rank, world_size, timeout)
+        await self.server.join_group(address, port, rank, world_size, timeout, group)
 
-    async def leave_group(self, timeout: float) -> None:
+    async def leave_group(self, timeout: float, group: str = GROUP_NAME) -> None:
         """Leave the group, best effort: a dead or group-less engine is already out."""
         if self.server is not None:
             with contextlib.suppress(EngineError):
-                await self.server.leave_group(timeout)
+                await self.server.leave_group(timeout, group)
 
-    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> Outcome:
-        """Every bucket, each within ``timeout``, while the trainer broadcasts them, in one update session;
-        then the server must report ``version``."""
+    async def receive(
+        self, buckets: Sequence[Bucket], version: str, timeout: float, group: str = GROUP_NAME
+    ) -> Outcome:
+        """Every bucket, each within ``timeout`` and stamped with ``group`` (its generation), while the trainer
+        broadcasts them, in one update session; then the server must report ``version``."""
         if self.server is None:
             return self._failed("request_failed", "no server process")
-        return await self._verified(self.server.receive(buckets, version, timeout), version, "broadcast")
+        return await self._verified(self.server.receive(buckets, version, timeout, group), version, "broadcast")
 
     async def _verified(self, transfer: Awaitable[str | None], version: str, how: str, path: str = "") -> Outcome:
         """A weight transfer that returns the version the server then reports, which must be ``version``:
