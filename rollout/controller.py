@@ -35,6 +35,7 @@ from rollout.external import ExternalEngines
 from rollout.failures import ControllerError as ControllerError  # raised here, and named here by its callers
 from rollout.failures import engine_failure, slot_of, start_failure
 from rollout.kept import KeptEngines
+from rollout.preempt import DrainingNodes, OnNotice, ReadDraining, ray_draining
 from rollout.routing import LocalRouting, RouterRouting, Routing
 from rollout.watch import DeathWatch
 
@@ -73,6 +74,7 @@ class InferenceController:
         self.deaths = DeathWatch(runner.report)  # a watcher per live process: its death is news at once
         self.drains: set[asyncio.Task[None]] = set()  # leaving engines' drains, beside the lanes
         self.notices: dict[str, tuple[int | None, float]] = {}  # instance -> (epoch, monotonic deadline) of a notice
+        self.node_watch: DrainingNodes | None = None  # Ray's draining nodes, watched (watch_draining_nodes)
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -299,6 +301,24 @@ class InferenceController:
         facts, errors = await self.read_gateway()
         return Outcome("done", reason="; ".join(errors), facts=tuple(facts))
 
+    def watch_draining_nodes(
+        self, on_notice: OnNotice | None = None, *, interval: float | None = None, read: ReadDraining | None = None
+    ) -> DrainingNodes:
+        """Start polling Ray's draining nodes (every ``interval``, by default the probe interval): each rollout
+        engine process on one is noticed once -- ``engine.preempt_notice`` (by ``ray``), its deadline kept for its
+        drain (:meth:`note_notice`), then ``on_notice(group, index, epoch, deadline_s)`` (the lifecycle's news)."""
+
+        async def noticed(group: str, index: int, epoch: int | None, deadline_s: float) -> None:
+            self.note_notice(instance_name(group, index), epoch, deadline_s)
+            if on_notice is not None:
+                await on_notice(group, index, epoch, deadline_s)
+
+        every = float(interval or self.config.rollout_health_check_interval or 5.0)
+        watcher = DrainingNodes(self.engines, self.log, noticed, interval=every, read=read or ray_draining)
+        watcher.start()
+        self.node_watch = watcher
+        return watcher
+
     def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None:
         """A preemption notice for this process of the slot: its drain ends before the deadline."""
         self.notices[instance] = (epoch, time.monotonic() + deadline_s)
@@ -457,6 +477,8 @@ class InferenceController:
     async def close(self) -> None:
         """Best-effort cleanup whatever the states: stop probing and watching, kill processes, close clients."""
         await self.monitor.stop()
+        if self.node_watch is not None:
+            await self.node_watch.stop()
         watchers = self.deaths.stop()
         for engine in [*self.engines, *self.evals]:
             with contextlib.suppress(Exception):
