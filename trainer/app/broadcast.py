@@ -87,7 +87,8 @@ class WeightBroadcast:
         await self.buckets()  # a backend without named_weights() raises here (BackendError): the run stops
         members = [self.controller.engines[i] for i in self.runner.core.group_members(self.runner.state)]
         self.members = members
-        self.generation += 1
+        # the core's count where it keeps one (an elastic fleet's commands carry it), else this shell's own
+        self.generation = getattr(cmd, "generation", 0) or self.generation + 1
         self.connected, self.failed = True, ""
         port, world, name = free_port(self.address), 1 + len(members), group_name(self.generation)
         bound = self.timeout + MARGIN
@@ -146,8 +147,7 @@ class WeightBroadcast:
             return Outcome("refused", reason="no weights pending: the trainer wrote none for this update")
         engine = self.controller.slot(cmd)
         self.controller.transferring(engine, True)  # a kept engine torn by a driver's death is never trusted
-        outcome = await engine.receive(
-            await self.buckets(), weights[1], self.timeout + MARGIN, group_name(self.generation)
-        )
+        generation = getattr(cmd, "generation", 0) or self.generation  # the group this bucket is for
+        outcome = await engine.receive(await self.buckets(), weights[1], self.timeout + MARGIN, group_name(generation))
         self.controller.transferring(engine, outcome.name != "loaded")
         return outcome
