@@ -218,14 +218,15 @@ class InferenceController:
         return max(0.0, bound)
 
     async def drain_requests(
-        self, cmd: Command, *, deadline_s: float | None = None, hand_back: bool = False
+        self, cmd: Command, *, deadline_s: float | None = None, hand_back: bool = False, handed_back_later: bool = False
     ) -> Outcome:
         """``drain_requests`` carried out: the engine is out of its router already; wait (bounded by
         :meth:`drain_bound`) until the server's own running count reaches 0, polled where its backend row says
-        (``Capabilities.running``). On a timeout with ``hand_back`` (a stream: the core says so) what is left is
-        handed back through ``hand_back_requests``' own path, and the stream sends it again. Logs
-        ``engine.drained`` and returns the news ``drained`` about this process (its epoch), ``reason`` saying
-        how it ended; ``deadline_s``: seconds left of a notice, None for a planned retire."""
+        (``Capabilities.running``). On a timeout, what is left is handed back here through ``hand_back_requests``'
+        own path with ``hand_back``, or by the core's ``drained`` move with ``handed_back_later`` (a stream: the
+        count is reported handed back either way). Logs ``engine.drained`` and returns the news ``drained`` about
+        this process (its epoch), ``reason`` saying how it ended; ``deadline_s``: seconds left of a notice (by
+        default the one :meth:`note_notice` kept for this process), None for a planned retire."""
         engine = self.slot(cmd)
         epoch = engine.epoch
         if deadline_s is None and cmd.instance in self.notices:
@@ -237,6 +238,7 @@ class InferenceController:
         handed = 0
         if drained.timed_out and hand_back:
             await self._hand_back(cmd)
+        if drained.timed_out and (hand_back or handed_back_later):
             handed = max(drained.running, 0)
         if self.log.enabled:
             self.log.emit(
@@ -255,10 +257,12 @@ class InferenceController:
 
     async def _drain_beside(self, cmd: Command) -> Outcome:
         """The effect's handler: the drain runs beside the lane (``done`` at once: the watching started) and its
-        end is news (``drained``, fenced by the process's epoch like a death)."""
+        end is news (``drained``, fenced by the process's epoch like a death). Where this config hands requests
+        back (a stream), the core's ``drained`` move does it."""
+        later = ("engine", "hand_back_requests") in self.runner.core.commands()
 
         async def run() -> None:
-            await self.runner.report(await self.drain_requests(cmd))
+            await self.runner.report(await self.drain_requests(cmd, handed_back_later=later))
 
         task = asyncio.create_task(run(), name=f"drain-{cmd.instance}")
         self.drains.add(task)

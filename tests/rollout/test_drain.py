@@ -180,3 +180,29 @@ def test_the_running_count_is_read_where_the_backend_row_says() -> None:
     with pytest.raises(EngineProtocolError, match="no integer"):
         parse_running(cpu, '{"internal_states": [{}]}')
     assert {b: capabilities(b, "cpu").running is not None for b in ("sglang", "vllm")} == {"sglang": True, "vllm": True}
+
+
+def test_the_effect_handler_answers_done_at_once_and_reports_the_end_as_news(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine.drain_requests`` is bound: the lane is not held by the drain (``done`` while the request still
+    runs), and the drain's end comes back as the news ``drained`` about this process."""
+    reported: list[Any] = []
+
+    async def report(outcome: Any) -> None:
+        reported.append(outcome)
+
+    monkeypatch.setattr(rig.runner, "report", report)
+
+    async def main() -> dict[str, Any]:
+        task = await rig.long_request(through_gateway=False)
+        answered = await rig.runner.handlers["engine.drain_requests"](CMD)
+        running_then = await rig.running()
+        await asyncio.gather(*rig.controller.drains)
+        return {"answered": answered, "running_then": running_then, "answer": await asyncio.wait_for(task, 10)}
+
+    out = rig.run(main())
+    assert out["answered"].name == "done" and out["running_then"] == 1
+    (news,) = reported
+    assert (news.name, news.engine, news.reason, news.epoch) == ("drained", 0, "", rig.controller.engines[0].epoch)
+    assert len(out["answer"].output_ids) == N
