@@ -413,6 +413,41 @@ INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
     "the committed version is a violation; judged over event logs (lifecycle trace check).",
 )
 
+# The elastic fleet's rules over event logs. The explorer's own rule of the same name, where one is registered
+# above, is kept (setdefault): it judges the model, this entry only names what the monitor judges in a log.
+INVARIANTS.setdefault(
+    "withdrawn_before_it_leaves",
+    Invariant(
+        "withdrawn_before_it_leaves",
+        "trace",
+        None,
+        "Every move of an engine out of Serving carries stop_routing or hold_routing, and an engine on its way out "
+        "(Draining, Retiring) or Retired is never routed: no engine.routed, and no gateway.members list that calls "
+        "it ready; judged over event logs (lifecycle trace check).",
+    ),
+)
+INVARIANTS.setdefault(
+    "planned_leave_never_fails_the_run",
+    Invariant(
+        "planned_leave_never_fails_the_run",
+        "trace",
+        None,
+        "An engine given a preemption notice (engine.preempt_notice) or retired (retire into Draining/Retiring) "
+        "never moves to Unhealthy or Failed (mark_unhealthy, fail) until a new process is launched in its slot, and "
+        "no run failure (report_failure) names it: a planned leave is not a death; judged over event logs "
+        "(lifecycle trace check).",
+    ),
+)
+INVARIANTS["fleet_within_bounds"] = Invariant(
+    "fleet_within_bounds",
+    "trace",
+    None,
+    "An elastic fleet (--rollout-min-num-gpus / --rollout-max-num-gpus, in engines: GPUs / "
+    "--rollout-num-gpus-per-engine) never holds more members (engines neither vacant nor leaving) than its maximum, "
+    "is never scaled (fleet.scaled) outside its bounds, and has at least its minimum of engines Serving at every "
+    "generate or stream start; judged over event logs (lifecycle trace check) from lifecycle.started's bounds.",
+)
+
 STATE = [i for i in INVARIANTS.values() if i.kind == "state"]
 STEP = [i for i in INVARIANTS.values() if i.kind == "step"]
 STATE_JOB, STATE_WORLD = [i for i in STATE if not i.world], [i for i in STATE if i.world]
