@@ -274,7 +274,9 @@ def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
 @_register("step", world=True)
 def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Problem:
     """(broadcast) A broadcast goes only to a group whose members are exactly the snapshot's engines, every one
-    the process that joined it: never to a group a member left, died in or restarted since."""
+    the process that joined it: never to a group a member left, died in or restarted since. Over event logs: no
+    weight_sync.bucket after a member of the last weight_sync.connected generation moved out (leaving, stopped,
+    unhealthy, retired) or after its group was destroyed, and generations only increase."""
     if not any(m.machine == "weight_sync" and m.trigger == "broadcast" for m in t.moves):
         return None
     receivers = {m.instance for m in t.moves if m.machine == "engine" and m.trigger == "begin_update"}
@@ -410,7 +412,9 @@ INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
     "The gateway (SMG) routes to an engine exactly while the lifecycle holds it Serving, labelled with the committed "
     "weight version: what SMG reports for a worker right after its registration or removal is read back as a fact, "
     "and a worker SMG calls routable that is not Serving, a Serving one it does not, or a label that differs from "
-    "the committed version is a violation; judged over event logs (lifecycle trace check).",
+    "the committed version is a violation; a router's whole worker list (gateway.members) calls ready exactly the "
+    "Serving engines of its group, each by its current process (a worker of a retired process or of no engine is "
+    "a violation); judged over event logs (lifecycle trace check).",
 )
 
 # The elastic fleet's rules over event logs. The explorer's own rule of the same name, where one is registered

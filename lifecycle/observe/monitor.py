@@ -504,8 +504,10 @@ class EventMonitor:
         return out
 
     def _notice(self, e: Event) -> Iterable[_Found]:
+        """A notice makes a planned leave only in an elastic fleet; a fixed one ignores it (and fails fast when the
+        engine then dies without rollout FT, as it promises)."""
         instance = str(e.get("instance"))
-        if not self.job.older_process(instance, e.get("epoch")):
+        if self.bounds is not None and not self.job.older_process(instance, e.get("epoch")):
             self.job.leaving.setdefault(instance, (self.index, f"given a preemption notice by {e.get('by')}"))
         return ()
 

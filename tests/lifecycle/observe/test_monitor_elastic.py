@@ -189,13 +189,14 @@ def test_each_planted_bug_is_caught_naming_its_invariant(
     assert invariant in JUDGED
 
 
-def test_a_fixed_fleet_is_not_judged_against_bounds() -> None:
+def test_a_fixed_fleet_is_judged_neither_against_bounds_nor_for_planned_leaves() -> None:
     events = clean()
     for key in ("rollout_min_num_gpus", "rollout_max_num_gpus", "rollout_drain_timeout"):
         del events[0]["config"][key]
     replacement_not_resumed(events)
     del events[0]["config"]["rollout_min_num_gpus"]
-    assert [v for v in judge(events) if v[0] == "fleet_within_bounds"] == []
+    notice_treated_as_a_death(events)  # a fixed fleet ignores a notice: the death that follows fails it fast
+    assert [v for v in judge(events) if v[0] in ("fleet_within_bounds", "planned_leave_never_fails_the_run")] == []
     monitor = EventMonitor(CONFIG)
     monitor.feed_all(events)
     assert monitor.bounds is None
