@@ -23,6 +23,7 @@ import pytest
 from lifecycle.cli import main
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.spec import Step
 from lifecycle.observe.monitor import JUDGED, LEAVING, RETIRED, EventMonitor, fleet_bounds
 from tests.helpers import EVENT_LOGS
 
@@ -254,3 +255,18 @@ def test_trace_check_fails_on_a_planted_log(
 def test_trace_check_reads_the_bounds_from_the_log_s_own_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "check", str(ELASTIC)]) == 0
     assert "no violation" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not ELASTIC_CONFIG, reason="the bounds are not settings of this version yet")
+def test_the_hand_written_log_moves_only_along_the_spec_s_edges() -> None:
+    """Every move of the clean log is an edge of its machine's spec, compiled for the log's own config, with
+    exactly that edge's effects: the log is one the runtime can write, not a picture of it."""
+    events = clean()
+    config = LifecycleConfig.from_mapping(events[0]["config"], check_paths=False)
+    tables = {name: spec.compile(config).table for name, spec in MACHINES.items()}
+    for i, e in enumerate(events):
+        if e["event"] == "lifecycle.transition":
+            step = tables[e["machine"]].get((e["src"], e["trigger"]))
+            where = f"event {i + 1}: {e['machine']} {e['src']} --{e['trigger']}--> {e['dst']}"
+            assert isinstance(step, Step) and step.dest == e["dst"], where
+            assert tuple(e["effects"]) == step.effects, where
