@@ -156,6 +156,7 @@ class _Job:
     departed: dict[str, tuple[str, int]] = field(default_factory=dict)
     group_gone: int = -1  # the event index of its destroy, while no new generation connected
     members: int = 0  # engines of the rollout group that are members (neither vacant nor leaving)
+    serving: int = 0  # engines of the rollout group Serving
     # a generate/stream start, until the next rollout move: (its event index, the most engines Serving since)
     started_at: tuple[int, int] | None = None
 
@@ -325,7 +326,7 @@ class EventMonitor:
                 job.moved.setdefault(instance, deque(maxlen=MOVES_KEPT)).append((e["ts"], str(src)))
         job.states[instance] = dst
         if machine == "engine":
-            out += self._members(instance, dst)
+            out += self._members(instance, str(src), dst)
         return out
 
     def _enters_serving(self, instance: str) -> list[_Found]:
@@ -554,18 +555,20 @@ class EventMonitor:
             out.append((rule, problem, (connected, at)))
         return out
 
-    def _members(self, instance: str, dst: str) -> list[_Found]:
-        """``fleet_within_bounds``: the rollout group's members (neither vacant nor leaving) never exceed the max."""
+    def _members(self, instance: str, src: str, dst: str) -> list[_Found]:
+        """``fleet_within_bounds``: the rollout group's members (neither vacant nor leaving) never exceed the max.
+        Counted by each move's difference (a move changes each count by at most one)."""
         job = self.job
-        if self.bounds is None or instance.rpartition("-")[0] != GROUP_PREFIX[ROLLOUT]:
+        if instance.rpartition("-")[0] != GROUP_PREFIX[ROLLOUT]:
             return []
-        states = job.group_of(GROUP_PREFIX[ROLLOUT])
-        members = sum(1 for s in states.values() if s not in VACANT and s not in LEAVING)
-        serving = sum(1 for s in states.values() if s == "Serving")
+        before = job.members
+        job.members += _member(dst) - _member(src)
+        job.serving += (dst == "Serving") - (src == "Serving")
         if job.started_at is not None:
-            job.started_at = (job.started_at[0], max(job.started_at[1], serving))
-        before, job.members = job.members, members
-        most = self.bounds[1]
+            job.started_at = (job.started_at[0], max(job.started_at[1], job.serving))
+        if self.bounds is None:
+            return []
+        members, most = job.members, self.bounds[1]
         if members > most >= before:
             problem = f"{instance} ({dst}) made the fleet {members} members, above its maximum of {most} engines"
             return [("fleet_within_bounds", problem + " (--rollout-max-num-gpus)", ())]
@@ -582,8 +585,7 @@ class EventMonitor:
                 out.append(("fleet_within_bounds", problem + " (--rollout-min-num-gpus)", (at,)))
         job.started_at = None
         if e.get("trigger") in ("generate", "stream") and e.get("src") != e.get("dst"):
-            serving = job.group_of(GROUP_PREFIX[ROLLOUT])
-            job.started_at = (self.index, sum(1 for s in serving.values() if s == "Serving"))
+            job.started_at = (self.index, job.serving)
         return out
 
     def _scaled(self, e: Event) -> Iterable[_Found]:
@@ -758,6 +760,11 @@ def fleet_bounds(settings: Mapping[str, Any]) -> tuple[int, int] | None:
     gpus = settings.get("rollout_num_gpus")
     most = int(high) // per if high is not None else int(gpus) // per if gpus is not None else None
     return (int(low) // per if low is not None else 1, most if most is not None else 1 << 30)
+
+
+def _member(state: str) -> bool:
+    """A member of the fleet: a process in the slot that is not on its way out."""
+    return state not in VACANT and state not in LEAVING
 
 
 def _int(version: object) -> int | None:
