@@ -310,7 +310,7 @@ class EventMonitor:
         if machine == "rollout":
             out += self._fleet_at_start(e)
         if "report_failure" in effects:
-            out += self._failure_names_a_leaver(instance, e)
+            out += self._failure_names_a_leaver(e)
         if machine == "engine":
             if "launch_engine" in effects:  # a new process: it holds no verified weights and releases nothing
                 job.held.pop(instance, None)
@@ -494,12 +494,15 @@ class EventMonitor:
             job.departed.setdefault(instance, (dst, self.index))
         return out
 
-    def _failure_names_a_leaver(self, instance: str, e: Event) -> list[_Found]:
-        """A run failure (``report_failure``) whose reason names an engine on a planned way out."""
-        reason = f"{instance} {e.get('reason') or ''}"
+    def _failure_names_a_leaver(self, e: Event) -> list[_Found]:
+        """A run failure (``report_failure``) of another part whose reason names an engine on a planned way out (an
+        engine's own failing move is judged by :meth:`_leaves`)."""
+        reason = str(e.get("reason") or "")
         out: list[_Found] = []
+        if e.get("machine") == "engine":
+            return out
         for name, (at, how) in sorted(self.job.leaving.items()):
-            if name != instance and re.search(rf"\b{re.escape(name)}\b", reason) and e.get("machine") != "engine":
+            if re.search(rf"\b{re.escape(name)}\b", reason):
                 problem = f"the run failed ({e.get('machine')} {e.get('trigger')}) naming {name}, which was {how}"
                 out.append(("planned_leave_never_fails_the_run", problem + " (a planned leave)", (at,)))
         return out
