@@ -364,6 +364,15 @@ class RayLauncher:
         """Fault hook: the server hangs (SIGSTOP), the actor lives; the server pid."""
         return int(await asyncio.wait_for((await self._ensure_actor()).pause_server.remote(), CALL_TIMEOUT))
 
+    async def node_id(self) -> str | None:
+        """The Ray node its actor runs on (None: no actor now), read from the actor (bounded)."""
+        if self.actor is None:
+            return None
+        try:
+            return str((await self.info())["node_id"])
+        except (RayActorError, TimeoutError):
+            return None
+
     async def server_pid(self) -> int | None:
         """The server process id (same machine: a local multi-node cluster), for a synchronous kill."""
         pid = (await self.info())["server_pid"]
@@ -438,24 +447,75 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
 
 
 def _engine_nodes() -> list[str]:
-    """Alive nodes offering engine slots, in a stable order."""
+    """Alive nodes offering engine slots, in a stable order; a draining node is not offered (an actor asked onto
+    it, even softly, is never scheduled: measured on Ray 2.60, a 10 s wait that never ends)."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(ENGINE_RESOURCE, 0) > 0]  # type: ignore[no-untyped-call]
     # a removed node stays "Alive" in the GCS until its health checks time out: skip it at once
-    return sorted(str(n["NodeID"]) for n in nodes if str(n["NodeID"]) not in _removed)
+    return sorted(str(n["NodeID"]) for n in nodes if str(n["NodeID"]) not in _leaving_nodes())
+
+
+def _leaving_nodes() -> set[str]:
+    """Nodes this driver removed, and the ones Ray is draining."""
+    return _removed | set(draining_nodes())
+
+
+# -- node draining (a preemption notice from Ray) ---------------------------------------------------------------------
+DRAIN_REASON_PREEMPTION = "DRAIN_NODE_REASON_PREEMPTION"
+GCS_TIMEOUT = 5.0  # one GCS call of the draining API
+
+
+def _gcs() -> Any:
+    """This driver's GCS client (the one ``ray drain-node`` builds: ``ray._raylet.GcsClient``)."""
+    return ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)  # type: ignore[attr-defined]
+
+
+def drain_node(node_id: str, deadline_s: float, message: str = "preempted", *, timeout: float = GCS_TIMEOUT) -> None:
+    """Ask the GCS to drain ``node_id`` for preemption, with a deadline ``deadline_s`` from now (what a cloud's
+    notice or a SIGTERMed raylet does). The node is only marked: nothing is scheduled onto it, what runs there
+    runs on, and taking it away at the deadline is the caller's (``remove_node``). A preemption drain is never
+    rejected by Ray; a rejection raises ``RuntimeError`` with its reason."""
+    from ray.core.generated import autoscaler_pb2
+
+    reason = autoscaler_pb2.DrainNodeReason.Value(DRAIN_REASON_PREEMPTION)  # type: ignore[attr-defined]
+    deadline_ms = int(time.time() * 1000 + max(0.0, deadline_s) * 1000)
+    accepted, why = _gcs().drain_node(node_id, reason, message, deadline_ms, timeout=timeout)
+    if not accepted:
+        raise RuntimeError(f"Ray refused to drain node {node_id}: {why}")
+
+
+def draining_nodes(*, timeout: float = GCS_TIMEOUT) -> dict[str, float | None]:
+    """The nodes being drained: node id -> seconds left to its deadline (None: no deadline). Empty when Ray is not
+    initialised or the GCS does not answer within ``timeout`` (a watcher asks again at its next poll)."""
+    if not ray.is_initialized():
+        return {}
+    try:
+        found = _gcs().get_draining_nodes(timeout=timeout)
+    except Exception:  # the GCS is unreachable or slow: no news this time
+        return {}
+    now_ms = time.time() * 1000
+    return {str(node): (None if not ms else max(0.0, (ms - now_ms) / 1000)) for node, ms in found.items()}
 
 
 def engine_placement(engine_id: str) -> dict[str, Any]:
     """Actor options spreading engines over the worker nodes (engine i on node i mod n).
 
-    Computed when the actor is (re)created, over the nodes alive *then*: a relaunch after a node
-    loss lands on a surviving node. No engine nodes (a plain local cluster): no constraint.
+    Computed when the actor is (re)created, over the nodes alive and not draining *then*: a relaunch after a node
+    loss, or a join into a slot beyond the initial fleet, lands on a surviving node; with none left, on the driver's
+    node. No engine nodes at all (a plain local cluster): no constraint.
     """
     if not ray.is_initialized():
         return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     nodes = _engine_nodes()
+    if not nodes and _leaving_nodes():
+        # every engine node is gone or going (``--ray-nodes 2`` lost its worker): the driver's node hosts it -- left
+        # unconstrained, Ray may still pick the node it has not yet declared dead, and the actor dies with it
+        return {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        }
     if not nodes:
         return {}
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     index = int(engine_id.rsplit("-", 1)[-1]) if engine_id.rsplit("-", 1)[-1].isdigit() else 0
     node = nodes[index % len(nodes)]

@@ -26,6 +26,13 @@ from lifecycle.decide.config import KEEPING_PAUSE_MODES
 
 Bucket = Sequence[tuple[str, str, Sequence[int]]]  # one broadcast bucket: (name, dtype, shape) of each tensor
 GROUP_BACKEND = "gloo"  # the weight-update group's transport on these CPUs
+GROUP_NAME = "weight_update_group"  # SGLang's default group name: the stem of every generation's name
+
+
+def group_name(generation: int) -> str:
+    """The rendezvous of one generation of the weight-update group: a fresh group per membership, never grown in
+    place (NCCL cannot add ranks to a communicator), and a bucket of another generation is refused by name."""
+    return f"{GROUP_NAME}.g{generation}"
 
 
 class ServerFacts(NamedTuple):
@@ -60,14 +67,20 @@ class ServerAPI(Protocol):
         """What the server is (its process, served version, model); raises :class:`EngineMismatch` naming what
         was expected and found when it is not a server of this backend the lifecycle can drive."""
 
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        """Join the trainer's weight-update group at ``rank`` (blocks until every member joined)."""
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = GROUP_NAME
+    ) -> None:
+        """Join the trainer's weight-update group ``group`` (its generation's name) at ``rank`` (blocks until every
+        member joined)."""
 
-    async def leave_group(self, timeout: float) -> None:
+    async def leave_group(self, timeout: float, group: str = GROUP_NAME) -> None:
         """Leave the group (raises if the server cannot be told)."""
 
-    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
-        """Receive every bucket of the trainer's broadcast in one session publishing ``version``."""
+    async def receive(
+        self, buckets: Sequence[Bucket], version: str, timeout: float, group: str = GROUP_NAME
+    ) -> str | None:
+        """Receive every bucket of the trainer's broadcast in one session publishing ``version``; every bucket
+        names ``group``, and a server in another generation's group refuses it."""
 
     async def pause(self, mode: str | None = None) -> None:
         """Stop generating, keeping what runs (resumed by :meth:`resume`): in ``mode`` (--pause-generation-mode),
@@ -127,21 +140,26 @@ class SGLangAPI:
         start = server.startup_time
         return ServerFacts(None if start is None else f"startup_time {start!r}", info.weight_version, info.model_path)
 
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = GROUP_NAME
+    ) -> None:
         await self.client.init_weights_update_group(
-            address, port, rank, world_size, backend=GROUP_BACKEND, timeout=timeout
+            address, port, rank, world_size, group_name=group, backend=GROUP_BACKEND, timeout=timeout
         )
 
-    async def leave_group(self, timeout: float) -> None:
-        await self.client.destroy_weights_update_group(timeout=timeout)
+    async def leave_group(self, timeout: float, group: str = GROUP_NAME) -> None:
+        await self.client.destroy_weights_update_group(group_name=group, timeout=timeout)
 
-    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
+    async def receive(
+        self, buckets: Sequence[Bucket], version: str, timeout: float, group: str = GROUP_NAME
+    ) -> str | None:
         async with self._session(timeout):
             for k, bucket in enumerate(buckets):
                 await self.client.update_weights_from_distributed(
                     [n for n, _, _ in bucket],
                     [d for _, d, _ in bucket],
                     [list(shape) for _, _, shape in bucket],
+                    group_name=group,
                     weight_version=version if k == len(buckets) - 1 else None,
                     timeout=timeout,
                 )

@@ -17,9 +17,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from engines.api import APIFactory, Bucket, ServerAPI, mismatch
+from engines.api import GROUP_NAME, APIFactory, Bucket, ServerAPI, mismatch
+from engines.drain import Drain, drain, read_running
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
 from engines.launcher import Launcher
+from lifecycle.decide.backends import RunningCount
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import MEMORY, WEIGHTS
@@ -248,24 +250,29 @@ class Engine:
         return await self.server.served_version(self.timeouts.request)
 
     # -- the weight-update group (broadcast mode) ---------------------------------------------------------
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        """Join the trainer's group at ``rank`` (raises EngineError: the group did not form)."""
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = GROUP_NAME
+    ) -> None:
+        """Join the trainer's group ``group`` (one generation's name) at ``rank`` (raises EngineError: the group
+        did not form)."""
         if self.server is None:
             raise EngineError(self.id, "join_group", "no server process")
-        await self.server.join_group(address, port, rank, world_size, timeout)
+        await self.server.join_group(address, port, rank, world_size, timeout, group)
 
-    async def leave_group(self, timeout: float) -> None:
+    async def leave_group(self, timeout: float, group: str = GROUP_NAME) -> None:
         """Leave the group, best effort: a dead or group-less engine is already out."""
         if self.server is not None:
             with contextlib.suppress(EngineError):
-                await self.server.leave_group(timeout)
+                await self.server.leave_group(timeout, group)
 
-    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> Outcome:
-        """Every bucket, each within ``timeout``, while the trainer broadcasts them, in one update session;
-        then the server must report ``version``."""
+    async def receive(
+        self, buckets: Sequence[Bucket], version: str, timeout: float, group: str = GROUP_NAME
+    ) -> Outcome:
+        """Every bucket, each within ``timeout`` and stamped with ``group`` (its generation), while the trainer
+        broadcasts them, in one update session; then the server must report ``version``."""
         if self.server is None:
             return self._failed("request_failed", "no server process")
-        return await self._verified(self.server.receive(buckets, version, timeout), version, "broadcast")
+        return await self._verified(self.server.receive(buckets, version, timeout, group), version, "broadcast")
 
     async def _verified(self, transfer: Awaitable[str | None], version: str, how: str, path: str = "") -> Outcome:
         """A weight transfer that returns the version the server then reports, which must be ``version``:
@@ -285,6 +292,20 @@ class Engine:
             return failed._replace(facts=(self._fact(WEIGHTS, weight_version=got, transfer=how, outcome="refused"),))
         self.weight_version = version
         return Outcome("loaded", facts=(self._fact(WEIGHTS, weight_version=version, transfer=how, outcome="loaded"),))
+
+    async def drain(self, source: RunningCount | None, bound: float) -> Drain:
+        """Wait (bounded by ``bound`` seconds) until the server runs no request: it was withdrawn from its router,
+        so only what was forwarded before is left. ``source``: where its backend reports the count."""
+        server = self.server
+        if server is None:
+            return Drain(0, False, 0.0, "no server process: its requests ended with it")
+        client = server.client
+
+        async def read(timeout: float) -> int:
+            assert source is not None
+            return await read_running(client, source, timeout)
+
+        return await drain(None if source is None else read, bound)
 
     # -- traffic and memory -----------------------------------------------------------------------------
     async def continue_generation(self) -> Outcome:

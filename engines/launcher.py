@@ -80,6 +80,16 @@ class Launcher(Protocol):
 
 
 @runtime_checkable
+class Placed(Protocol):
+    """A launcher whose process runs on a cluster node it can name (Ray's actors): a draining node's notice is
+    mapped to the engines on it."""
+
+    async def node_id(self) -> str | None:
+        """The node its process runs on now (None: no process), bounded."""
+        ...
+
+
+@runtime_checkable
 class Keepable(Protocol):
     """A launcher whose processes may outlive the driver (--detach-engines: Ray's detached actors): it launches
     the generation ``epoch`` names, and adopts the one a previous driver left running."""

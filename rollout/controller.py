@@ -22,21 +22,26 @@ from collections.abc import Awaitable, Callable
 
 from engines.backends import engine_backend
 from engines.engine import Engine, EngineFailed, Timeouts
+from engines.errors import EngineError
 from engines.health import HealthMonitor
 from engines.launcher import ExternalLauncher, Keepable, Launcher, LauncherFactory
 from engines.ledger import EngineLedger
+from lifecycle.decide.backends import capabilities
 from lifecycle.decide.core import EVAL, ROLLOUT, Command, Fact, Failure, Move, Outcome, instance_name
-from lifecycle.decide.events import HANDED_BACK, PROBE, ROUTED, EventLog
+from lifecycle.decide.events import DRAINED, GATEWAY_MEMBERS, HANDED_BACK, PROBE, ROUTED, EventLog, Worker
 from lifecycle.decide.names import EngineStateName
 from lifecycle.decide.runner import Runner
 from rollout.external import ExternalEngines
 from rollout.failures import ControllerError as ControllerError  # raised here, and named here by its callers
 from rollout.failures import engine_failure, slot_of, start_failure
 from rollout.kept import KeptEngines
+from rollout.preempt import DrainingNodes, OnNotice, ReadDraining, ray_draining
 from rollout.routing import LocalRouting, RouterRouting, Routing
 from rollout.watch import DeathWatch
 
 Weights = tuple[str, str]  # (checkpoint path, weight version)
+DRAIN_TIMEOUT_S = 30.0  # --rollout-drain-timeout's default (K8s terminationGracePeriodSeconds, GCE Spot)
+DRAIN_MARGIN_S = 3.0  # kept before a notice's deadline: the engine is stopped and its death confirmed in it
 
 
 class InferenceController:
@@ -67,6 +72,9 @@ class InferenceController:
         self.replacements = self.external.replacements  # external engine -> how often its process was replaced
         self.kept = KeptEngines(runner, engine_ledger, self._serve)
         self.deaths = DeathWatch(runner.report)  # a watcher per live process: its death is news at once
+        self.drains: set[asyncio.Task[None]] = set()  # leaving engines' drains, beside the lanes
+        self.notices: dict[str, tuple[int | None, float]] = {}  # instance -> (epoch, monotonic deadline) of a notice
+        self.node_watch: DrainingNodes | None = None  # Ray's draining nodes, watched (watch_draining_nodes)
         # where each group's requests go: a real SMG gateway per group, or the same membership in-process
         self.routings: dict[str, Routing] = {}
         for group in (ROLLOUT, EVAL):
@@ -102,6 +110,8 @@ class InferenceController:
                 "engine.stop_routing": lambda c: self.routings[self._group(c)].withdraw(self.slot(c)),
                 "engine.hold_routing": lambda c: self.routings[self._group(c)].hold(self.slot(c)),
                 "engine.hand_back_requests": self._hand_back,
+                "engine.drain_requests": self._drain_beside,
+                "rollout.read_gateway": self._read_gateway,
                 "engine.probe_engine": self._probe,
                 "engine.inject_ci_fault": self._inject_ci_fault,
                 "monitor.start_monitor": self._start_monitor,
@@ -198,6 +208,124 @@ class InferenceController:
         if self.log.enabled:
             self.log.emit(HANDED_BACK, instance=engine.id)
         return outcome
+
+    def drain_bound(self, deadline_s: float | None = None) -> float:
+        """Seconds a leaving engine's drain may take: ``--rollout-drain-timeout``, and never past a notice's
+        deadline less :data:`DRAIN_MARGIN_S` (the engine must still be stopped and its death confirmed by then)."""
+        bound = float(getattr(self.config, "rollout_drain_timeout", None) or DRAIN_TIMEOUT_S)
+        if deadline_s is not None:
+            bound = min(bound, deadline_s - DRAIN_MARGIN_S)
+        return max(0.0, bound)
+
+    async def drain_requests(
+        self, cmd: Command, *, deadline_s: float | None = None, hand_back: bool = False, handed_back_later: bool = False
+    ) -> Outcome:
+        """``drain_requests`` carried out: the engine is out of its router already; wait (bounded by
+        :meth:`drain_bound`) until the server's own running count reaches 0, polled where its backend row says
+        (``Capabilities.running``). On a timeout, what is left is handed back here through ``hand_back_requests``'
+        own path with ``hand_back``, or by the core's ``drained`` move with ``handed_back_later`` (a stream: the
+        count is reported handed back either way). Logs ``engine.drained`` and returns the news ``drained`` about
+        this process (its epoch), ``reason`` saying how it ended; ``deadline_s``: seconds left of a notice (by
+        default the one :meth:`note_notice` kept for this process), None for a planned retire."""
+        engine = self.slot(cmd)
+        epoch = engine.epoch
+        if deadline_s is None and cmd.instance in self.notices:
+            noticed_epoch, at = self.notices[cmd.instance]
+            if noticed_epoch == epoch:
+                deadline_s = at - time.monotonic()
+        row = capabilities(self.config.rollout_backend, self.config.rollout_device)
+        drained = await engine.drain(row.running, self.drain_bound(deadline_s))
+        handed = 0
+        if drained.timed_out and hand_back:
+            await self._hand_back(cmd)
+        if drained.timed_out and (hand_back or handed_back_later):
+            handed = max(drained.running, 0)
+        if self.log.enabled:
+            self.log.emit(
+                DRAINED,
+                instance=engine.id,
+                epoch=epoch,
+                running=drained.running,
+                handed_back=handed,
+                timed_out=drained.timed_out,
+                seconds=drained.seconds,
+            )
+        reason = "" if not drained.timed_out else f"{drained.running} requests still running after {drained.seconds:g}s"
+        if drained.error:
+            reason += f" (the count could not be read: {drained.error})"
+        return Outcome("drained", cmd.group, cmd.engine, reason, epoch=epoch)
+
+    async def _drain_beside(self, cmd: Command) -> Outcome:
+        """The effect's handler: the drain runs beside the lane (``done`` at once: the watching started) and its
+        end is news (``drained``, fenced by the process's epoch like a death). Where this config hands requests
+        back (a stream), the core's ``drained`` move does it."""
+        later = ("engine", "hand_back_requests") in self.runner.core.commands()
+
+        async def run() -> None:
+            await self.runner.report(await self.drain_requests(cmd, handed_back_later=later))
+
+        task = asyncio.create_task(run(), name=f"drain-{cmd.instance}")
+        self.drains.add(task)
+        task.add_done_callback(self.drains.discard)
+        return Outcome("done")
+
+    async def read_gateway(self) -> tuple[list[Fact], list[str]]:
+        """``read_gateway``: each group's gateway (SMG) read whole -- ``GET /workers`` of the rollout and the eval
+        router -- as one ``gateway.members`` fact per router that runs and answers (and why each other did not):
+        every worker SMG lists, with the engine whose URL it is (None: a URL no slot of the group holds) and that
+        process's epoch. It only reports (the monitor judges the list against the Serving engines): SMG is never
+        repaired to hide a disagreement."""
+        facts, errors = [], []
+        for group, routing in self.routings.items():
+            if not isinstance(routing, RouterRouting) or not routing.router.alive:
+                continue  # in-process routing, or no gateway running: there is no list to read
+            engines = self.engines if group == ROLLOUT else self.evals
+            owners = {e.url.rstrip("/"): e for e in engines if e.url is not None}
+            try:
+                listed = await routing.router.workers()
+            except EngineError as exc:
+                errors.append(f"{routing.name}: {exc}")
+                continue
+            workers: list[Worker] = []
+            for url in sorted(listed):
+                worker, owner = listed[url], owners.get(url)
+                workers.append(
+                    Worker(
+                        instance=None if owner is None else owner.id,
+                        url=url,
+                        epoch=None if owner is None else owner.epoch,
+                        status=worker.status,
+                        weight_version=worker.weight_version,
+                    )
+                )
+            facts.append(Fact.of(GATEWAY_MEMBERS, router=routing.name, workers=workers))
+        return facts, errors
+
+    async def _read_gateway(self, cmd: Command) -> Outcome:
+        facts, errors = await self.read_gateway()
+        return Outcome("done", reason="; ".join(errors), facts=tuple(facts))
+
+    def watch_draining_nodes(
+        self, on_notice: OnNotice | None = None, *, interval: float | None = None, read: ReadDraining | None = None
+    ) -> DrainingNodes:
+        """Start polling Ray's draining nodes (every ``interval``, by default the probe interval): each rollout
+        engine process on one is noticed once -- ``engine.preempt_notice`` (by ``ray``), its deadline kept for its
+        drain (:meth:`note_notice`), then ``on_notice(group, index, epoch, deadline_s)`` (the lifecycle's news)."""
+
+        async def noticed(group: str, index: int, epoch: int | None, deadline_s: float) -> None:
+            self.note_notice(instance_name(group, index), epoch, deadline_s)
+            if on_notice is not None:
+                await on_notice(group, index, epoch, deadline_s)
+
+        every = float(interval or self.config.rollout_health_check_interval or 5.0)
+        watcher = DrainingNodes(self.engines, self.log, noticed, interval=every, read=read or ray_draining)
+        watcher.start()
+        self.node_watch = watcher
+        return watcher
+
+    def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None:
+        """A preemption notice for this process of the slot: its drain ends before the deadline."""
+        self.notices[instance] = (epoch, time.monotonic() + deadline_s)
 
     def check(self) -> None:
         """Raise the failure the run must stop for, if it has stopped (any part's: see ``Runner.check_failed``)."""
@@ -353,6 +481,8 @@ class InferenceController:
     async def close(self) -> None:
         """Best-effort cleanup whatever the states: stop probing and watching, kill processes, close clients."""
         await self.monitor.stop()
+        if self.node_watch is not None:
+            await self.node_watch.stop()
         watchers = self.deaths.stop()
         for engine in [*self.engines, *self.evals]:
             with contextlib.suppress(Exception):
@@ -360,7 +490,7 @@ class InferenceController:
         for routing in self.routings.values():
             with contextlib.suppress(Exception):
                 await routing.close()
-        tasks = [*watchers, *self.external.tasks()]
+        tasks = [*watchers, *self.external.tasks(), *self.drains]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -238,6 +238,11 @@ class TorchEngine:
             return 400, {"success": False, "message": message}
 
         group = self.groups.get(body.group_name)
+        if group is None and self.groups:  # a bucket stamped with another generation than the one joined
+            return refuse(
+                f"bucket of weight-update group {body.group_name!r}, but this engine is in {sorted(self.groups)}: "
+                "a bucket of another generation is refused (each membership forms a new group)"
+            )
         if group is None:
             return refuse(f"no weight-update group {body.group_name!r}: init_weights_update_group first")
         memory, scheduler = self.memory, self.scheduler

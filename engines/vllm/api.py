@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
-from engines.api import Bucket, ServerFacts, keeping_pause, mismatch
+from engines.api import GROUP_NAME, Bucket, ServerFacts, keeping_pause, mismatch
 from engines.errors import (
     EngineError,
     EngineHTTPError,
@@ -119,14 +119,20 @@ class VLLMAPI:
             start = None  # no metrics: its process cannot be told apart (a replaced one is seen by its version only)
         return ServerFacts(None if start is None else f"process_start_time_seconds {start!r}", version, model)
 
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = GROUP_NAME
+    ) -> None:
         info = {"address": address, "port": port, "rank": rank, "world_size": world_size, "timeout": timeout}
+        info["group_name"] = group
         await self.client.init_weight_transfer_engine(info, timeout=timeout + BUCKET_GRACE)
 
-    async def leave_group(self, timeout: float) -> None:
+    async def leave_group(self, timeout: float, group: str = GROUP_NAME) -> None:
+        """vLLM holds one transfer engine: shutting it down leaves whatever group it is in."""
         await self.client.shutdown_weight_transfer_engine(timeout=timeout)
 
-    async def receive(self, buckets: Sequence[Bucket], version: str, timeout: float) -> str | None:
+    async def receive(
+        self, buckets: Sequence[Bucket], version: str, timeout: float, group: str = GROUP_NAME
+    ) -> str | None:
         async with _core_alive(self.client.engine_id):
             await self._start(timeout)
             for bucket in buckets:
@@ -134,6 +140,7 @@ class VLLMAPI:
                     "names": [n for n, _, _ in bucket],
                     "dtype_names": [d for _, d, _ in bucket],
                     "shapes": [list(shape) for _, _, shape in bucket],
+                    "group_name": group,  # the plugin refuses a bucket of another generation's group
                 }
                 await self.client.update_weights(update, timeout=timeout + BUCKET_GRACE)
             await self.client.finish_weight_update(version, timeout=timeout)

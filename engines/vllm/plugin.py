@@ -8,7 +8,8 @@ vLLM drives an update as ``/start_weight_update``, one or more ``/update_weights
   it (:func:`engines.models.checkpoint.write_checkpoint`); ``init_info`` is ``{}`` (or not sent at all).
 - ``lifecycle_gloo``: ``init_info = {"address", "port", "rank", "world_size", "timeout", "group_name"?}`` joins
   the trainer's :class:`~engines.models.weight_group.WeightGroup`; ``update_info = {"names", "dtype_names",
-  "shapes"}`` (nccl's field names) receives one bucket of the trainer's broadcast.
+  "shapes", "group_name"?}`` (nccl's field names) receives one bucket of the trainer's broadcast; a bucket naming
+  another group than the one joined (another generation) is refused.
 - ``lifecycle``: both kinds of ``update_info`` (the backend is one name per server, fixed at its start).
 - every backend: ``update_info = {"abort": true}`` fails on purpose, which ends the session with nothing applied
   (vLLM has no abort call; a caller that lost track of a session, or whose sibling engine failed, uses it).
@@ -82,6 +83,7 @@ class BucketUpdateInfo:
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    group_name: str | None = None  # the generation's group it belongs to (None: whichever was joined)
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -275,6 +277,11 @@ class LifecycleEngine(WeightTransferEngine):  # type: ignore[misc]  # vllm is un
         if self.group is None:
             raise WeightUpdateError(
                 f"backend {self.backend}: no weight-update group; call /init_weight_transfer_engine first"
+            )
+        if bucket.group_name is not None and bucket.group_name != self.group.name:
+            raise WeightUpdateError(
+                f"bucket of weight-update group {bucket.group_name!r}, but this engine is in {self.group.name!r}: "
+                "a bucket of another generation is refused (each membership forms a new group)"
             )
         try:
             dtypes = [parse_dtype(d) for d in bucket.dtype_names]

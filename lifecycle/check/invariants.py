@@ -274,7 +274,9 @@ def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
 @_register("step", world=True)
 def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Problem:
     """(broadcast) A broadcast goes only to a group whose members are exactly the snapshot's engines, every one
-    the process that joined it: never to a group a member left, died in or restarted since."""
+    the process that joined it: never to a group a member left, died in or restarted since. Over event logs: no
+    weight_sync.bucket after a member of the last weight_sync.connected generation moved out (leaving, stopped,
+    unhealthy, retired) or after its group was destroyed, and generations only increase."""
     if not any(m.machine == "weight_sync" and m.trigger == "broadcast" for m in t.moves):
         return None
     receivers = {m.instance for m in t.moves if m.machine == "engine" and m.trigger == "begin_update"}
@@ -410,7 +412,44 @@ INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
     "The gateway (SMG) routes to an engine exactly while the lifecycle holds it Serving, labelled with the committed "
     "weight version: what SMG reports for a worker right after its registration or removal is read back as a fact, "
     "and a worker SMG calls routable that is not Serving, a Serving one it does not, or a label that differs from "
-    "the committed version is a violation; judged over event logs (lifecycle trace check).",
+    "the committed version is a violation; a router's whole worker list (gateway.members) calls ready exactly the "
+    "Serving engines of its group, each by its current process (a worker of a retired process or of no engine is "
+    "a violation); judged over event logs (lifecycle trace check).",
+)
+
+# The elastic fleet's rules over event logs. The explorer's own rule of the same name, where one is registered
+# above, is kept (setdefault): it judges the model, this entry only names what the monitor judges in a log.
+INVARIANTS.setdefault(
+    "withdrawn_before_it_leaves",
+    Invariant(
+        "withdrawn_before_it_leaves",
+        "trace",
+        None,
+        "Every move of an engine out of Serving carries stop_routing or hold_routing, and an engine on its way out "
+        "(Draining, Retiring) or Retired is never routed: no engine.routed, and no gateway.members list that calls "
+        "it ready; judged over event logs (lifecycle trace check).",
+    ),
+)
+INVARIANTS.setdefault(
+    "planned_leave_never_fails_the_run",
+    Invariant(
+        "planned_leave_never_fails_the_run",
+        "trace",
+        None,
+        "An engine given a preemption notice (engine.preempt_notice) or retired (retire into Draining/Retiring) "
+        "never moves to Unhealthy or Failed (mark_unhealthy, fail) until a new process is launched in its slot, and "
+        "no run failure (report_failure) names it: a planned leave is not a death; judged over event logs "
+        "(lifecycle trace check).",
+    ),
+)
+INVARIANTS["fleet_within_bounds"] = Invariant(
+    "fleet_within_bounds",
+    "trace",
+    None,
+    "An elastic fleet (--rollout-min-num-gpus / --rollout-max-num-gpus, in engines: GPUs / "
+    "--rollout-num-gpus-per-engine) never holds more members (engines neither vacant nor leaving) than its maximum, "
+    "is never scaled (fleet.scaled) outside its bounds, and has at least its minimum of engines Serving at every "
+    "generate or stream start; judged over event logs (lifecycle trace check) from lifecycle.started's bounds.",
 )
 
 STATE = [i for i in INVARIANTS.values() if i.kind == "state"]

@@ -24,6 +24,18 @@ MEMORY_TAGS = frozenset({"weights", "kv_cache"})
 
 
 @dataclass(frozen=True)
+class RunningCount:
+    """Where a server reports how many requests it is running now: a leaving engine's drain polls it until 0.
+
+    ``format`` "json": ``name`` summed over the answer's ``internal_states`` rows (one per DP rank; the answer
+    itself where it has none); "prometheus": the series ``name`` summed over its labels."""
+
+    path: str
+    name: str
+    format: Literal["json", "prometheus"]
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """One backend on one device. ``why_not`` says, per missing ability, why (the ConfigError's reason)."""
 
@@ -39,12 +51,13 @@ class Capabilities:
     update_session: tuple[str, str]  # the endpoints that open and close a weight update
     why_not: tuple[tuple[str, str], ...] = ()
     min_head_dim: int = 0  # the smallest attention head its kernels run (smaller: the engine dies at first generate)
+    running: RunningCount | None = None  # None: the server does not say (a drain then waits its whole bound)
 
     def reason(self, ability: str) -> str:
         return dict(self.why_not).get(ability, f"the {self.backend} backend cannot {ability} on {self.device}")
 
 
-def _sglang(device: DeviceName, server: str) -> Capabilities:
+def _sglang(device: DeviceName, server: str, running: RunningCount) -> Capabilities:
     return Capabilities(
         "sglang",
         device,
@@ -55,6 +68,7 @@ def _sglang(device: DeviceName, server: str) -> Capabilities:
         pause_modes=("retract", "abort", "in_place"),
         probes=("health_generate", "health"),
         update_session=("/begin_weight_update", "/end_weight_update"),
+        running=running,
     )
 
 
@@ -73,12 +87,22 @@ def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: t
         probes=("progress", "health_generate", "health"),
         update_session=("/start_weight_update", "/finish_weight_update"),
         why_not=why_not,
+        # the engine core's scheduler gauge, summed over its engine labels (the API server's /metrics)
+        running=RunningCount("/metrics", "vllm:num_requests_running", "prometheus"),
     )
 
 
 CAPABILITIES: dict[tuple[BackendName, DeviceName], Capabilities] = {
-    ("sglang", "cpu"): _sglang("cpu", "the project's CPU engine (python -m engines.cpu)"),
-    ("sglang", "cuda"): _sglang("cuda", "python -m sglang.launch_server"),
+    # the CPU engine reports its scheduler's running list in /server_info (it serves no /metrics)
+    ("sglang", "cpu"): _sglang(
+        "cpu",
+        "the project's CPU engine (python -m engines.cpu)",
+        RunningCount("/server_info", "num_running_reqs", "json"),
+    ),
+    # SGLang's scheduler gauge (exported with --enable-metrics, which the launcher passes)
+    ("sglang", "cuda"): _sglang(
+        "cuda", "python -m sglang.launch_server", RunningCount("/metrics", "sglang:num_running_reqs", "prometheus")
+    ),
     # vLLM's CPU attention refuses head_dim 16 only when it first runs ("Unsupported CPU attention configuration:
     # head_dim=16"): the engine core dies at the first generation, after a start that passed /health
     ("vllm", "cpu"): replace(

@@ -24,6 +24,7 @@ from lifecycle.decide.backends import BACKENDS, DEVICES, capabilities
 from lifecycle.decide.errors import ConfigError, UsageError, bounded_repr
 from lifecycle.decide.predicates import (
     broadcasts_weights,
+    elastic,
     keeps_engines,
     offloads_rollout,
     releases_rollout_memory,
@@ -42,6 +43,7 @@ DEFAULT_STALENESS = 1
 MAX_STALENESS = 64  # the checker explores staleness up to K+1 per buffered group: a bound, not a tuning range
 DEFAULT_BUFFER_BATCHES = 2
 MAX_BUFFER_BATCHES = 1000  # miles caps its output queue at 1000 groups
+DEFAULT_DRAIN_TIMEOUT = 30.0  # a leaving engine's requests in flight: Kubernetes' and GCE Spot's grace period
 Mode = Literal["normal", "train-only", "rollout-only", "replay"]
 T = TypeVar("T")
 
@@ -385,6 +387,22 @@ class LifecycleConfig:
     ci_test: bool = setting(False, "CI mode: arms rollout fault injection when rollout FT is on.")
     rollout_num_gpus: int | None = setting(None, "GPUs (engine slots) for rollout servers.")
     rollout_num_gpus_per_engine: int = setting(1, "GPUs per rollout engine.")
+    # -- an elastic fleet: engines join and leave mid-run between these bounds (the job starts --rollout-num-gpus)
+    rollout_min_num_gpus: int | None = setting(
+        None,
+        "The fewest rollout GPUs an elastic fleet may shrink to: a generate or stream with fewer engines serving "
+        "stops the run (default with --rollout-max-num-gpus: one engine's worth).",
+    )
+    rollout_max_num_gpus: int | None = setting(
+        None,
+        "The most rollout GPUs of an elastic fleet: its engine slots (default with --rollout-min-num-gpus: "
+        "--rollout-num-gpus, no growth).",
+    )
+    rollout_drain_timeout: float | None = setting(
+        None,
+        "An elastic fleet: seconds a leaving engine's requests in flight may take before they are handed back or "
+        f"re-sent and it is stopped anyway (never past a preemption's deadline; default {DEFAULT_DRAIN_TIMEOUT:g}).",
+    )
     # Input: a list of addresses or "host:port,host:port"; always a tuple of http://host:port after.
     rollout_external_engine_addrs: tuple[str, ...] = setting(
         (),
@@ -576,6 +594,7 @@ class LifecycleConfig:
         self._validate_detach()
         self._validate_backend()
         self._validate_streaming()
+        self._validate_elastic()
         for name in ("load_debug_rollout_data", "save_debug_rollout_data"):
             path = getattr(self, name)
             if path is not None:
@@ -699,6 +718,80 @@ class LifecycleConfig:
                 mode,
                 problem,
                 f"use {' or '.join(keeping)} with {where} (or leave the flag out: {keeping[0]})",
+            )
+
+    def _validate_elastic(self) -> None:
+        """The fleet's bounds: whole engines, around the initial fleet, on engines the job starts and owns alone
+        (a colocated fleet shares the trainer's GPUs; a kept one's ledger records no target yet)."""
+        lo, hi = self.rollout_min_num_gpus, self.rollout_max_num_gpus
+        if lo is None and hi is None:
+            if self.rollout_drain_timeout is not None:
+                raise ConfigError(
+                    "--rollout-drain-timeout",
+                    self.rollout_drain_timeout,
+                    "only an elastic fleet drains a leaving engine, and no bounds were given",
+                    "add --rollout-min-num-gpus and/or --rollout-max-num-gpus, or drop --rollout-drain-timeout",
+                )
+            return
+        flag = "--rollout-min-num-gpus" if lo is not None else "--rollout-max-num-gpus"
+        value = lo if lo is not None else hi
+        why, fix = "", ""
+        if self.debug_train_only:
+            why = "--debug-train-only (or replay) starts no rollout engine, so there is no fleet to scale"
+            fix = f"drop {flag}, or drop --debug-train-only / --load-debug-rollout-data"
+        elif self.rollout_external_engine_addrs:
+            why = "the job does not start external engines (--rollout-external-engine-addrs): it cannot add any"
+            fix = f"drop {flag}, or let the job start its engines (--rollout-num-gpus N)"
+        elif offloads_rollout(self):
+            why = (
+                "a colocated fleet shares the trainer's GPUs: scaling it moves the trainer's memory (refused in "
+                "this version)"
+            )
+            fix = f"drop --offload-rollout/--offload/--colocate, or drop {flag}"
+        elif self.detach_engines:
+            why = "a kept fleet's engine ledger records no target size yet, so a resume could not rebuild it"
+            fix = f"drop --detach-engines, or drop {flag}"
+        if why:
+            raise ConfigError(flag, value, why, fix)
+        per, start = self.rollout_num_gpus_per_engine, self.rollout_num_gpus or 0
+        for name in ("rollout_min_num_gpus", "rollout_max_num_gpus"):
+            v = getattr(self, name)
+            if v is not None and v % per:
+                raise ConfigError(
+                    _flag(name),
+                    v,
+                    f"not divisible by --rollout-num-gpus-per-engine {per}: the fleet grows and shrinks by engines",
+                    f"make {_flag(name)} a multiple of --rollout-num-gpus-per-engine",
+                )
+        if lo is not None and lo < per:
+            raise ConfigError(
+                "--rollout-min-num-gpus",
+                lo,
+                f"below one engine (--rollout-num-gpus-per-engine {per}): a fleet of no engine generates nothing",
+                f"set --rollout-min-num-gpus to {per} or more",
+            )
+        if lo is not None and lo > start:
+            raise ConfigError(
+                "--rollout-min-num-gpus",
+                lo,
+                f"above --rollout-num-gpus {start}: the initial fleet must be within its bounds",
+                f"set --rollout-min-num-gpus to at most {start}, or raise --rollout-num-gpus",
+            )
+        if hi is not None and hi < start:
+            raise ConfigError(
+                "--rollout-max-num-gpus",
+                hi,
+                f"below --rollout-num-gpus {start}: the initial fleet must be within its bounds",
+                f"set --rollout-max-num-gpus to {start} or more, or lower --rollout-num-gpus",
+            )
+        if self.rollout_drain_timeout is None:
+            object.__setattr__(self, "rollout_drain_timeout", DEFAULT_DRAIN_TIMEOUT)
+        elif self.rollout_drain_timeout < 0:
+            raise ConfigError(
+                "--rollout-drain-timeout",
+                self.rollout_drain_timeout,
+                "must not be negative (0: a leaving engine's requests are handed back or re-sent at once)",
+                f"set --rollout-drain-timeout to 0 or more, e.g. {DEFAULT_DRAIN_TIMEOUT:g}",
             )
 
     def _validate_detach(self) -> None:
@@ -834,6 +927,23 @@ class LifecycleConfig:
         return self.rollout_num_gpus // self.rollout_num_gpus_per_engine
 
     @property
+    def min_rollout_engines(self) -> int:
+        """The fewest engines an elastic fleet may serve with (one, by default); without bounds: the fleet itself."""
+        if not elastic(self):
+            return self.num_rollout_engines
+        lo = self.rollout_min_num_gpus
+        return 1 if lo is None else lo // self.rollout_num_gpus_per_engine
+
+    @property
+    def max_rollout_engines(self) -> int:
+        """The engine slots: an elastic fleet's most engines (the initial fleet, by default); without bounds: the
+        fleet itself."""
+        if not elastic(self):
+            return self.num_rollout_engines
+        hi = self.rollout_max_num_gpus
+        return self.num_rollout_engines if hi is None else hi // self.rollout_num_gpus_per_engine
+
+    @property
     def keeps_engines(self) -> bool:
         """Rollout engines outlive the driver (--detach-engines) and a resumed job adopts them: the predicate's."""
         return keeps_engines(self)
@@ -883,6 +993,7 @@ class LifecycleConfig:
                 or (f.name == "rollout_health_check_endpoint" and v == self._default_probe())
                 or (f.name == "max_weight_staleness" and v == DEFAULT_STALENESS)
                 or (f.name == "async_data_buffer_max_batches" and v == DEFAULT_BUFFER_BATCHES)
+                or (f.name == "rollout_drain_timeout" and v == DEFAULT_DRAIN_TIMEOUT)
                 or (f.name == "pause_generation_mode" and v is not None and v == self._default_pause())
             )
             if implied or v == f.default:

@@ -20,6 +20,9 @@ EFFECTS: dict[str, str] = {
     "arm_ci_fault_injection": "arm CI fault injection on rollout engines",
     "inject_ci_fault": "kill one rollout engine (once, armed by --ci-test) so that CI exercises recovery",
     "start_eval_fleet": "create the dedicated eval fleet",
+    "reconcile_fleet": "elastic: leavers retire, the members are brought to the target (retire the surplus, join "
+    "vacant slots)",
+    "read_gateway": "elastic: read every router's worker list and report it (gateway.members)",
     "acquire_engine_lock": "take the engine lock for a weight update",
     "release_engine_lock": "release the engine lock",
     # rollout executor: data
@@ -39,6 +42,8 @@ EFFECTS: dict[str, str] = {
     "hold_routing": "--fully-async: take an engine out of routing, its requests in flight kept (a pause, not a drain)",
     "pause_generation": "pause in-flight generation on an engine",
     "continue_generation": "continue generation on an engine",
+    "drain_requests": "elastic: watch a withdrawn engine until its requests in flight finish or the drain bound "
+    "passes, then report it drained",
     "hand_back_requests": "the requests a paused engine kept go back to the stream, to be re-sent to another engine",
     "transfer_weights": "push the trainer's current weights to engines",
     "release_weights": "release an engine's weight memory",

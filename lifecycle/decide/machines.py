@@ -14,6 +14,7 @@ S = StateSpec
 LIVE, TRANSIENT, GONE = frozenset({"live"}), frozenset({"transient"}), frozenset({"gone"})
 BUSY, UPDATING = frozenset({"busy"}), frozenset({"updating"})
 STREAM = frozenset({"streaming"})
+LEAVING = frozenset({"leaving"})
 KV = frozenset({"kv_cache"})
 
 # -- engine ------------------------------------------------------------------------------------
@@ -72,6 +73,19 @@ ENGINE = MachineSpec(
         S("Recovering", marked=True, doc="being restarted by rollout fault tolerance", tags=TRANSIENT),
         S("Stopping", doc="kill requested, death not yet confirmed", tags=TRANSIENT),
         S("Stopped", doc="death confirmed; may be started again", tags=GONE),
+        # an elastic fleet (--rollout-min/max-num-gpus): members join and leave mid-run; a leave is never a failure
+        S(
+            "Joining",
+            doc="elastic: a new member's process launched (a scale-up or a replacement), waiting for its health",
+            tags=TRANSIENT,
+        ),
+        S(
+            "Draining",
+            doc="elastic: out of routing, its requests in flight finishing (or handed back) within the drain bound",
+            tags=LIVE | LEAVING,
+        ),
+        S("Retiring", doc="elastic: leaving; kill requested, death not yet confirmed", tags=TRANSIENT | LEAVING),
+        S("Retired", doc="elastic: the slot is vacant, its process confirmed dead; it may be joined again", tags=GONE),
         S("Failed", terminal=True, marked=True, doc="restart budget spent, or no rollout FT", tags=GONE),
         S("Disposed", terminal=True, doc="slot released", tags=GONE),
     ),
@@ -127,15 +141,37 @@ ENGINE = MachineSpec(
         # with the others) and may be attached again by a start once its owner has restarted it
         T("detach", "Unhealthy", "Stopping", when=("rollout_ft", "external_engines"), effects=["kill_engine"]),
         T("restart", "Recovering", "Starting", effects=["launch_engine"]),
-        T("give_up", "Recovering", "Failed", effects=["report_failure"]),
+        # a spent restart budget: an elastic fleet retires the slot and goes on while its minimum serves
+        T("give_up", "Recovering", "Failed", when="!elastic", effects=["report_failure"]),
+        T("give_up", "Recovering", "Retired", when="elastic"),
         T("stop", "Serving", "Stopping", effects=["stop_routing", "kill_engine"]),
         T("stop", ("Unhealthy", *_LIVE_UNROUTED), "Stopping", effects=["kill_engine"]),
         T("confirm_dead", "Stopping", "Stopped"),
-        T("dispose", ("Init", "Stopped"), "Disposed"),
+        # an elastic fleet: a joiner is routed only after its catch-up (PendingWeights has no resume); a leaver is
+        # withdrawn first (every way out of Serving carries stop_routing or hold_routing), and news about it -- a
+        # death, a probe verdict, a failed request -- stops it (lost), never marks it Unhealthy
+        T("join", ("Init", "Retired"), "Joining", when="elastic", effects=["launch_engine"]),
+        T("ready", "Joining", "PendingWeights"),
+        T("start_failed", "Joining", "Retiring", effects=["kill_engine"]),
+        T("retire", "Serving", "Draining", when="elastic", effects=["stop_routing", "drain_requests"]),
+        # streaming: the requests it kept continue, unrouted, until they finish or are handed back
+        T("retire", "Paused", "Draining", when="elastic", effects=["continue_generation", "drain_requests"]),
+        T("drained", "Draining", "Retiring", effects=["hand_back_requests if streaming", "kill_engine"]),
+        T(
+            "retire",
+            ("PendingWeights", "Quiesced", "Offloaded", "WeightsOnly", "Unhealthy"),
+            "Retiring",
+            when="elastic",
+            effects=["kill_engine"],
+        ),
+        T("lost", (*_LIVE_UNROUTED, "Draining"), "Retiring", when="elastic", effects=["kill_engine"]),
+        T("retired", "Retiring", "Retired"),
+        T("retired", "Recovering", "Retired", when="elastic"),  # a leaver's recovery kill: the slot retires
+        T("dispose", ("Init", "Stopped", "Retired"), "Disposed"),
     ),
-    environment=frozenset({"mark_unhealthy", "start_failed", "republish"}),
+    environment=frozenset({"mark_unhealthy", "start_failed", "republish", "drained", "lost"}),
     # a failed request's report names the process it was sent to: one sent to a replaced process is not news
-    fenced=frozenset({"mark_unhealthy"}),
+    fenced=frozenset({"mark_unhealthy", "drained", "lost"}),
 )
 
 # -- health monitor -----------------------------------------------------------------------------
@@ -295,6 +331,8 @@ ROLLOUT = MachineSpec(
         T("update_done", "StreamCatchingUp", "Streaming", effects=["release_engine_lock"]),
         T("update_failed", "StreamCatchingUp", "Streaming", effects=["release_engine_lock"]),
         T("stream_stop", "Streaming", "Ready", effects=[_MONITOR_OFF, "stop_stream"]),
+        # an elastic fleet: a new target size, reconciled at once (joins, retirements) where the manager stands
+        *(T("scale", s, s, when="elastic", effects=["reconcile_fleet"]) for s in ("Ready", "Generating", "Streaming")),
         T(
             "dispose",
             ("Replay", "Ready"),
@@ -360,6 +398,7 @@ WEIGHT_SYNC = MachineSpec(
         T("connected", "Connecting", "Connected"),
         T("connect_failed", "Connecting", "Disconnected", effects=["destroy_weight_group"]),
         T("membership_changed", "Connected", "Stale"),
+        T("member_left", "Connected", "Stale", when="elastic"),  # a planned departure (a retirement)
         T("destroy", "Stale", "Disconnected", effects=["destroy_weight_group"]),
         T("broadcast", "Connected", "Broadcasting", effects=["broadcast_weights"]),
         T("broadcast_done", "Broadcasting", "Connected"),
@@ -416,7 +455,11 @@ TRAINER = MachineSpec(
             "Ready",
             "UpdatingWeights",
             when="updates_rollout_weights",
-            effects=["recover_engine if trainer_recovers_rollout", "transfer_weights"],
+            effects=[
+                "recover_engine if trainer_recovers_rollout",
+                "reconcile_fleet if elastic",  # a stream's only per-step boundary: leavers retire, gaps are filled
+                "transfer_weights",
+            ],
         ),
         T("update_done", "UpdatingWeights", "Ready"),
         T("offload", "Ready", "Offloaded", when="offloads_train", effects=["offload_train"]),

@@ -205,6 +205,16 @@ def keeps_engines(c: LifecycleConfig) -> bool:
     return c.detach_engines and starts_servers(c) and not external_engines(c) and saves_job(c)
 
 
+@predicate
+def elastic(c: LifecycleConfig) -> bool:
+    """An elastic fleet: engines join and leave mid-run within --rollout-min/max-num-gpus, on engines the job starts."""
+    return (
+        starts_servers(c)
+        and not external_engines(c)
+        and (c.rollout_min_num_gpus is not None or c.rollout_max_num_gpus is not None)
+    )
+
+
 @capability
 def releases_rollout_memory(c: LifecycleConfig) -> bool:
     """The rollout backend can release and resume its engines' weights and KV cache on --rollout-device."""

@@ -140,11 +140,16 @@ class Runner:
 
     # -- driving ----------------
     async def operate(
-        self, name: OperationName, engine: int | None = None, *, allow: frozenset[str] = frozenset()
+        self,
+        name: OperationName,
+        engine: int | None = None,
+        *,
+        allow: frozenset[str] = frozenset(),
+        target: int | None = None,
     ) -> Refusal | None:
-        """Run one operation to its end. A refusal whose kind is in ``allow`` (``blocked``, ``not_applicable``)
-        is returned; any other raises :class:`OperationRefused`."""
-        refusal = await self.submit(Op(name, engine, self.clock()))
+        """Run one operation to its end (``target``: scale_rollout's new member count). A refusal whose kind is in
+        ``allow`` (``blocked``, ``not_applicable``) is returned; any other raises :class:`OperationRefused`."""
+        refusal = await self.submit(Op(name, engine, self.clock(), target))
         if refusal is not None and refusal.kind not in allow:
             if refusal.kind == "failed":
                 self.check_failed()

@@ -29,6 +29,7 @@ TAGS: dict[str, str] = {
     "busy": "a machine doing work that other machines must not cut into (generation, a training step)",
     "updating": "the rollout manager holds the engine lock while weights flow",
     "streaming": "the rollout manager's stream runs (--fully-async): the trainer takes completed groups from it",
+    "leaving": "an elastic fleet's engine on its way out (withdrawn, not a member): never marked, never recovered",
 }
 MEMORY_TAGS = ("weights", "kv_cache")
 

@@ -21,6 +21,7 @@ the next rollout move the shell must have caught up.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,32 +30,53 @@ from typing import Any
 from lifecycle.check.invariants import IN_FLIGHT, INVARIANTS, NEVER_IN_REPLAY
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import Core
+from lifecycle.decide.core.model import GROUP_PREFIX, ROLLOUT
 from lifecycle.decide.errors import LifecycleError
 from lifecycle.decide.events import (
     ADOPTED,
     CHECKPOINTED,
     COMMITTED,
+    FLEET,
     GATEWAY,
+    GATEWAY_MEMBERS,
     GROUP_BUFFERED,
     GROUP_DROPPED,
     GROUP_TAKEN,
     MEMORY,
+    PREEMPT_NOTICE,
     PROBE,
     RESUMED,
     ROLLOUT_SOURCE,
     ROUTED,
     STARTED,
+    SYNC_CONNECTED,
+    SYNC_DESTROYED,
     TRANSITION,
     VIOLATED,
+    WEIGHT_BUCKET,
     WEIGHTS,
     EventLog,
     canonical,
 )
+from lifecycle.decide.machines import MACHINES
 from lifecycle.observe.trace import line
 
 Event = Mapping[str, Any]
 FAILED_REFIT = frozenset({"abort_update", "revert"})  # an in-flight update's failure, as an engine's move
 MOVES_KEPT = 16  # per engine: far more than the moves of one batch of commands
+WITHDRAWALS = frozenset({"stop_routing", "hold_routing"})  # the effects that take an engine out of its gateway
+ROUTABLE = "ready"  # the one SMG worker status it routes to (pending | ready | not_ready | failed | draining)
+
+# The elastic fleet's engine states, as transition events spell them (the engine spec tags Draining and Retiring
+# "leaving"; tests/lifecycle/observe/test_monitor_elastic.py holds these names to the spec once it has them).
+LEAVING = frozenset({"Draining", "Retiring"})  # out of the gateway, on the way out: never a failure
+RETIRED = "Retired"  # the slot vacant, its process confirmed dead; a later join is a new process
+RETIRE = "retire"  # the trigger of a planned leave (a scale-down, a retire_engines call, a notice)
+_ENGINE = MACHINES["engine"]
+VACANT = _ENGINE.tagged("gone") | {RETIRED}  # no process in the slot: not a member of the fleet
+# an engine in one of these is no longer a rank of the broadcast group it was connected in
+DEPARTED = VACANT | LEAVING | {"Stopping", "Unhealthy", "Recovering"}
+FAILING = frozenset({"Unhealthy", "Failed"})  # where a death takes an engine; a planned leave never goes there
 
 # the invariants the event stream can witness (each a name of lifecycle.check.invariants); `lifecycle trace check
 # --list` prints them with their documentation
@@ -72,6 +94,11 @@ JUDGED = (
     "no_trained_group_beyond_staleness",
     "no_group_newer_than_the_version",
     "no_generation_after_failed_update",
+    # the elastic fleet (--rollout-min-num-gpus / --rollout-max-num-gpus): joins, leaves, the re-formed group
+    "withdrawn_before_it_leaves",
+    "no_broadcast_on_stale_group",
+    "planned_leave_never_fails_the_run",
+    "fleet_within_bounds",
 )
 assert all(name in INVARIANTS for name in JUDGED), "a judged invariant is missing from lifecycle.check.invariants"
 
@@ -117,9 +144,32 @@ class _Job:
     before: dict[str, tuple[int, int]] = field(default_factory=dict)
     # engines whose in-flight update failed, until they load the committed weights: (its time, its event index)
     failed_refit: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    # each engine's newest process as the facts show it: the highest epoch reported, and the lowest epoch a fact
+    # may carry since its last launch (a fact of an older process -- a retired one's late report -- is not its)
+    epochs: dict[str, int] = field(default_factory=dict)
+    floor: dict[str, int] = field(default_factory=dict)
+    # engines on a planned way out (a notice, a retire), until a new process is launched in the slot: event index
+    leaving: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # the broadcast group: its generation and members as connected (event index), and members departed since
+    group: tuple[int | None, frozenset[str], int] | None = None
+    generation: int | None = None
+    departed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    group_gone: int = -1  # the event index of its destroy, while no new generation connected
+    members: int = 0  # engines of the rollout group that are members (neither vacant nor leaving)
+    serving: int = 0  # engines of the rollout group Serving
+    # a generate/stream start, until the next rollout move: (its event index, the most engines Serving since)
+    started_at: tuple[int, int] | None = None
 
     def state(self, instance: str) -> str:
         return self.states.get(instance, "Init")
+
+    def older_process(self, instance: str, epoch: object) -> bool:
+        """A fact stamped with an epoch below the slot's newest launch: a process that is gone."""
+        return isinstance(epoch, int) and not isinstance(epoch, bool) and epoch < self.floor.get(instance, 0)
+
+    def group_of(self, prefix: str, at: object = None) -> dict[str, str]:
+        """Every engine of one group (``engine-*``, ``eval-*``) the log moved, with its state at ``at``."""
+        return {name: self.state_at(name, at) for name in self.states if name.rpartition("-")[0] == prefix}
 
     def state_at(self, instance: str, at: object) -> str:
         """The state ``instance`` was in at ``at`` (a log timestamp; fixed-width ISO strings sort in time order),
@@ -148,6 +198,7 @@ class EventMonitor:
             raise ValueError(f"not judged from events: {', '.join(unknown)} (judged: {', '.join(JUDGED)})")
         self.core: Core | None = None
         self.p: Mapping[str, bool] = {}
+        self.bounds: tuple[int, int] | None = None  # the fleet's (min, max) engines; None: not an elastic run
         self._given = config is not None  # else each driver's lifecycle.started line says (a resumed run: --load)
         if config is not None:
             self._configure(config)
@@ -159,12 +210,15 @@ class EventMonitor:
     def _configure(self, config: LifecycleConfig) -> None:
         self.core = Core(config)
         self.p = self.core.predicates
+        self.bounds = fleet_bounds(config.to_dict())
 
     def feed(self, event: Event) -> list[Violation]:
         self.index += 1
         found: list[Violation] = []
         kind = event.get("event")
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if "epoch" in event:
+            self._epoch(event)
         if handler is not None:
             who = event.get("instance")
             for name, problem, related in handler(self, event):
@@ -183,6 +237,8 @@ class EventMonitor:
     def _started(self, e: Event) -> Iterable[_Found]:
         if not self._given and isinstance(e.get("config"), Mapping):
             self._configure(LifecycleConfig.from_mapping(dict(e["config"]), check_paths=False))
+        if self.bounds is None and isinstance(e.get("config"), Mapping):  # a --config without the run's bounds
+            self.bounds = fleet_bounds(e["config"])
         if self._drivers and self.job.resuming is None:  # a new run in a reused run directory, not a resume
             self.job = _Job()
         self._drivers += 1
@@ -251,10 +307,17 @@ class EventMonitor:
                 out.append(("engine_lock_held_only_while_updating", f"the engine lock is {held} in {dst}", ()))
         if machine == "monitor" and src == "Running" and dst != "Running":
             job.monitor_paused_at = job.rollout_moves
+        if machine == "rollout":
+            out += self._fleet_at_start(e)
+        if "report_failure" in effects:
+            out += self._failure_names_a_leaver(e)
         if machine == "engine":
             if "launch_engine" in effects:  # a new process: it holds no verified weights and releases nothing
                 job.held.pop(instance, None)
                 job.released.pop(instance, None)
+                job.leaving.pop(instance, None)
+                job.floor[instance] = job.epochs.get(instance, 0) + 1
+            out += self._leaves(instance, e, effects)
             if src in IN_FLIGHT and e.get("trigger") in FAILED_REFIT:  # its paused requests hold no future
                 job.failed_refit[instance] = (_text(e.get("ts")), self.index)
             if dst == "Serving" and src != "Serving":
@@ -262,6 +325,8 @@ class EventMonitor:
             if isinstance(e.get("ts"), str):
                 job.moved.setdefault(instance, deque(maxlen=MOVES_KEPT)).append((e["ts"], str(src)))
         job.states[instance] = dst
+        if machine == "engine":
+            out += self._members(instance, str(src), dst)
         return out
 
     def _enters_serving(self, instance: str) -> list[_Found]:
@@ -317,7 +382,7 @@ class EventMonitor:
         return out
 
     def _weights(self, e: Event) -> Iterable[_Found]:
-        if e.get("outcome") == "loaded":
+        if e.get("outcome") == "loaded" and not self.job.older_process(str(e.get("instance")), e.get("epoch")):
             job, instance = self.job, str(e.get("instance"))
             job.held[instance] = (str(e.get("weight_version")), self.index)
             # a load of the engine's own (a catch-up, a restart), not an in-flight update's, ends a failed refit
@@ -347,6 +412,9 @@ class EventMonitor:
     def _routed(self, e: Event) -> Iterable[_Found]:
         instance = str(e.get("instance"))
         state = self.job.state_at(instance, e.get("done_at"))  # when it was added, not when the batch was back
+        if state in LEAVING or state == RETIRED:  # on its way out: the withdrawal's own rule names it
+            problem = f"{instance} was added to {e.get('router')} while {state}, after it was withdrawn to leave"
+            return [("withdrawn_before_it_leaves", problem, ())]
         if state != "Serving":
             return [("traffic_only_to_serving", f"{instance} was added to {e.get('router')} while {state}", ())]
         return ()
@@ -367,6 +435,177 @@ class EventMonitor:
             problem = f"{where} labels {instance} weight version {label}, the committed is {committed}"
             return [("gateway_agrees_with_lifecycle", problem, ())]
         return ()
+
+    def _members_listed(self, e: Event) -> Iterable[_Found]:
+        """A router's whole worker list (``gateway.members``): the workers it routes to (``ready``) are exactly the
+        Serving engines of its group at the time it was read -- a worker of a retired process, of a URL the job
+        does not know, a leaving engine still routed, a Serving one missing are each a disagreement."""
+        job, router = self.job, str(e.get("router"))
+        prefix = GROUP_PREFIX.get(router.removeprefix("router-"))
+        if prefix is None:
+            return ()
+        at = e.get("done_at")
+        states = job.group_of(prefix, at)
+        where, rule = f"the gateway {router}", "gateway_agrees_with_lifecycle"
+        out: list[_Found] = []
+        routed: set[str] = set()
+        for w in e.get("workers") or ():
+            if not isinstance(w, Mapping) or w.get("status") != ROUTABLE:
+                continue
+            instance = w.get("instance")
+            if not isinstance(instance, str):
+                out.append((rule, f"{where} routes to {w.get('url')}, a worker of no engine of the job", ()))
+                continue
+            if job.older_process(instance, w.get("epoch")):
+                problem = (
+                    f"{where} routes to {instance}'s process of epoch {w.get('epoch')}, which is gone (the slot's "
+                    f"process since is epoch {job.floor[instance]} or later)"
+                )
+                out.append((rule, problem, ()))
+                continue
+            routed.add(instance)
+            state = job.state_at(instance, at)
+            if state != "Serving":  # a leaving engine still ready: its withdrawal did not reach the gateway
+                out.append((rule, f"{where} routes to {instance}, which is {state}", ()))
+            elif job.committed is not None and str(w.get("weight_version")) != job.committed:
+                problem = f"{where} labels {instance} weight version {w.get('weight_version')}, the committed is "
+                out.append((rule, problem + str(job.committed), ()))
+        for instance in sorted(name for name, state in states.items() if state == "Serving" and name not in routed):
+            out.append((rule, f"{where} does not route to {instance}, which is Serving", ()))
+        return out
+
+    def _leaves(self, instance: str, e: Event, effects: tuple[str, ...]) -> list[_Found]:
+        """An engine's move (before the job records it): the rules of a way out -- withdrawn first, a planned leave
+        never a failure, a departed member is no rank of the broadcast group any more."""
+        job, src, dst, trigger = self.job, str(e.get("src")), str(e.get("dst")), e.get("trigger")
+        out: list[_Found] = []
+        if src == "Serving" and dst != "Serving" and not WITHDRAWALS & set(effects):
+            problem = f"{instance} left Serving for {dst} ({trigger}) without being withdrawn from its gateway"
+            out.append(("withdrawn_before_it_leaves", problem + " (no stop_routing or hold_routing)", ()))
+        if trigger == RETIRE and dst in LEAVING and instance not in job.leaving:
+            job.leaving[instance] = (self.index, "retired")
+        if instance in job.leaving and (trigger == "mark_unhealthy" or dst in FAILING):
+            at, how = job.leaving[instance]
+            problem = (
+                f"{instance} was {how} (a planned leave) and then moved to {dst} ({trigger}): treated as a failure"
+            )
+            out.append(("planned_leave_never_fails_the_run", problem, (at,)))
+        if job.group is not None and dst in DEPARTED and src not in DEPARTED and instance in job.group[1]:
+            job.departed.setdefault(instance, (dst, self.index))
+        return out
+
+    def _failure_names_a_leaver(self, e: Event) -> list[_Found]:
+        """A run failure (``report_failure``) of another part whose reason names an engine on a planned way out (an
+        engine's own failing move is judged by :meth:`_leaves`)."""
+        reason = str(e.get("reason") or "")
+        out: list[_Found] = []
+        if e.get("machine") == "engine":
+            return out
+        for name, (at, how) in sorted(self.job.leaving.items()):
+            if re.search(rf"\b{re.escape(name)}\b", reason):
+                problem = f"the run failed ({e.get('machine')} {e.get('trigger')}) naming {name}, which was {how}"
+                out.append(("planned_leave_never_fails_the_run", problem + " (a planned leave)", (at,)))
+        return out
+
+    def _notice(self, e: Event) -> Iterable[_Found]:
+        """A notice makes a planned leave only in an elastic fleet; a fixed one ignores it (and fails fast when the
+        engine then dies without rollout FT, as it promises)."""
+        instance = str(e.get("instance"))
+        if self.bounds is not None and not self.job.older_process(instance, e.get("epoch")):
+            self.job.leaving.setdefault(instance, (self.index, f"given a preemption notice by {e.get('by')}"))
+        return ()
+
+    def _connected(self, e: Event) -> Iterable[_Found]:
+        """A broadcast group formed: a new generation (they only increase), with these members."""
+        job, generation = self.job, e.get("generation")
+        out: list[_Found] = []
+        number = generation if isinstance(generation, int) and not isinstance(generation, bool) else None
+        if number is not None and job.generation is not None and number <= job.generation:
+            at = job.group[2] if job.group is not None else -1
+            problem = f"weight group generation {number} connected after generation {job.generation}: "
+            out.append(("no_broadcast_on_stale_group", problem + "generations only increase", (at,) if at >= 0 else ()))
+        if number is not None:
+            job.generation = max(number, job.generation if job.generation is not None else number)
+        job.group = (number, frozenset(str(m) for m in e.get("members") or ()), self.index)
+        job.departed.clear()
+        job.group_gone = -1
+        return out
+
+    def _destroyed(self, e: Event) -> Iterable[_Found]:
+        if self.job.group is not None:
+            self.job.group_gone = self.index
+        self.job.group = None
+        self.job.departed.clear()
+        return ()
+
+    def _bucket(self, e: Event) -> Iterable[_Found]:
+        """A bucket of a broadcast goes to every rank of the group: none may have left since it connected."""
+        job, rule = self.job, "no_broadcast_on_stale_group"
+        if job.group is None:
+            if job.group_gone >= 0:
+                problem = (
+                    "a weight bucket was broadcast after the weight group was destroyed, before a new one connected"
+                )
+                return [(rule, problem, (job.group_gone,))]
+            return ()
+        generation, _, connected = job.group
+        out: list[_Found] = []
+        for instance, (state, at) in sorted(job.departed.items()):
+            problem = (
+                f"a weight bucket was broadcast over group generation {generation}, but its member {instance} has "
+                f"since moved to {state}: the collective waits for a member that has left"
+            )
+            out.append((rule, problem, (connected, at)))
+        return out
+
+    def _members(self, instance: str, src: str, dst: str) -> list[_Found]:
+        """``fleet_within_bounds``: the rollout group's members (neither vacant nor leaving) never exceed the max.
+        Counted by each move's difference (a move changes each count by at most one)."""
+        job = self.job
+        if instance.rpartition("-")[0] != GROUP_PREFIX[ROLLOUT]:
+            return []
+        before = job.members
+        job.members += _member(dst) - _member(src)
+        job.serving += (dst == "Serving") - (src == "Serving")
+        if job.started_at is not None:
+            job.started_at = (job.started_at[0], max(job.started_at[1], job.serving))
+        if self.bounds is None:
+            return []
+        members, most = job.members, self.bounds[1]
+        if members > most >= before:
+            problem = f"{instance} ({dst}) made the fleet {members} members, above its maximum of {most} engines"
+            return [("fleet_within_bounds", problem + " (--rollout-max-num-gpus)", ())]
+        return []
+
+    def _fleet_at_start(self, e: Event) -> list[_Found]:
+        """``fleet_within_bounds`` at a generate/stream start: by the next rollout move (the engines resume after
+        the manager's move) at least the minimum of engines served."""
+        job, out = self.job, list[_Found]()
+        if job.started_at is not None and self.bounds is not None:
+            at, most = job.started_at
+            if most < self.bounds[0]:
+                problem = f"the rollout started with {most} engines Serving, below the minimum of {self.bounds[0]}"
+                out.append(("fleet_within_bounds", problem + " (--rollout-min-num-gpus)", (at,)))
+        job.started_at = None
+        if e.get("trigger") in ("generate", "stream") and e.get("src") != e.get("dst"):
+            job.started_at = (self.index, job.serving)
+        return out
+
+    def _scaled(self, e: Event) -> Iterable[_Found]:
+        target = e.get("target")
+        if self.bounds is None or not isinstance(target, int) or isinstance(target, bool):
+            return ()
+        low, high = self.bounds
+        if not low <= target <= high:
+            problem = f"the fleet was scaled to {target} engines, outside its bounds {low}..{high}"
+            return [("fleet_within_bounds", problem + " (--rollout-min-num-gpus / --rollout-max-num-gpus)", ())]
+        return ()
+
+    def _epoch(self, e: Event) -> None:
+        """Every fact naming an engine's epoch: the newest process the log has heard of in that slot."""
+        instance, epoch = e.get("instance"), e.get("epoch")
+        if isinstance(instance, str) and isinstance(epoch, int) and not isinstance(epoch, bool):
+            self.job.epochs[instance] = max(epoch, self.job.epochs.get(instance, epoch))
 
     def _probe(self, e: Event) -> Iterable[_Found]:
         job, instance = self.job, str(e.get("instance"))
@@ -514,6 +753,23 @@ class EventMonitor:
         return []
 
 
+def fleet_bounds(settings: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The fewest and most engines of an elastic fleet from its settings (GPUs / --rollout-num-gpus-per-engine);
+    None when neither bound is set (a fixed fleet: ``fleet_within_bounds`` is not judged)."""
+    low, high = settings.get("rollout_min_num_gpus"), settings.get("rollout_max_num_gpus")
+    if low is None and high is None:
+        return None
+    per = int(settings.get("rollout_num_gpus_per_engine") or 1)
+    gpus = settings.get("rollout_num_gpus")
+    most = int(high) // per if high is not None else int(gpus) // per if gpus is not None else None
+    return (int(low) // per if low is not None else 1, most if most is not None else 1 << 30)
+
+
+def _member(state: str) -> bool:
+    """A member of the fleet: a process in the slot that is not on its way out."""
+    return state not in VACANT and state not in LEAVING
+
+
 def _int(version: object) -> int | None:
     """A version as a number (they are the trainer's step numbers as text); None for anything else."""
     if isinstance(version, bool):
@@ -555,6 +811,12 @@ _HANDLERS: dict[str, Callable[[EventMonitor, Event], Iterable[_Found]]] = {
     GROUP_BUFFERED: EventMonitor._group_buffered,
     GROUP_TAKEN: EventMonitor._group_taken,
     GROUP_DROPPED: EventMonitor._group_dropped,
+    GATEWAY_MEMBERS: EventMonitor._members_listed,
+    PREEMPT_NOTICE: EventMonitor._notice,
+    SYNC_CONNECTED: EventMonitor._connected,
+    SYNC_DESTROYED: EventMonitor._destroyed,
+    WEIGHT_BUCKET: EventMonitor._bucket,
+    FLEET: EventMonitor._scaled,
 }
 
 

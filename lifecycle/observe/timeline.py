@@ -47,6 +47,7 @@ from lifecycle.decide.faults import FAULT_EVENTS, FAULT_INJECTED
 from lifecycle.decide.machines import MACHINES
 
 Event = Mapping[str, Any]
+LAUNCH = "launch_engine"  # the effect that starts a new process in an engine slot (a new epoch)
 MarkerKind = Literal["fault", "blocked", "violation", "probe", "weights", "committed", "resumed", "event"]
 Level = Literal["info", "warn", "error"]
 
@@ -67,6 +68,7 @@ STATE_COLOURS: dict[str, str] = {
     "Replay": "#d9f99d",
     "StartingServers": "#7dd3fc",
     "Starting": "#7dd3fc",
+    "Joining": "#67e8f9",  # a new member of an elastic fleet starting: starting blue, a shade of its own
     "Connecting": "#7dd3fc",
     "Restarting": "#7dd3fc",
     "WaitingAlive": "#bae6fd",
@@ -108,6 +110,10 @@ STATE_COLOURS: dict[str, str] = {
     "Stopping": "#9ca3af",
     "Stopped": "#6b7280",
     "Disposed": "#4b5563",
+    # a planned leave (an elastic fleet): warm greys, apart from the red of a failure and the cool grey of a stop
+    "Draining": "#d6d3d1",
+    "Retiring": "#a8a29e",
+    "Retired": "#78716c",
 }
 _FALLBACK = ("#f472b6", "#2dd4bf", "#a3e635", "#e879f9", "#38bdf8", "#facc15", "#fb7185", "#818cf8")
 
@@ -146,10 +152,16 @@ class Span:
     step: Any = None
     reason: str | None = None
     effects: tuple[str, ...] = ()
+    process: int = 0  # the slot's process it belongs to: 0 none launched yet, n the nth launch in the lane
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def new_process(self) -> bool:
+        """The span where a later process takes over a slot (a join after Retired, a restart): a new segment."""
+        return self.process > 1 and LAUNCH in self.effects
 
 
 @dataclass(frozen=True)
@@ -322,6 +334,7 @@ def build_timeline(events: Sequence[Event]) -> Timeline:
             else:
                 spans[-1] = replace(spans[-1], end=t)
             effects = e.get("effects")
+            process = spans[-1].process + (isinstance(effects, list) and LAUNCH in effects)
             spans.append(
                 Span(
                     dst,
@@ -333,6 +346,7 @@ def build_timeline(events: Sequence[Event]) -> Timeline:
                     step=step,
                     reason=_text(e.get("reason")),
                     effects=tuple(str(x) for x in effects) if isinstance(effects, list) else (),
+                    process=process,
                 )
             )
         elif kind == BLOCKED and (who := _who(e)) is not None:
@@ -570,6 +584,9 @@ def _span_tip(lane: Lane, s: Span, tl: Timeline) -> str:
         f"effects: {', '.join(s.effects)}" if s.effects else None,
         " · ".join(x for x in (_step_of({"step": s.step}), None if s.index is None else f"event #{s.index}") if x),
         f"from {_at(s.start, tl)}, for {_dur(s.duration) if tl.timed else f'{int(s.duration)} events'}",
+        f"process #{s.process} of this slot" + (" (a new process: a new segment)" if s.new_process else "")
+        if s.process > 1
+        else None,
         doc,
     )
 
@@ -681,10 +698,16 @@ def _spans(tl: Timeline, lane: Lane, scale: _Scale, y: float) -> list[str]:
         index = "" if s.index is None else s.index
         rects.append(
             f'<rect class="span" data-lane="{_a(lane.key)}" data-state="{_a(s.state)}" '
-            f'data-start-index="{index}" data-start="{s.start:.6f}" data-end="{s.end:.6f}" '
+            f'data-start-index="{index}" data-start="{s.start:.6f}" data-end="{s.end:.6f}" data-process="{s.process}" '
             f'x="{x0:.2f}" y="{y}" width="{w:.2f}" height="{LANE_H}" fill="{fill}">'
             f"<title>{_a(_span_tip(lane, s, tl))}</title></rect>"
         )
+        if s.new_process:  # the slot's earlier process ended: this is another one's bar, cut apart from it
+            rects.append(
+                f'<line class="process-cut" data-lane="{_a(lane.key)}" data-process="{s.process}" x1="{x0:.2f}" '
+                f'x2="{x0:.2f}" y1="{y - 2}" y2="{y + LANE_H + 2}" stroke="#111827" stroke-width="2.5" '
+                'pointer-events="none"/>'
+            )
         if s.src == s.state:  # a self-loop (a probe, a news item): a thin cut shows it happened
             rects.append(
                 f'<line class="self-loop" x1="{x0:.2f}" x2="{x0:.2f}" y1="{y + 3}" y2="{y + LANE_H - 3}" '
@@ -853,6 +876,8 @@ def _legend(tl: Timeline) -> str:
         ("event", '<b class="sym" style="color:#94a3b8">●</b>other event'),
     ]
     marks = [f'<span class="key">{text}</span>' for kind, text in symbols if kind in kinds]
+    if any(s.new_process for lane in tl.lanes for s in lane.spans):
+        marks.append('<span class="key"><b class="sym" style="color:#111827">|</b>a new process in the slot</span>')
     marks.append('<span class="key"><i class="hatch"></i>quiet gap, drawn narrow</span>')
     return (
         f'<div class="legend"><div class="states">{"".join(items)}</div><div class="marks">{"".join(marks)}</div></div>'

@@ -58,6 +58,7 @@ def test_minimal_command_is_exactly_the_launch_server_line() -> None:
         "30001",
         "--tp-size",
         "2",
+        "--enable-metrics",
     ]
     assert args.command(python="/opt/py/bin/python")[0] == "/opt/py/bin/python"
 
@@ -103,7 +104,7 @@ def test_every_optional_flag_in_order_and_keys_hidden_from_repr() -> None:
         skip_server_warmup=True,
         extra_args=["--log-level", "warning", "--trust-remote-code"],
     )
-    assert args.command()[11:] == [
+    assert args.command()[12:] == [
         "--mem-fraction-static",
         "0.7",
         "--enable-memory-saver",

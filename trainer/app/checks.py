@@ -22,7 +22,7 @@ from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.faults import NOTICE_FAULTS
 from lifecycle.decide.jsonio import JSONFileError, read_json
-from lifecycle.decide.predicates import offloads_rollout, replay
+from lifecycle.decide.predicates import elastic, offloads_rollout, replay
 from trainer.app.faults import Fault
 from trainer.app.fleet import Scale
 from trainer.app.options import (
@@ -67,6 +67,21 @@ def check_async(config: LifecycleConfig, async_mode: bool) -> None:
             "a job checkpoint of the async loop would have to hold the next step's generation, which is in "
             "flight while the step ends; job checkpoints are written by the sync loop only",
             "run without --async to checkpoint, or drop --save",
+        )
+
+
+def check_elastic(config: LifecycleConfig) -> None:
+    """Elastic bounds are decided by the lifecycle core, but no runtime carries them out yet: refused before anything
+    starts (issue 44 lands the runtime and removes this check)."""
+    if elastic(config):
+        flag = "--rollout-min-num-gpus" if config.rollout_min_num_gpus is not None else "--rollout-max-num-gpus"
+        value = config.rollout_min_num_gpus if config.rollout_min_num_gpus is not None else config.rollout_max_num_gpus
+        raise ConfigError(
+            flag,
+            value,
+            "elastic bounds: the runtime lands with issue 44 (the lifecycle core and `lifecycle check` know them, "
+            "`lifecycle run` and Job cannot carry them out yet)",
+            "drop --rollout-min-num-gpus and --rollout-max-num-gpus (and --rollout-drain-timeout)",
         )
 
 
@@ -512,6 +527,7 @@ def check_run(
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
         )
+    check_elastic(config)
     o = options
     path = _path(FLAGS["run_dir"], o.run_dir)
     assert path is not None

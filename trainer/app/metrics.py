@@ -17,12 +17,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from lifecycle.decide.config import LifecycleConfig
+from lifecycle.decide.core.model import GROUP_PREFIX, ROLLOUT
 from lifecycle.decide.events import (
     BLOCKED,
     COMMITTED,
+    DRAINED,
+    FLEET,
     GROUP_BUFFERED,
     GROUP_DROPPED,
     GROUP_TAKEN,
+    PREEMPT_NOTICE,
     PROBE,
     STARTED,
     TRANSITION,
@@ -38,6 +42,12 @@ STATE_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 180
 PROBE_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 STREAM_OUTCOMES = {GROUP_BUFFERED: "buffered", GROUP_TAKEN: "taken", GROUP_DROPPED: "dropped"}
 RECOVERY_OUTCOMES = {"restart": "restarted", "give_up": "gave_up"}  # how an engine leaves Recovering
+DRAIN_SECONDS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)  # --rollout-drain-timeout is 30 s
+FLEET_KINDS = ("desired", "allocated", "routable")  # Dynamo's engine-group counts: wanted, holding a slot, routed
+ENGINE = MACHINES["engine"]
+# an engine slot holds no member in these (vacant: no process, or one on its way out of an elastic fleet)
+NOT_ALLOCATED = ENGINE.tagged("gone") | ENGINE.tagged("leaving")
+ROLLOUT_ENGINE = GROUP_PREFIX[ROLLOUT]  # the rollout fleet's instances (engine-0, ...), not the eval fleet's
 
 
 class Metrics:
@@ -129,6 +139,33 @@ class Metrics:
             buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, 64),
             registry=r,
         )
+        self.fleet = Gauge(
+            f"{PREFIX}_fleet_engines",
+            "The rollout fleet in engines: desired (the target: --rollout-num-gpus, then each scale), allocated "
+            "(slots holding a member that is not leaving), routable (Serving).",
+            ["kind"],
+            registry=r,
+        )
+        self.notices = Counter(
+            f"{PREFIX}_engine_notices",
+            "Preemption notices an engine was given (a spot reclaim, a draining node), by who gave it.",
+            ["instance", "by"],
+            registry=r,
+        )
+        self.drains = Counter(
+            f"{PREFIX}_drains",
+            "Drains of a leaving engine: its requests in flight finished (drained) or the drain bound passed first "
+            "(timed_out: what was left was handed back or re-sent).",
+            ["outcome"],
+            registry=r,
+        )
+        self.drain_seconds = Histogram(
+            f"{PREFIX}_drain_duration_seconds",
+            "How long a leaving engine's drain took, from its withdrawal to its last request (or the bound).",
+            ["outcome"],
+            buckets=DRAIN_SECONDS,
+            registry=r,
+        )
         self.violations = Counter(
             f"{PREFIX}_invariant_violations", "Invariant violations the live monitor saw.", ["invariant"], registry=r
         )
@@ -136,6 +173,7 @@ class Metrics:
         for name in JUDGED:  # the series exist at 0, so an alert on increase() works from the first scrape
             self.violations.labels(name)
         self._current: dict[str, tuple[str, str, float]] = {}  # instance -> (machine, state, since: monotonic)
+        self._fleet = {"allocated": 0, "routable": 0}  # the rollout fleet's counts, kept by each move's difference
         self._children: dict[tuple[Any, ...], Any] = {}  # (metric, labels...) -> its child: labels() costs µs
         self._restarts: dict[str, list[float]] = {}
         self._budget: tuple[int, float] | None = None
@@ -179,10 +217,25 @@ class Metrics:
                 self._child(self.staleness, outcome).observe(version - oldest)
         elif kind == VIOLATED:
             self.violations.labels(event.get("invariant")).inc()
-        elif kind == STARTED and self._budget is None:
+        elif kind == FLEET:
+            target = event.get("target")
+            if isinstance(target, int):
+                self._child(self.fleet, "desired").set(target)
+        elif kind == PREEMPT_NOTICE:
+            self._child(self.notices, event.get("instance"), event.get("by")).inc()
+        elif kind == DRAINED:
+            outcome = "timed_out" if event.get("timed_out") else "drained"
+            self._child(self.drains, outcome).inc()
+            seconds = event.get("seconds")
+            if isinstance(seconds, (int, float)):
+                self._child(self.drain_seconds, outcome).observe(seconds)
+        elif kind == STARTED:
             config = event.get("config") or {}
-            if "engine_max_restarts" in config and "engine_restart_window" in config:
+            if self._budget is None and "engine_max_restarts" in config and "engine_restart_window" in config:
                 self._configure(int(config["engine_max_restarts"]), float(config["engine_restart_window"]))
+            gpus, per = config.get("rollout_num_gpus"), config.get("rollout_num_gpus_per_engine") or 1
+            if isinstance(gpus, int) and isinstance(per, int):  # the fleet a run starts with, until it is scaled
+                self._child(self.fleet, "desired").set(gpus // per)
 
     def _child(self, metric: Any, *labels: Any) -> Any:
         """``metric.labels(*labels)``, looked up once: the sink runs on every event of the loop."""
@@ -206,10 +259,21 @@ class Metrics:
             self._child(self.state, machine, instance, dst).set(1)
             self._child(self.entered, machine, instance).set(self._clock())
             self._current[instance] = (machine, dst, now)
+        if machine == "engine" and src != dst and instance.rpartition("-")[0] == ROLLOUT_ENGINE:
+            self._count_fleet(src, dst)
         if machine == "engine" and src == "Recovering" and trigger in RECOVERY_OUTCOMES:
             self.recoveries.labels(instance, RECOVERY_OUTCOMES[trigger]).inc()
             if trigger == "restart":
                 self._restarted(instance, now)
+
+    def _count_fleet(self, src: str, dst: str) -> None:
+        """Allocated and routable engines of the rollout fleet, from the engines' moves (the StateSet's view): one
+        move changes each count by at most one, so a fleet of thousands costs no scan per move."""
+        counts = self._fleet
+        counts["allocated"] += (dst not in NOT_ALLOCATED) - (src not in NOT_ALLOCATED)
+        counts["routable"] += (dst == "Serving") - (src == "Serving")
+        for kind, n in counts.items():
+            self._child(self.fleet, kind).set(n)
 
     def _first_seen(self, machine: str, instance: str, state: str, now: float) -> None:
         """Every state of the machine's spec gets its series (0), so a StateSet query sees the whole set."""

@@ -27,7 +27,7 @@ from lifecycle.decide.core import operations, reports
 from lifecycle.decide.core.engines import next_delay
 from lifecycle.decide.core.model import BROADCAST, ROLLOUT, Completed, EngineState, Event, JobState, Op, Result
 from lifecycle.decide.core.parts import PARTS
-from lifecycle.decide.core.plan import ENGINE_PLAN, SNAPSHOT
+from lifecycle.decide.core.plan import ELASTIC_PHASES, ENGINE_PLAN, OPERATIONS, SNAPSHOT
 from lifecycle.decide.core.step import StepDraft
 from lifecycle.decide.core.tables import COUPLED, DISPATCH, EFFECT_TABLE, LEDGER_ONLY, Handling
 from lifecycle.decide.machines import MACHINES
@@ -65,14 +65,29 @@ class Core:
         engines: int | None = None,
         evals: int | None = None,
         machines: Mapping[str, MachineSpec] | None = None,
+        initial: int | None = None,
     ) -> None:
+        """``engines``: the rollout slots (default: the config's --rollout-max-num-gpus in engines, else its fleet);
+        ``initial``: how many of them start (an elastic fleet's --rollout-num-gpus; without bounds: every slot)."""
         self.config = config
         self.specs: dict[str, MachineSpec] = {**MACHINES, **(machines or {})}
         self.compiled: dict[str, CompiledSpec] = {
             part: self.specs[name].compile(config) for part, name in PARTS.items()
         }
         self.predicates: dict[str, bool] = dict(self.compiled["engine"].values)
-        self.engines = config.num_rollout_engines if engines is None else engines
+        self.engines = config.max_rollout_engines if engines is None else engines
+        # an elastic fleet (--rollout-min/max-num-gpus): slots beyond the initial fleet stay Init until a join
+        self.elastic = self.predicates["elastic"]
+        if initial is None:
+            initial = min(config.num_rollout_engines, self.engines) if self.elastic else self.engines
+        if not 0 <= initial <= self.engines or (initial != self.engines and not self.elastic):
+            raise ValueError(f"{initial} initial engines of {self.engines} slots (only an elastic fleet starts fewer)")
+        self.initial_engines = initial
+        self.min_engines = min(config.min_rollout_engines, initial) if self.elastic else 0
+        self.programs: dict[str, tuple[str, ...]] = {
+            name: tuple(p for p in op.program if self.elastic or p not in ELASTIC_PHASES)
+            for name, op in OPERATIONS.items()
+        }
         default_evals = config.num_eval_engines if eval_fleet_enabled(config) else 0
         self.evals = default_evals if evals is None else evals
         engine, rollout, trainer = self.specs["engine"], self.specs["rollout"], self.specs["trainer"]
@@ -82,6 +97,7 @@ class Core:
         self.monitor_live = self.specs["monitor"].tagged("live")
         self.transient = engine.tagged("transient")
         self.gone = engine.tagged("gone")
+        self.leaving_states = engine.tagged("leaving")  # on their way out: never in a snapshot, never counted
         self.rollout_busy = rollout.tagged("busy")
         self.rollout_updating = rollout.tagged("updating")
         self.rollout_streams = rollout.tagged("streaming")  # where the trainer takes groups
@@ -107,7 +123,11 @@ class Core:
 
     # -- the public surface ---------------------------------------------------------------------------
     def initial(self) -> JobState:
-        return JobState(engines=(EngineState(),) * self.engines, evals=(EngineState(),) * self.evals)
+        return JobState(
+            engines=(EngineState(),) * self.engines,
+            evals=(EngineState(),) * self.evals,
+            target=self.initial_engines if self.elastic else 0,
+        )
 
     def with_restarts(self, state: JobState, restarts: tuple[tuple[float, ...], ...]) -> JobState:
         """A resumed job's rollout engines, still unstarted, with the restarts their budget window counts."""
@@ -137,6 +157,19 @@ class Core:
                 for e, k in zip(state.engines, epochs, strict=True)
             )
         )
+
+    def with_target(self, state: JobState, target: int) -> JobState:
+        """A resumed elastic job's target (its job checkpoint's): the fleet starts as configured and the first
+        boundary (a generate, a stream, the trainer's update) joins or retires members to reach it."""
+        if not self.elastic:
+            raise ValueError("this job has no elastic fleet (--rollout-min/max-num-gpus): it has no target to restore")
+        if not self.min_engines <= target <= self.engines:
+            raise ValueError(
+                f"a target of {target} engines is outside the fleet's bounds {self.min_engines}..{self.engines}"
+            )
+        if state.rollout != "Init":
+            raise ValueError("a target is restored before the first operation, not after")
+        return state._replace(target=target)
 
     def with_checkpoint(self, state: JobState, version: int, oldest: tuple[int, ...] = ()) -> JobState:
         """A resumed stream's job checkpoint: its committed version and the oldest-token version of each group it
@@ -216,6 +249,8 @@ class Core:
             "broadcasts_weights"
         ]:  # a member's receive: the weight-update group's handler (Command.handler)
             out.add(("engine", f"transfer_weights.{BROADCAST}"))
+        if self.elastic:  # the end of every scale operation reads the routers back
+            out.add(("rollout", "read_gateway"))
         if not self.engines and not self.evals:
             out = {(m, e) for m, e in out if m != "engine"}
         return frozenset(out)
@@ -225,7 +260,10 @@ class Core:
         want = SNAPSHOT.get(s.rollout)
         if want is None:
             return False
-        return all(e.state in want or e.state in self.gone or e.state in self.paused_first for e in s.engines)
+        return all(
+            e.state in want or e.state in self.gone or e.state in self.paused_first or e.state in self.leaving_states
+            for e in s.engines
+        )
 
     def staleness(self, version: int, oldest: int) -> int:
         """A group's staleness as the core keeps it: the version minus its oldest token's, in -1..bound+1 (-1: the
@@ -251,6 +289,15 @@ class Core:
     def routable(self, s: JobView, group: str = ROLLOUT) -> tuple[int, ...]:
         """The engines requests may go to: Serving only (invariant 4)."""
         return tuple(i for i, e in enumerate(s.group(group)) if e.state == "Serving")
+
+    def leaving(self, e: EngineState) -> bool:
+        """An elastic fleet's engine on its way out: a notice or a retirement named it, or it is draining/retiring."""
+        return e.leaving or e.state in self.leaving_states
+
+    def members(self, s: JobView) -> tuple[int, ...]:
+        """The rollout slots that hold or will hold a member: neither vacant (a gone state) nor leaving. What an
+        elastic fleet's ``target`` is compared with (a shell reads it for ``fleet.scaled``)."""
+        return tuple(i for i, e in enumerate(s.engines) if e.state not in self.gone and not self.leaving(e))
 
 
 class MoveEffects(NamedTuple):

@@ -146,6 +146,8 @@ class JobDraft:
             self.buffer,
             self.taken,
             self.resuming,
+            self.target,
+            self.sync_generation,
         ) = state
         self._engines, self._evals = ChangedItems(engines), ChangedItems(evals)
         self.commands_out = CommandsOut(awaiting)  # the commands given out whose results have not come back
@@ -175,6 +177,8 @@ class JobDraft:
             self.buffer,
             self.taken,
             self.resuming,
+            self.target,
+            self.sync_generation,
         )
 
     @property

@@ -40,9 +40,12 @@ def report_failure(step: StepDraft, origin: Origin) -> None:
 
 
 def start_engines(step: StepDraft, group: str) -> None:
-    """Every slot gets a process: a new one, or the one a previous driver left running (adopted)."""
+    """Every slot of the initial fleet gets a process: a new one, or the one a previous driver left running (adopted);
+    an elastic fleet's other slots stay vacant until a join."""
+    first = step.core.initial_engines if group == ROLLOUT else len(step.job.group(group))
     for j, e in enumerate(step.job.group(group)):
-        step.fire("engine", "adopt" if e.kept else "start", group, j)
+        if j < first:
+            step.fire("engine", "adopt" if e.kept else "start", group, j)
 
 
 def arm_ci_fault(step: StepDraft) -> None:
@@ -63,11 +66,27 @@ def stop_monitor(step: StepDraft) -> None:
 
 
 def mark_subject(step: StepDraft) -> None:
-    """The monitor's verdict marks the engine its event is about."""
+    """The monitor's verdict marks the engine its event is about (a leaving one is stopped instead: lost)."""
     if step.subject is not None:
-        g, j = step.subject
-        if step.job.engine(g, j).state in step.core.markable:
-            step.fire("engine", "mark_unhealthy", g, j)
+        fault(step, *step.subject)
+
+
+def fault(step: StepDraft, group: str, i: int) -> None:
+    """News that an engine is dead or failing: a member is marked Unhealthy; a leaving one (an elastic fleet's) is
+    stopped instead (lost) -- a planned leave never fails the run, never spends a restart."""
+    e = step.job.engine(group, i)
+    if step.core.leaving(e):
+        step.fire("engine", "lost", group, i)
+    elif e.state in step.core.markable:
+        step.fire("engine", "mark_unhealthy", group, i)
+
+
+def faultable(step: StepDraft, group: str, i: int) -> bool:
+    """News about this engine may move it (:func:`fault`): it may be marked, or it is leaving and may be lost."""
+    e = step.job.engine(group, i)
+    return e.state in step.core.markable or (
+        step.core.leaving(e) and isinstance(step.core.compiled["engine"].table.get((e.state, "lost")), Step)
+    )
 
 
 # -- the eval fleet ------------------------------------------------------------------------------------------------
@@ -104,6 +123,62 @@ def unhealthy(step: StepDraft, group: str, i: int) -> None:
         step.fire("engine", "detach", group, i)
 
 
+# -- an elastic fleet: notices, retirements, joins ------------------------------------------------------------
+def notice(step: StepDraft, group: str, i: int) -> None:
+    """A preemption notice: the engine leaves the membership (its slot's gap is replaced: the target stays) and
+    retires as soon as it may -- at once when Serving (a withdrawal is safe at any time) or when the engine lock is
+    free, else when the lock is released or at the next reconcile. Without bounds nothing moves (no fleet to drain)."""
+    e = step.job.engine(group, i)
+    if not step.core.elastic or group != ROLLOUT or e.state in step.core.gone or step.core.leaving(e):
+        return
+    if step.epoch is not None and step.stale("engine", "retire", e.state, group, i):
+        return  # a notice about a process the slot no longer runs
+    step.job.set_engine(group, i, e._replace(leaving=True))
+    retire_leaver(step, i)
+
+
+def retirable(step: StepDraft, i: int) -> bool:
+    """The rollout engine's state has a retire move now."""
+    state = step.job.engine(ROLLOUT, i).state
+    return isinstance(step.core.compiled["engine"].table.get((state, "retire")), Step)
+
+
+def retire_leaver(step: StepDraft, i: int) -> None:
+    """A leaving rollout engine retires where it may now: Serving always (it is withdrawn first), any other state
+    with a retire move while the engine lock is free (under the lock it is part of an update's snapshot)."""
+    e = step.job.engine(ROLLOUT, i)
+    if e.leaving and (e.state == "Serving" or (not step.job.lock and retirable(step, i))):
+        step.fire("engine", "retire", ROLLOUT, i)
+
+
+def retire_leavers(step: StepDraft) -> None:
+    """Every leaving rollout engine that may retire now does (the engine lock's release, a reconcile)."""
+    for i in range(len(step.job.engines)):
+        retire_leaver(step, i)
+
+
+def launched(step: StepDraft, cmd: Command) -> None:
+    """A launch answered: the engine is up, holding no weights of the job's (PendingWeights); a joiner that was
+    given notice meanwhile retires at once (the engine lock permitting)."""
+    group, i = cmd.group, cmd.engine
+    assert group is not None and i is not None
+    if (
+        isinstance(step.fire("engine", "ready", group, i), Step)
+        and group == ROLLOUT
+        and step.job.engine(group, i).leaving
+    ):
+        retire_leaver(step, i)
+
+
+def join_budget(step: StepDraft, i: int) -> bool:
+    """A vacant slot may be joined: its state has a join move and its restart budget is not spent (a slot that
+    gave up is not launched again before its window lets it restart)."""
+    e = step.job.engine(ROLLOUT, i)
+    if not isinstance(step.core.compiled["engine"].table.get((e.state, "join")), Step):
+        return False
+    return next_delay(e.restarts, step.now, step.core.config)[0] is not None
+
+
 def still_alive(step: StepDraft, cmd: Command, why: str) -> None:
     """A kill whose death is not confirmed: the run stops (a second process is never started beside it)."""
     assert cmd.group is not None and cmd.engine is not None
@@ -116,8 +191,13 @@ def killed(step: StepDraft, cmd: Command) -> None:
     recovery relaunches."""
     group, i = cmd.group, cmd.engine
     assert group is not None and i is not None
-    state = step.job.engine(group, i).state
-    if state == "Stopping":
+    e = step.job.engine(group, i)
+    state = e.state
+    if state == "Retiring" or (state == "Recovering" and e.leaving):  # a leaver's death: the slot is vacant
+        step.fire("engine", "retired", group, i)
+        if step.job.rollout == "Disposed":  # a drain the dispose cut short, or one that ended as the job did
+            step.fire("engine", "dispose", group, i)
+    elif state == "Stopping":
         step.fire("engine", "confirm_dead", group, i)
         e = step.job.engine(group, i)
         if e.kept or e.replaced:  # a disowned or replaced process is let go: the slot gets a new one

@@ -47,6 +47,9 @@ class EngineState(NamedTuple):
     # another process answers at its address now (an external engine's owner restarted it): once the old one is let
     # go, the slot attaches the new one as a new generation, which catches up before it is routed
     replaced: bool = False
+    # an elastic fleet: a notice or a retirement took it out of the membership; it retires as soon as its state has a
+    # retire move (now, at the engine lock's release, or at the next reconcile). A launch clears it (a fresh state).
+    leaving: bool = False
 
 
 class Command(NamedTuple):
@@ -61,6 +64,9 @@ class Command(NamedTuple):
     lane: str = "news"  # the operation lane it belongs to ("news": a report's consequence)
     weights: str = ""  # an engine's transfer_weights: what it loads (COMMITTED_WEIGHTS or PENDING_WEIGHTS)
     via: str = ""  # how, where another shell than the engine's carries it out (BROADCAST: the update group)
+    # a weight-update group's call (elastic only, else 0): the group generation it is for; the shell names the
+    # rendezvous by it and an engine refuses a bucket of another one; a result of an older one is fenced
+    generation: int = 0
 
     @property
     def handler(self) -> str:
@@ -118,6 +124,9 @@ class JobState(NamedTuple):
     # a resumed stream, until its workers' restore: the job checkpoint's version, then its buffered groups' oldest
     # versions (Core.with_checkpoint)
     resuming: tuple[int, ...] = ()
+    # an elastic fleet only (their defaults elsewhere, so a fleet without bounds keeps its exact states):
+    target: int = 0  # the members wanted: set by scale_rollout, one less per retire_engine; a notice keeps it
+    sync_generation: int = 0  # the weight-update group's generation: one more at every connect
 
     def group(self, group: str) -> tuple[EngineState, ...]:
         return self.engines if group == ROLLOUT else self.evals
@@ -140,6 +149,8 @@ class Op(NamedTuple):
     name: OperationName
     engine: int | None = None
     now: float = 0.0
+    # scale_rollout: the new target, in engines (not `count`: a tuple has that method already)
+    target: int | None = None
 
 
 class Fact(NamedTuple):

@@ -59,7 +59,13 @@ def start(step: StepDraft, op: Op) -> None:
     if problem is not None:
         step.refused = Refusal("illegal", f"{op.name}: {problem}")
         return
-    program = spec.program if op.engine is None else tuple(f"{p}@{op.engine}" for p in spec.program)
+    program = core.programs[op.name]
+    if op.engine is not None:
+        program = tuple(f"{p}@{op.engine}" for p in program)
+    if op.name == "scale_rollout" and op.target is not None:
+        job.target = op.target
+    elif op.name == "retire_engine":
+        job.target -= 1
     for lane in spec.holds:
         job.set_lane(lane, op=op.name)
     job.set_lane(spec.lane, op=op.name, program=program)
@@ -70,7 +76,12 @@ def precondition(step: StepDraft, op: Op) -> str | None:
     job, core = step.job, step.core
     if op.name in ("generate", "eval", "stream") and job.dirty:
         return "the last weight update failed and was not redone: engines may hold different weights"
-    if op.name in ("generate", "eval", "stream") and core.engines and all(e.state in core.gone for e in job.engines):
+    if (
+        op.name in ("generate", "eval", "stream")
+        and core.engines
+        and not (core.elastic and job.target)  # an elastic fleet's boundary joins its target first
+        and all(e.state in core.gone for e in job.engines)
+    ):
         return "no rollout engine is in play (all stopped or never started): start one first (start_engine)"
     if op.name == "eval_done" and job.fleet not in ("Init", "Idle"):
         return f"the eval fleet is {job.fleet}: release it first"
@@ -97,6 +108,35 @@ def precondition(step: StepDraft, op: Op) -> str | None:
         return f"{why}: a job checkpoint holds the committed weights only (update weights first)"
     if op.name in ("stop_engine", "start_engine") and (job.rollout != "Ready" or job.lock):
         return "single engines are stopped and started between steps (rollout Ready, engine lock free)"
+    if op.name in ("scale_rollout", "retire_engine"):
+        return fleet_precondition(step, op)
+    return None
+
+
+def fleet_precondition(step: StepDraft, op: Op) -> str | None:
+    """An elastic fleet's scale and retire: while no update holds the engines, within the bounds."""
+    job, core = step.job, step.core
+    if job.lock:
+        return "the engine lock is held (a weight update or a catch-up): scale between its phases"
+    lo, hi = core.min_engines, core.engines
+    if op.name == "scale_rollout":
+        if op.target is None or not lo <= op.target <= hi:
+            return (
+                f"the target {op.target} is outside the fleet's bounds {lo}..{hi} engines "
+                "(--rollout-min-num-gpus, --rollout-max-num-gpus): scale within them, or change the bounds"
+            )
+        return None
+    if not isinstance(core.compiled["rollout"].table.get((job.rollout, "scale")), Step):
+        return f"the rollout manager is {job.rollout}: engines retire between steps, during a generate or a stream"
+    assert op.engine is not None
+    e = job.engines[op.engine]
+    if core.leaving(e) or e.state in core.gone:
+        return f"{instance_name(ROLLOUT, op.engine)} is not a member ({e.state}): nothing to retire"
+    if job.target - 1 < lo:
+        return (
+            f"retiring {instance_name(ROLLOUT, op.engine)} would leave a target of {job.target - 1}, below "
+            f"--rollout-min-num-gpus ({lo} engines): lower the bound, or scale up first"
+        )
     return None
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lifecycle.decide.core import weights
+from lifecycle.decide.core import engines, weights
 from lifecycle.decide.core.engines import next_delay
 from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, instance_name
 from lifecycle.decide.core.plan import SNAPSHOT
@@ -39,6 +39,42 @@ def recover(step: StepDraft) -> None:
             moved = True
     if moved:
         step.prepend(step.lane, ("recover",))
+
+
+def reconcile(step: StepDraft) -> None:
+    """An elastic fleet's boundary: every leaving engine that may retire does; then the members are brought to the
+    target -- the surplus retired (the vacant-soon first: waiting for weights or unhealthy; then the highest slot),
+    the gap joined into the lowest vacant slots whose restart budget is not spent, all launched at once. A join that
+    fails leaves its slot Retired and the gap for the next boundary. Without bounds: nothing."""
+    core = step.core
+    if not core.elastic:
+        return
+    engines.retire_leavers(step)
+    job = step.job
+    members = list(core.members(job))
+    surplus = len(members) - job.target
+    if surplus > 0:
+        soon = [i for i in members if job.engine(ROLLOUT, i).state in ("PendingWeights", "Unhealthy")]
+        rest = sorted((i for i in members if i not in soon), reverse=True)
+        for i in (*soon, *rest):
+            if surplus <= 0:
+                break
+            if not job.lock and engines.retirable(step, i):
+                step.fire("engine", "retire", ROLLOUT, i)
+                surplus -= 1
+        return
+    for i in range(len(job.engines)):
+        if surplus >= 0:
+            break
+        if engines.join_budget(step, i):
+            step.fire("engine", "join", ROLLOUT, i)
+            surplus += 1
+
+
+def read_gateway(step: StepDraft) -> None:
+    """An elastic fleet's scale operation ends by reading every router's worker list back (``gateway.members``)."""
+    if step.core.elastic:
+        step.command(Command("read_gateway", "rollout", "rollout"))
 
 
 def catch_up(step: StepDraft) -> None:
@@ -107,10 +143,32 @@ def take_batch(step: StepDraft) -> None:
 
 
 def require_routable(step: StepDraft) -> None:
-    job = step.job
-    if step.core.engines and job.rollout in ("Generating", "Streaming") and not step.core.routable(job):
-        states = ", ".join(e.state for e in job.engines)
+    """A generate or a stream starts with an engine to send requests to -- an elastic fleet with at least its
+    minimum (--rollout-min-num-gpus)."""
+    job, core = step.job, step.core
+    if not core.engines or job.rollout not in ("Generating", "Streaming"):
+        return
+    routable = core.routable(job)
+    states = ", ".join(e.state for e in job.engines)
+    if not routable:
         step.fail_run(Failure("rollout", "rollout", job.rollout, f"generate: no routable engine ({states})"))
+    elif core.elastic and len(routable) < core.min_engines:
+        spent = [
+            instance_name(ROLLOUT, i)
+            for i, e in enumerate(job.engines)
+            if e.state == "Retired" and next_delay(e.restarts, step.now, core.config)[0] is None
+        ]
+        fix = (
+            "lower --rollout-min-num-gpus, or set --rollout-max-num-gpus above the target so a replacement "
+            "joins before a leaver goes (make-before-break)"
+        )
+        if spent:
+            fix += f"; {', '.join(spent)} spent their restarts: raise --engine-max-restarts"
+        reason = (
+            f"generate: {len(routable)} routable engine(s), fewer than --rollout-min-num-gpus allows "
+            f"({core.min_engines} engines; {states})"
+        )
+        step.fail_run(Failure("rollout", "rollout", job.rollout, reason, fix))
 
 
 def dispose_engines(step: StepDraft) -> None:
@@ -119,8 +177,9 @@ def dispose_engines(step: StepDraft) -> None:
     for group in (ROLLOUT, EVAL):
         for i in range(len(step.job.group(group))):
             # released where its spec allows it (never started, or stopped); stopped first otherwise
-            if step.fire("engine", "dispose", group, i) is None and isinstance(
-                step.fire("engine", "stop", group, i), Step
+            if step.fire("engine", "dispose", group, i) is None and (
+                isinstance(step.fire("engine", "stop", group, i), Step)
+                or isinstance(step.fire("engine", "lost", group, i), Step)  # a drain cut short
             ):
                 stopping = True
     if stopping:
@@ -194,6 +253,8 @@ PHASES: dict[str, Callable[[StepDraft], None]] = {
     "trainer_ready": trainer_ready,
     "load_initial": load_initial,
     "recover": recover,
+    "reconcile": reconcile,
+    "read_gateway": read_gateway,
     "catch_up": catch_up,
     "catch_up_done": catch_up_done,
     "begin_update": begin_update,

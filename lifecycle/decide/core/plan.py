@@ -63,11 +63,11 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "generate": Operation(
         "rollout",
-        ("recover", "catch_up", "rollout.generate", "ci_inject", "require_routable"),
+        ("recover", "reconcile", "catch_up", "rollout.generate", "ci_inject", "require_routable"),
         doc="rollout FT recovers dead engines and restarted ones catch up before any engine is routed",
     ),
     "generate_done": Operation("rollout", ("rollout.generate_done",)),
-    "eval": Operation("rollout", ("recover", "catch_up", "rollout.eval")),
+    "eval": Operation("rollout", ("recover", "reconcile", "catch_up", "rollout.eval")),
     "eval_done": Operation("rollout", ("rollout.eval_done",)),
     "pin": Operation(
         "rollout",
@@ -82,12 +82,26 @@ OPERATIONS: dict[str, Operation] = {
     # --fully-async: the stream runs from stream to stream_stop; the trainer's take and update_weights go on meanwhile
     "stream": Operation(
         "rollout",
-        ("recover", "catch_up", "rollout.stream", "require_routable"),
+        ("recover", "reconcile", "catch_up", "rollout.stream", "require_routable"),
         when="streaming",
         doc="every routable engine generates on; completed groups enter the buffer (news group_done)",
     ),
     "stream_stop": Operation("rollout", ("rollout.stream_stop",), when="streaming"),
     "stop_engine": Operation("rollout", ("engine.stop",)),
+    # an elastic fleet: a new target (Op.target), reconciled at once; one engine out of the membership (its drain runs
+    # beside the loop: the operation returns once it is out of routing)
+    "scale_rollout": Operation(
+        "rollout",
+        ("rollout.scale", "catch_up", "read_gateway"),
+        when="elastic",
+        doc="the members brought to Op.target: leavers retired, joiners launched and caught up on committed weights",
+    ),
+    "retire_engine": Operation(
+        "rollout",
+        ("engine.retire", "read_gateway"),
+        when="elastic",
+        doc="one member withdrawn from routing, then drained and stopped beside the loop; the target one less",
+    ),
     "start_engine": Operation("rollout", ("engine.start",)),
     "dispose": Operation(
         "rollout", ("rollout.dispose", "dispose_engines", "fleet_dispose", "monitor.dispose"), optional=True
@@ -125,6 +139,10 @@ OPERATIONS: dict[str, Operation] = {
     "trainer.dispose": Operation("trainer", ("sync_dispose", "trainer.dispose"), optional=True, when="trains"),
 }
 
+# Phases of an elastic fleet only: left out of every program where the config has no bounds, so such a job's states
+# (its operations' programs among them) are exactly what they were without them.
+ELASTIC_PHASES = frozenset({"reconcile", "read_gateway"})
+
 # The phases an effect adds in front of the rest of its operation (the trainer's recover_engine and
 # transfer_weights) are in the core's dispatch table, with everything else the core does with an effect.
 
@@ -143,6 +161,9 @@ RESULTS: dict[str, frozenset[str]] = {
     "continue_generation": frozenset({"done", "request_failed"}),
     # the stream holds the record of every request it sent: it re-sends them whatever the engine's health
     "hand_back_requests": frozenset({"done"}),
+    # elastic: the shell started watching the drain (its end is the news drained); the gateway was read
+    "drain_requests": frozenset({"done"}),
+    "read_gateway": frozenset({"done"}),
     "requeue_prompts": frozenset({"done"}),
     "route_traffic": frozenset({"done", "request_failed"}),
     "stop_routing": frozenset({"done", "request_failed"}),
@@ -176,6 +197,8 @@ NEWS = frozenset(
         "router_died",
         "replaced",
         "group_done",  # --fully-async: the stream completed a group (its oldest token's version in Outcome.version)
+        "preempt_notice",  # elastic: the engine's process will be taken (a deadline, a fact the shell keeps)
+        "drained",  # elastic: a Draining engine's requests finished, or its drain bound passed
     }
 )
 ERROR = "error"  # a handler raised: the operation is aborted (the lock released), the exception goes on

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lifecycle.decide.core.model import Completed, EngineState, Failure, Outcome
+from lifecycle.decide.core import engines
+from lifecycle.decide.core.model import Completed, EngineState, Failure, Fenced, Outcome
 from lifecycle.decide.core.tables import apply_result
 from lifecycle.decide.spec import Blocked, Step
 
@@ -19,6 +20,13 @@ def completed(step: StepDraft, c: Completed) -> None:
     for cmd, result in c.results:
         job.commands_out.remove(cmd)  # its result came back
         step.lane = cmd.lane
+        if cmd.machine == "weight_sync" and cmd.generation < job.sync_generation:
+            # a call to a weight-update group that has since been re-formed: about members it no longer has
+            fenced = Fenced(
+                "weight_sync", cmd.instance, cmd.effect, job.sync, result.name, cmd.generation, job.sync_generation
+            )
+            step.fenced.append(fenced._replace(after=len(step.moves)))
+            continue
         apply_result(step, cmd, result)
 
 
@@ -50,11 +58,14 @@ def engine_news(step: StepDraft, outcome: Outcome, e: EngineState) -> None:
             return  # not started, already marked, or a death we caused (a stop, a recovery)
         if core.monitoring(step.job):  # a monitor exists: it turns the death into its verdict
             step.fire("monitor", "engine_died")
-        else:
-            step.fire("engine", "mark_unhealthy", outcome.group, outcome.engine)
-    elif outcome.name == "request_failed":
-        if e.state in core.markable:
-            step.fire("engine", "mark_unhealthy", outcome.group, outcome.engine)
+        elif outcome.group is not None and outcome.engine is not None:
+            engines.fault(step, outcome.group, outcome.engine)
+    elif outcome.name == "request_failed" and outcome.group is not None and outcome.engine is not None:
+        engines.fault(step, outcome.group, outcome.engine)
+    elif outcome.name == "preempt_notice" and outcome.group is not None and outcome.engine is not None:
+        engines.notice(step, outcome.group, outcome.engine)
+    elif outcome.name == "drained" and outcome.group is not None and outcome.engine is not None:
+        step.fire("engine", "drained", outcome.group, outcome.engine)  # fenced: a drain of an earlier process
     elif outcome.name == "replaced" and outcome.group is not None and outcome.engine is not None:
         # another process answers at its address: a new generation, holding none of the job's weights. The old
         # one is let go (out of routing); the new one is attached, and caught up before it is routed

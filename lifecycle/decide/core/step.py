@@ -108,8 +108,9 @@ class StepDraft:
             else:
                 new = e._replace(state=dest)
             job.set_engine(group, i, new)
-            if e.joined and (fx.launch or dest not in self.core.live):
-                weights.left_group(self, group, i)
+            leaves = dest in self.core.leaving_states
+            if e.joined and (fx.launch or dest not in self.core.live or leaves):
+                weights.left_group(self, group, i, planned=leaves and not fx.launch)
         else:
             job.set_machine(part, out.dest)
         names: tuple[Any, ...] = (machine, trigger, src, out.dest)  # spec names: see lifecycle.decide.names
@@ -149,7 +150,10 @@ class StepDraft:
         loads, via = (
             weights.loads(self, cmd.group) if cmd.effect == "transfer_weights" and cmd.machine == "engine" else ("", "")
         )
-        cmd = Command(cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane, loads, via)
+        generation = self.job.sync_generation if cmd.machine == "weight_sync" else 0
+        cmd = Command(
+            cmd.effect, cmd.machine, cmd.instance, cmd.group, cmd.engine, delay, self.lane, loads, via, generation
+        )
         self.commands.append(cmd)
         self.job.commands_out.append(cmd)
 

@@ -104,6 +104,12 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
     ),
     ("rollout", "acquire_engine_lock", coupled("the fact lock", lambda step, origin: weights.lock_engines(step))),
     ("rollout", "release_engine_lock", coupled("the fact lock", lambda step, origin: weights.unlock_engines(step))),
+    (
+        "rollout",
+        "reconcile_fleet",
+        coupled("elastic: leavers retire, members brought to the target (the reconcile phase)", phases=("reconcile",)),
+    ),
+    ("rollout", "read_gateway", command("elastic: read every router's worker list, report it (gateway.members)")),
     ("rollout", "release_weights", coupled("the engines' offload (ENGINE_PLAN)")),
     ("rollout", "release_kv_cache", coupled("the engines' offload (ENGINE_PLAN)")),
     ("rollout", "resume_weights", coupled("the engines' onload_weights (ENGINE_PLAN)")),
@@ -136,6 +142,11 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
         coupled("the fact buffer: the checkpoint's groups", lambda step, origin: trainer.restore_buffer(step)),
     ),
     ("trainer", "recover_engine", coupled("rollout FT: dead engines are recovered first", phases=("recover",))),
+    (
+        "trainer",
+        "reconcile_fleet",
+        coupled("elastic: the fleet is reconciled before the snapshot is taken", phases=("reconcile",)),
+    ),
     # the trainer writes its new weights; the engines then take them: one snapshot under the engine lock
     ("trainer", "transfer_weights", command("the trainer writes its new weights (pending)", phases=("begin_update",))),
     (
@@ -154,6 +165,14 @@ EFFECT_TABLE: tuple[EffectRow, ...] = (
     ("engine", "pause_generation", command("pause in-flight generation")),
     ("engine", "continue_generation", command("continue generation")),
     ("engine", "hand_back_requests", command("the stream takes back the requests it kept, to re-send them")),
+    (
+        "engine",
+        "drain_requests",
+        command(
+            "withdrawn already: watch its running requests until they reach 0, bounded by min(--rollout-drain-timeout, "
+            "a notice's deadline), then report the news drained"
+        ),
+    ),
     ("engine", "release_weights", command("release its weight memory")),
     ("engine", "release_kv_cache", command("release its KV-cache memory")),
     ("engine", "resume_weights", command("restore its weight memory")),
@@ -247,8 +266,13 @@ def engine_updating(step: StepDraft, cmd: Command) -> bool:
 
 
 def engine_markable(step: StepDraft, cmd: Command) -> bool:
-    """The command's engine may be marked unhealthy now."""
-    return step.job.engine(cmd.group, cmd.engine).state in step.core.markable  # type: ignore[arg-type]
+    """The command's engine may be marked unhealthy now (or, leaving an elastic fleet, stopped: lost)."""
+    return engines.faultable(step, cmd.group, cmd.engine)  # type: ignore[arg-type]
+
+
+def engine_fault(step: StepDraft, cmd: Command, outcome: Outcome) -> None:
+    """The command's engine failed it: marked unhealthy, or -- leaving an elastic fleet -- stopped (lost)."""
+    engines.fault(step, cmd.group, cmd.engine)  # type: ignore[arg-type]
 
 
 def rollout_updating(step: StepDraft, cmd: Command) -> bool:
@@ -290,13 +314,19 @@ def group_call_raised(step: StepDraft, cmd: Command, outcome: Outcome) -> None:
 
 RESULT_TABLE: tuple[ResultRow, ...] = (
     # -- an engine ---------------------------------------------------------------------------------------------------
-    ResultRow("engine", "launch_engine", "ready", "Starting: it is up (ready)", fire_engine("ready", "Starting")),
+    ResultRow(
+        "engine",
+        "launch_engine",
+        "ready",
+        "Starting or Joining: it is up (ready; a joiner waits for the committed weights)",
+        lambda step, cmd, outcome: engines.launched(step, cmd),
+    ),
     ResultRow(
         "engine",
         "launch_engine",
         ANY,
-        "Starting: its start failed (start_failed: its spec recovers it, or the run fails)",
-        fire_engine("start_failed", "Starting"),
+        "Starting: its start failed (start_failed: its spec recovers it, or the run fails); Joining: the slot retires",
+        fire_engine("start_failed"),
     ),
     ResultRow(
         "engine",
@@ -304,7 +334,7 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         ERROR,
         "the launch raised: as a failed start",
         fire_engine("start_failed"),
-        engine_in("Starting"),
+        engine_in("Starting", "Joining"),
     ),
     ResultRow(
         "engine",
@@ -359,8 +389,8 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "engine",
         "transfer_weights",
         ANY,
-        "refused or unanswered: it must not serve with the weights it holds (mark_unhealthy)",
-        fire_engine("mark_unhealthy"),
+        "refused or unanswered: it must not serve with the weights it holds (mark_unhealthy; a leaver: lost)",
+        engine_fault,
         engine_updating,
     ),
     ResultRow(
@@ -375,19 +405,26 @@ RESULT_TABLE: tuple[ResultRow, ...] = (
         "engine",
         ANY,
         "request_failed",
-        "a request failed: mark_unhealthy",
-        fire_engine("mark_unhealthy"),
+        "a request failed: mark_unhealthy (a leaver: lost)",
+        engine_fault,
         engine_markable,
     ),
     ResultRow(
         "engine",
         ANY,
         "probe_failed",
-        "its probe failed: mark_unhealthy",
-        fire_engine("mark_unhealthy"),
+        "its probe failed: mark_unhealthy (a leaver: lost)",
+        engine_fault,
         engine_markable,
     ),
-    ResultRow("engine", ANY, ERROR, "a request raised: mark_unhealthy", fire_engine("mark_unhealthy"), engine_markable),
+    ResultRow("engine", ANY, ERROR, "a request raised: mark_unhealthy (a leaver: lost)", engine_fault, engine_markable),
+    ResultRow(
+        "rollout",
+        "read_gateway",
+        ERROR,
+        "a router's worker list could not be read: the report is missing (the monitor says so), the run goes on",
+        lambda step, cmd, outcome: None,
+    ),
     # -- the weight-update group ---------------------------------------------------------------------------------------
     ResultRow(
         "weight_sync", "init_weight_group", "done", "it connected", fire("sync", "connected"), sync_in("Connecting")

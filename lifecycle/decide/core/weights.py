@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lifecycle.decide.core import trainer
+from lifecycle.decide.core import engines, trainer
 from lifecycle.decide.core.model import BROADCAST, COMMITTED_WEIGHTS, PENDING_WEIGHTS, ROLLOUT, Command
 from lifecycle.decide.spec import Step
 
@@ -20,7 +20,10 @@ def lock_engines(step: StepDraft) -> None:
 
 
 def unlock_engines(step: StepDraft) -> None:
+    """The engine lock is released: an elastic fleet's engines given notice under it retire now."""
     step.job.lock = False
+    if step.core.elastic:
+        engines.retire_leavers(step)
 
 
 def loads(step: StepDraft, group: str | None) -> tuple[str, str]:
@@ -105,11 +108,12 @@ def end_update(step: StepDraft) -> None:
 
 
 # -- the weight-update group (broadcast mode) -------------------------------------------------------------------
-def left_group(step: StepDraft, group: str, i: int) -> None:
-    """A member's process left (died, was stopped, restarted): the weight-update group is stale."""
+def left_group(step: StepDraft, group: str, i: int, *, planned: bool = False) -> None:
+    """A member's process left (died, was stopped, restarted) -- or, ``planned``, an elastic fleet retired it: the
+    weight-update group is stale."""
     step.job.set_engine(group, i, step.job.engine(group, i)._replace(joined=False))
     if step.job.sync == "Connected":
-        step.fire("sync", "membership_changed")
+        step.fire("sync", "member_left" if planned else "membership_changed")
 
 
 def set_joined(step: StepDraft, members: frozenset[int]) -> None:
@@ -120,7 +124,8 @@ def group_ready(step: StepDraft) -> bool:
     """Broadcast mode: the group holds exactly the snapshot's engines, else it is destroyed (stale) or
     connected (again) first -- and the update's ``begin_update`` runs once that command is back."""
     job = step.job
-    wanted = frozenset(i for i, e in enumerate(job.engines) if e.state not in step.core.gone)
+    gone, leaving = step.core.gone, step.core.leaving_states
+    wanted = frozenset(i for i, e in enumerate(job.engines) if e.state not in gone and e.state not in leaving)
     joined = frozenset(i for i, e in enumerate(job.engines) if e.joined)
     if job.sync == "Connected" and joined != wanted:
         step.fire("sync", "membership_changed")
@@ -130,6 +135,8 @@ def group_ready(step: StepDraft) -> bool:
         return False
     if job.sync in ("Init", "Disconnected"):
         set_joined(step, wanted)  # the members the connect command joins (the shell reads them here)
+        if step.core.elastic:  # a new group: a new generation, which its calls name (Command.generation)
+            job.sync_generation += 1
         if isinstance(step.fire("sync", "connect", log=True), Step):
             step.prepend(step.lane, ("begin_update",))
         return False

@@ -1108,6 +1108,9 @@ PLAUSIBLE = {
     "max_weight_staleness": st.one_of(st.none(), st.integers(-1, 65)),
     "pause_generation_mode": st.sampled_from([None, "keep", "retract", "in_place", "abort", "wait", "freeze"]),
     "async_data_buffer_max_batches": st.one_of(st.none(), st.integers(-1, 3)),
+    "rollout_min_num_gpus": st.one_of(st.none(), st.integers(-1, 5)),
+    "rollout_max_num_gpus": st.one_of(st.none(), st.integers(-1, 6)),
+    "rollout_drain_timeout": st.one_of(st.none(), st.floats(-1, 60)),
 }
 assert set(PLAUSIBLE) == set(KEYS)
 PLAUSIBLE_MAPPING = st.fixed_dictionaries(

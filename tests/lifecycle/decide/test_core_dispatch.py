@@ -20,7 +20,7 @@ from lifecycle.decide.presets import PRESETS, preset
 from lifecycle.decide.spec import MachineSpec, T
 
 # commands the core issues from its own couplings and phases, not from a spec's move
-ISSUED_BY_THE_CORE = frozenset({("engine", "probe_engine"), ("engine", "inject_ci_fault")})
+ISSUED_BY_THE_CORE = frozenset({("engine", "probe_engine"), ("engine", "inject_ci_fault"), ("rollout", "read_gateway")})
 
 
 def problems(rows: tuple[EffectRow, ...], specs: Mapping[str, MachineSpec]) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 
 from lifecycle.cli import main
 from lifecycle.observe.timeline import (
+    STATE_COLOURS,
     build_lanes,
     build_timeline,
     load_events,
@@ -226,3 +227,29 @@ def test_a_resumed_run_shows_the_driver_gone_then_every_lane_from_init() -> None
         before = lane.spans[lane.spans.index(gone[0]) - 1]
         assert before.end == gone[0].start  # the state the driver died in ends where it died
     assert "↻ resumed at step 2 (v2)" in render_html(events)
+
+
+def test_an_elastic_fleet_s_leaves_and_a_reused_slot() -> None:
+    """The elastic log: a join, a retire, a notice's drain; engine-1's slot gets a second process at step 3,
+    which the lane shows as a new segment (cut, numbered), not as one bar with the first."""
+    events = load_events(EVENT_LOGS / "elastic_events.jsonl")
+    by = {lane.key: lane for lane in build_lanes(events)}
+    e1 = by["engine-1"].spans
+    states = [s.state for s in e1]
+    assert states[states.index("Retiring") :][:4] == ["Retiring", "Retired", "Joining", "PendingWeights"]
+    joined = e1[states.index("Joining")]
+    assert joined.new_process and joined.process == 2 and joined.src == "Retired"
+    assert [s.process for s in e1[: states.index("Joining")]] == [0, *[1] * (states.index("Joining") - 1)]
+    assert all(s.process == 2 for s in e1[states.index("Joining") :])
+    e2 = by["engine-2"].spans
+    assert [s.state for s in e2][:3] == ["Init", "Joining", "PendingWeights"] and not any(s.new_process for s in e2)
+    leaving = ("Draining", "Retiring", "Retired")
+    assert [s.state for s in e2 if s.state in leaving] == list(leaving)
+    page = render_html(events, title="elastic")
+    assert page.count('class="process-cut"') == 1 and 'data-lane="engine-1" data-process="2"' in page
+    assert "a new process in the slot" in page and "process #2 of this slot (a new process" in page
+    # the new states have their own colours (not the fallback a state without one gets), distinct from a failure's
+    colours = {name: state_colour(name) for name in ("Joining", "Draining", "Retiring", "Retired")}
+    assert len(set(colours.values())) == 4 and set(colours) <= set(STATE_COLOURS)
+    assert not set(colours.values()) & {state_colour(x) for x in ("Failed", "Unhealthy", "Stopped", "Serving")}
+    assert all(f'data-state="{name}"' in page for name in colours)

@@ -33,11 +33,13 @@ class Member:
         self.id, self.dead = f"engine-{i}", dead
         self.calls: list[str] = []
 
-    async def join_group(self, address: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        self.calls.append(f"join {rank}/{world_size}")
+    async def join_group(
+        self, address: str, port: int, rank: int, world_size: int, timeout: float, group: str = ""
+    ) -> None:
+        self.calls.append(f"join {rank}/{world_size} {group}")
 
-    async def leave_group(self, timeout: float) -> None:
-        self.calls.append("leave")
+    async def leave_group(self, timeout: float, group: str = "") -> None:
+        self.calls.append(f"leave {group}")
         if self.dead:
             raise ConnectionError(f"{self.id}: connection refused")
 
@@ -73,9 +75,11 @@ def test_destroying_the_group_makes_rank_0_and_every_engine_that_joined_leave() 
     engines = [Member(0), Member(1)]
     runner, sender = _shell(engines)
     assert _do(runner, "init_weight_group") == "done"
-    assert [e.calls for e in engines] == [["join 1/3"], ["join 2/3"]] and "join_weight_group" in sender.calls
+    g1 = "weight_update_group.g1"  # the first generation's rendezvous
+    assert [e.calls for e in engines] == [[f"join 1/3 {g1}"], [f"join 2/3 {g1}"]]
+    assert "join_weight_group" in sender.calls
     assert _do(runner, "destroy_weight_group") == "done"
-    assert [e.calls[-1] for e in engines] == ["leave", "leave"]
+    assert [e.calls[-1] for e in engines] == [f"leave {g1}", f"leave {g1}"]
     assert sender.calls[-1] == "leave_weight_group"
 
 
@@ -84,7 +88,7 @@ def test_a_member_that_died_does_not_keep_the_others_in_the_group() -> None:
     runner, sender = _shell(engines)
     _do(runner, "init_weight_group")
     assert _do(runner, "destroy_weight_group") == "done"  # best effort: the dead one has left by dying
-    assert engines[1].calls[-1] == "leave" and sender.calls[-1] == "leave_weight_group"
+    assert engines[1].calls[-1].startswith("leave") and sender.calls[-1] == "leave_weight_group"
 
 
 def test_when_rank_0_leaves_a_member_blocked_in_the_collective_fails_now_not_at_its_deadline() -> None:

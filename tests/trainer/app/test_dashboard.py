@@ -33,6 +33,8 @@ DASHBOARD = ROOT / "docs" / "grafana" / "rl-lifecycle.json"
 EVENTS = EVENT_LOGS / "rollout_ft_kill_events.jsonl"
 # the stream's group events of a real `lifecycle run --fully-async` (the recorded run above does not stream)
 STREAM_EVENTS = EVENT_LOGS / "stream_groups_events.jsonl"
+# an elastic fleet's scale, retire, notice and drain (the recorded runs have a fixed fleet)
+ELASTIC_EVENTS = EVENT_LOGS / "elastic_events.jsonl"
 
 PREFIX = "rl_lifecycle_"
 DATASOURCE_UIDS = {"${datasource}", "$datasource"}
@@ -83,10 +85,10 @@ def _refuse_a_move(metrics: Metrics) -> None:
 
 @pytest.fixture(scope="module")
 def run_metrics() -> Exported:
-    """What the exporter emitted for the recorded run and a stream's group events (plus one real guard refusal if
-    the run had none)."""
+    """What the exporter emitted for the recorded run, a stream's group events and an elastic fleet's events (plus
+    one real guard refusal if the run had none)."""
     metrics = Metrics()
-    for path in (EVENTS, STREAM_EVENTS):
+    for path in (EVENTS, STREAM_EVENTS, ELASTIC_EVENTS):
         with path.open() as f:
             for line in f:
                 if line.strip():

@@ -240,3 +240,32 @@ def test_restarts_leave_the_budget_window_as_time_passes_not_only_at_the_next_re
     assert scrape() == 1
     now[0] = 200.0
     assert scrape() == 0
+
+
+def test_an_elastic_fleet_s_counts_notices_and_drains() -> None:
+    """The elastic log: 2 engines, scaled to 3 (a join), engine-1 retired, engine-2 given a notice and drained."""
+    events = read_jsonl(EVENT_LOGS / "elastic_events.jsonl")
+
+    def fleet_at(i: int) -> dict[str, float | None]:
+        s = fed(events[: i + 1])
+        return {k: value(s, "rl_lifecycle_fleet_engines", kind=k) for k in ("desired", "allocated", "routable")}
+
+    reads = [i for i, e in enumerate(events) if e["event"] == "gateway.members" and e["workers"]]
+    assert fleet_at(0) == {"desired": 2, "allocated": None, "routable": None}  # --rollout-num-gpus, before any move
+    assert fleet_at(reads[0]) == {"desired": 2, "allocated": 2, "routable": 2}  # step 0's generate
+    assert fleet_at(reads[1]) == {"desired": 3, "allocated": 3, "routable": 3}  # after the join
+    notice = fleet_at(reads[3])  # step 2: engine-1 retired, engine-2 Draining, engine-0 alone routable
+    assert notice["desired"] == 2 and notice["routable"] == 1
+    if ENGINE.tagged("leaving"):  # the spec tags Draining/Retiring leaving and Retired gone: neither allocated
+        assert notice["allocated"] == 1
+    s = fed(events)
+    assert value(s, "rl_lifecycle_engine_notices_total", instance="engine-2", by="injector") == 1
+    assert value(s, "rl_lifecycle_drains_total", outcome="drained") == 1
+    assert value(s, "rl_lifecycle_drain_duration_seconds_count", outcome="drained") == 1
+    assert value(s, "rl_lifecycle_drain_duration_seconds_sum", outcome="drained") == pytest.approx(1.27)
+    assert value(s, "rl_lifecycle_drain_duration_seconds_bucket", outcome="drained", le="1.0") == 0
+    assert value(s, "rl_lifecycle_drain_duration_seconds_bucket", outcome="drained", le="2.5") == 1
+    timed_out = {"event": "engine.drained", "instance": "engine-0", "timed_out": True, "seconds": 30.0}
+    s = fed([*events, timed_out])
+    assert value(s, "rl_lifecycle_drains_total", outcome="timed_out") == 1
+    assert value(s, "rl_lifecycle_fleet_engines", kind="routable") == 0  # the run ended: every engine stopped
