@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engines.apikey import given_api_key
-from lifecycle.decide import predicates
 from lifecycle.decide.backends import capabilities
 from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
@@ -70,21 +69,6 @@ def check_async(config: LifecycleConfig, async_mode: bool) -> None:
         )
 
 
-def check_elastic(config: LifecycleConfig) -> None:
-    """Elastic bounds are decided by the lifecycle core, but no runtime carries them out yet: refused before anything
-    starts (issue 44 lands the runtime and removes this check)."""
-    if elastic(config):
-        flag = "--rollout-min-num-gpus" if config.rollout_min_num_gpus is not None else "--rollout-max-num-gpus"
-        value = config.rollout_min_num_gpus if config.rollout_min_num_gpus is not None else config.rollout_max_num_gpus
-        raise ConfigError(
-            flag,
-            value,
-            "elastic bounds: the runtime lands with issue 44 (the lifecycle core and `lifecycle check` know them, "
-            "`lifecycle run` and Job cannot carry them out yet)",
-            "drop --rollout-min-num-gpus and --rollout-max-num-gpus (and --rollout-drain-timeout)",
-        )
-
-
 def check_steps(faults: Sequence[Fault], steps: int) -> None:
     """A fault scheduled after the last step would never be injected: say so instead of running without it."""
     for fault in faults:
@@ -99,11 +83,9 @@ def check_steps(faults: Sequence[Fault], steps: int) -> None:
 
 def fleet_bounds(config: LifecycleConfig) -> tuple[int, int] | None:
     """An elastic fleet's bounds in engines (fewest, most), or None where the fleet has a fixed size."""
-    elastic = getattr(predicates, "elastic", None)  # the predicate and the bounds arrive with the elastic core
-    if elastic is None or not elastic(config):
+    if not elastic(config):
         return None
-    lo, hi = (int(getattr(config, f"{end}_rollout_engines")) for end in ("min", "max"))
-    return lo, hi
+    return config.min_rollout_engines, config.max_rollout_engines
 
 
 _BOUNDS_FIX = (
@@ -527,7 +509,6 @@ def check_run(
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
         )
-    check_elastic(config)
     o = options
     path = _path(FLAGS["run_dir"], o.run_dir)
     assert path is not None

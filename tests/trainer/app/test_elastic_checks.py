@@ -37,12 +37,6 @@ from trainer.app.options import API_NAMES, FLAGS, add_run_arguments
 
 FIXED = LifecycleConfig.from_mapping({"rollout_num_gpus": 2})
 ELASTIC = {"rollout_num_gpus": 2, "rollout_min_num_gpus": 1, "rollout_max_num_gpus": 4}
-# the bounds are the elastic core's settings: until it is merged, a config cannot hold them
-until_core = pytest.mark.xfail(
-    "rollout_min_num_gpus" not in LifecycleConfig.__dataclass_fields__,
-    reason="the elastic bounds arrive with the elastic core",
-    strict=True,
-)
 
 
 def _elastic(**extra: Any) -> LifecycleConfig:
@@ -154,7 +148,6 @@ def test_a_fixed_jobs_fleet_api_names_the_bound_flags(tmp_path: Path) -> None:
 
 
 # -- an elastic fleet: bounds, steps, one target per step --------------------------------------------------------------
-@until_core
 def test_a_scale_within_the_bounds_passes_and_outside_them_names_the_bound() -> None:
     config = _elastic()
     check_fleet(config, RunOptions(steps=12, scale=(Scale(4, 3), Scale(1, 6), Scale(3, 9))))
@@ -163,7 +156,6 @@ def test_a_scale_within_the_bounds_passes_and_outside_them_names_the_bound() -> 
     assert "--rollout-max-num-gpus" in error.fix
 
 
-@until_core
 def test_a_scale_counts_engines_of_several_gpus() -> None:
     config = _elastic(rollout_num_gpus=4, rollout_min_num_gpus=2, rollout_max_num_gpus=8, rollout_num_gpus_per_engine=2)
     check_fleet(config, RunOptions(scale=(Scale(4, 1), Scale(1, 2))))
@@ -171,26 +163,22 @@ def test_a_scale_counts_engines_of_several_gpus() -> None:
     assert "1..4 engines" in error.problem and "2 GPU(s) per engine" in error.problem
 
 
-@until_core
 def test_a_scale_past_the_run_or_twice_at_one_step_is_refused() -> None:
     config = _elastic()
     assert "past the run" in _refused(config, "--scale-rollout", steps=12, scale=(Scale(3, 12),)).problem
     assert "twice" in _refused(config, "--scale-rollout", steps=12, scale=(Scale(3, 4), Scale(2, 4))).problem
 
 
-@until_core
 @pytest.mark.parametrize("kind", NOTICE_FAULTS)
 def test_a_preemption_in_an_elastic_fleet_passes(kind: str) -> None:
     check_fleet(_elastic(), RunOptions(faults=(Fault(kind, 1, 2),), preempt_notice=5.0))
 
 
-@until_core
 def test_an_elastic_fleet_with_kept_engines_is_refused() -> None:
     with pytest.raises(ConfigError, match="--detach-engines"):
         _elastic(detach_engines=True, save="runs/x/ckpt")
 
 
-@until_core
 def test_job_scale_rollout_names_its_argument_and_the_bound(tmp_path: Path) -> None:
     job = Job(_elastic(), PatternTask(seed=0), run_dir=tmp_path / "run")
     try:
@@ -247,12 +235,16 @@ class _Controller:
         self.events: list[dict[str, Any]] = []
         self.log = EventLog([self.events.append], timestamps=False)
         self.config = FIXED
+        self.noted: tuple[str, int | None, float] | None = None
 
     def state_of(self, engine: Any) -> str:
         return "Draining"
 
     def routing(self) -> None:
         return None
+
+    def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None:
+        self.noted = (instance, epoch, deadline_s)
 
 
 def _server(*, ignores_term: bool) -> subprocess.Popen[bytes]:
@@ -290,6 +282,7 @@ def test_the_notice_is_news_with_the_epoch_and_on_the_record_before_anything_is_
         assert controller.runner.news == [
             Outcome("preempt_notice", ROLLOUT, 1, "preemption notice: taken in 0.4 s (injector)", epoch=7)
         ]
+        assert controller.noted == ("engine-1", 7, 0.4)  # the drain is bounded by the deadline
         notice = [e for e in controller.events if e["event"] == PREEMPT_NOTICE]
         assert notice == [
             {"event": PREEMPT_NOTICE, "instance": "engine-1", "epoch": 7, "deadline_s": 0.4, "by": "injector"}
