@@ -377,6 +377,8 @@ class Controller(Protocol):
 
     def routing(self) -> Any: ...
 
+    def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None: ...
+
 
 @dataclass
 class Injection:
@@ -644,12 +646,19 @@ class FaultInjector:
             controller.log.emit(
                 PREEMPT_NOTICE, instance=engine.id, epoch=engine.epoch, deadline_s=deadline_s, by="injector"
             )
+        controller.note_notice(engine.id, engine.epoch, deadline_s)  # its drain ends before the deadline
         why = f"preemption notice: taken in {deadline_s:g} s (injector)"
         await controller.runner.report(Outcome("preempt_notice", ROLLOUT, index, why, epoch=engine.epoch))
 
     async def _drain_node(self, fault: Fault, node: str, deadline_s: float) -> None:
-        """Ray drains ``node`` with a deadline (its GCS marks it draining; the controller's watcher reads that)."""
-        raise FaultError(f"{fault}: draining a Ray node with a deadline needs the elastic shell (engines.actor)")
+        """Ray drains ``node`` with a deadline (its GCS marks it draining; the job's draining-node watcher turns that
+        into a notice per engine on it)."""
+        from engines.actor import drain_node
+
+        try:
+            await asyncio.to_thread(drain_node, node, deadline_s, f"{fault}: preempted")
+        except RuntimeError as exc:
+            raise FaultError(f"{fault}: {exc}") from exc
 
     def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
         """One-shot sink: SIGKILL ``pid`` inside the transition of ``instance`` into ``targets``."""

@@ -34,13 +34,14 @@ from engines.launcher import EngineSetup, LauncherFactory
 from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.core import ROLLOUT, instance_name
+from lifecycle.decide.core import ROLLOUT, Outcome, instance_name
 from lifecycle.decide.errors import ConfigError, LifecycleError
-from lifecycle.decide.events import EventLog, JsonlSink, log_facts
+from lifecycle.decide.events import FLEET, EventLog, JsonlSink, log_facts
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.runner import Runner
 from lifecycle.observe.monitor import MonitorSink
 from rollout.executor import EvalResult, RolloutManager
+from rollout.failures import slot_of
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.stream import Group, StreamState, Taken
@@ -233,6 +234,8 @@ class Job:
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
         # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
         WeightBroadcast(self._runner, self._manager.controller, self._trainer)
+        if self._runner.core.elastic:  # Ray's draining nodes are preemption notices an elastic fleet acts on
+            self._manager.controller.watch_draining_nodes(self._noticed)
         port, host = self.options.metrics_port, self.options.metrics_host
         if port is not None:
             from trainer.app.metrics import serve_metrics
@@ -277,6 +280,11 @@ class Job:
             self.runner.keep(*self.engine_ledger.generations(ids, logged))
         await manager.init(weights)
         _feed_policy_source(manager, weights)
+
+    async def _noticed(self, group: str, index: int, epoch: int | None, deadline_s: float) -> None:
+        """A preemption notice from Ray (a draining node) about one engine process: news for the core."""
+        why = f"preemption notice: taken in {deadline_s:g} s (Ray drains its node)"
+        await self.runner.report(Outcome("preempt_notice", group, index, why, epoch=epoch))
 
     def _freeze(self) -> None:
         """The start-up heap out of the collector's reach while the job runs (:mod:`trainer.app.heap`)."""
@@ -470,13 +478,58 @@ class Job:
         return await self._retire(slots, wait=wait)
 
     def _fleet(self) -> Fleet:
-        raise LifecycleError("the elastic fleet's runtime is not wired yet")
+        core, state = self.runner.core, self.runner.state
+        slots = state.engines
+        name = [instance_name(ROLLOUT, i) for i in range(len(slots))]
+        members = core.members(state)
+        return Fleet(
+            target=state.target if core.elastic else len(members),
+            members=tuple(name[i] for i in members),
+            serving=tuple(name[i] for i in core.routable(state)),
+            draining=tuple(name[i] for i, e in enumerate(slots) if core.leaving(e) and e.state not in core.gone),
+            vacant=tuple(name[i] for i, e in enumerate(slots) if e.state in core.gone and not core.leaving(e)),
+        )
 
     async def _scale(self, target: int) -> Fleet:
-        raise LifecycleError("the elastic fleet's runtime is not wired yet")
+        await self.runner.operate("scale_rollout", target=target)
+        self.manager.controller.check()
+        return self._scaled()
 
     async def _retire(self, slots: list[str], *, wait: bool) -> list[str]:
-        raise LifecycleError("the elastic fleet's runtime is not wired yet")
+        for slot in slots:
+            await self.runner.operate("retire_engine", slot_of(slot)[1])
+            self.manager.controller.check()
+        self._scaled()
+        if wait:
+            await self._retired(slots)
+        return slots
+
+    def _scaled(self) -> Fleet:
+        """The fleet after a scale operation, on the record (``fleet.scaled``: what the target is now, who is in)."""
+        fleet = self.fleet
+        self.log.emit(
+            FLEET,
+            target=fleet.target,
+            members=list(fleet.members),
+            serving=list(fleet.serving),
+            min_engines=self.config.min_rollout_engines,
+            max_engines=self.config.max_rollout_engines,
+        )
+        return fleet
+
+    async def _retired(self, slots: list[str]) -> None:
+        """Until each of ``slots`` is stopped and its death confirmed: bounded by its drain, its death's bound and a
+        margin for the kill itself."""
+        bound = (self.config.rollout_drain_timeout or 0.0) + self.timeouts.death + RETIRE_MARGIN_S
+        deadline = asyncio.get_running_loop().time() + bound
+        while left := [s for s in slots if s in self.fleet.draining]:
+            if asyncio.get_running_loop().time() > deadline:
+                raise LifecycleError(
+                    f"{', '.join(left)} still leaving {bound:g} s after their retirement (--rollout-drain-timeout "
+                    f"{self.config.rollout_drain_timeout:g} s, the death bound {self.timeouts.death:g} s)"
+                )
+            self.manager.controller.check()
+            await asyncio.sleep(0.05)
 
     @property
     def streams(self) -> bool:
@@ -505,6 +558,7 @@ class Job:
 
 _T = TypeVar("_T")
 WHOLE_DROPS = 8  # batches dropped whole in a row before a take gives up: the bound cannot be met
+RETIRE_MARGIN_S = 10.0  # retire_engines(wait=True): the kill and its confirmation, beyond the drain and death bounds
 
 
 class JobReused(LifecycleError, RuntimeError):
