@@ -49,7 +49,15 @@ from reliability_report import CELLS, DOC, CellResult, contract_rows, parse
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.events import GROUP_BUFFERED, GROUP_DROPPED, GROUP_TAKEN, PREEMPT_NOTICE, TRANSITION, read_jsonl
+from lifecycle.decide.events import (
+    DRAINED,
+    GROUP_BUFFERED,
+    GROUP_DROPPED,
+    GROUP_TAKEN,
+    PREEMPT_NOTICE,
+    TRANSITION,
+    read_jsonl,
+)
 from lifecycle.decide.faults import FAULTS, KINDS
 from lifecycle.decide.machines import ENGINE as ENGINE_SPEC
 from lifecycle.observe.monitor import EventMonitor
@@ -550,6 +558,15 @@ def server_did(run: Run) -> str:
         health = str(injected.get("health_after", ""))
         assert health.startswith("no:"), injected  # a stopped server does not answer its health endpoint
         return f"SIGSTOP: /health {health}"
+    if KINDS[kind].notice:  # a planned leave: stopped by the lifecycle, before the deadline's SIGTERM if it can
+        target = f"engine-{run.fault.index}"
+        path = [t["dst"] for t in run.transitions(target)]
+        left = path[path.index("Retired") - 2 : path.index("Retired") + 1]
+        drained = [e for e in run.events if e.get("event") == DRAINED and e.get("instance") == target]
+        struck = [e.get("signal") for e in run.events if e.get("event") == "fault.fired"]
+        how = f"drained in {drained[0]['seconds']:g} s, " if drained else ""
+        end = f"then {' and '.join(map(str, struck))} at the deadline" if struck else "gone before the deadline"
+        return f"server withdrawn and stopped ({' -> '.join(left)}), {how}{end}"
     fired = run.first("fault.fired")
     assert fired["health_after"] == "ok", fired  # the server lived through the bad load
     served = fired["served_after"]
