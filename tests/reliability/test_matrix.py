@@ -81,8 +81,11 @@ STEPS, AT, ENGINE = 3, 1, 1  # 3 steps, fault at the start of step 1, on engine-
 
 
 def steps_for(kind: str) -> int:
-    """One more step when recovery lands in the last step's update (so the recovered engine serves again)."""
-    return STEPS + 1 if kind in ("crash-during-update", "crash-during-broadcast") else STEPS
+    """One more step when recovery lands in the last step's update (so the recovered engine serves again), or when
+    the notice comes from Ray's draining node (the watcher's next poll, up to a probe interval after the drain)."""
+    ray_notice = KINDS[kind].notice and KINDS[kind].needs == "ray-nodes"
+    late = kind in ("crash-during-update", "crash-during-broadcast") or ray_notice
+    return STEPS + 1 if late else STEPS
 
 
 CELL = {
@@ -514,9 +517,14 @@ def check_preempted(run: Run, steps: int) -> str:
     last = run.audit[-1]
     versions = last["serving_versions"]
     assert len(versions) == 2 and set(versions.values()) == {str(steps - 1)}, last  # as many as before, current
+    where = ""
+    if KINDS[run.fault.kind].needs == "ray-nodes":  # every engine left the drained node: none serves from it
+        drained = run.first("fault.injected")["node"]
+        assert drained not in last["nodes"].values(), (last["nodes"], drained)
+        where = f", none on the drained node ({drained[:8]})"
     return (
         f"recovers: {steps}/{steps} steps; {target} {' -> '.join(leave)}; joined {', '.join(joined)}; "
-        f"{len(versions)} engines served v{steps - 1} in the last step; no engine marked Unhealthy"
+        f"{len(versions)} engines served v{steps - 1} in the last step{where}; no engine marked Unhealthy"
     )
 
 
