@@ -34,6 +34,7 @@ from lifecycle.decide.core import (
 )
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.names import OperationName
+from lifecycle.decide.predicates import elastic
 from lifecycle.decide.spec import MachineSpec
 
 # An engine process's health as the world knows it (the core learns it only through reports).
@@ -237,7 +238,11 @@ class Checker:
         # tests that show remembering changes no state, transition or counterexample)
         self.remember = remember
         n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
-        self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
+        if not config.num_rollout_engines:
+            engines = 0
+        elif elastic(config):  # an elastic fleet's slots: as many as asked for, never beyond its maximum
+            engines = min(engines, config.max_rollout_engines)
+        self.core = Core(config, engines=engines, evals=n_evals, machines=machines)
         self.p = self.core.predicates
         self.max_faults = max_faults
         # the driver dies at any state and a new one resumes the job, adopting the engines that live on

@@ -60,6 +60,11 @@ def test_an_elastic_fleet_joins_and_leaves_up_to_its_slots(slots: int) -> None:
     assert targets == set(range(1, slots + 1))  # from the minimum (one engine) up to every slot
 
 
+def test_the_slots_are_the_engines_asked_for_up_to_the_fleets_maximum() -> None:
+    assert [Checker(ELASTIC, engines=n).core.engines for n in (1, 2, 3, 4)] == [1, 2, 3, 3]  # --rollout-max-num-gpus 3
+    assert Checker(FIXED, engines=4).core.engines == 4
+
+
 def test_scale_and_retire_are_bounded_like_faults() -> None:
     actions, _, _ = explored(Checker(ELASTIC, engines=2, max_faults=0))
     assert not actions & MEMBERSHIP  # no budget: no scale, retire or notice (a drain needs a leaver first)
