@@ -258,6 +258,32 @@ _MODE_FLAGS: dict[str, dict[str, Any]] = {
 }
 
 
+# An elastic fleet (--rollout-min/max-num-gpus): engines join and leave mid-run, the checker's --engines slots from
+# one engine up to all of them. Lock-step without FT and with rollout FT, disk and broadcast updates; streaming
+# without FT and with rollout FT, disk updates -- never with offload (refused), the eval fleet, external or kept
+# engines, or a resume: each multiplies a space that membership already multiplies by 3-14.
+ELASTIC_BOUNDS: dict[str, Any] = {
+    "rollout_num_gpus": 2,
+    "rollout_min_num_gpus": 1,
+    "rollout_max_num_gpus": 3,
+    "engine_max_restarts": 1,
+}
+ELASTIC_CONFIGS: list[LifecycleConfig] = [
+    LifecycleConfig.from_mapping(
+        {
+            **ELASTIC_BOUNDS,
+            "use_fault_tolerance": bool(comps),
+            "ft_components": list(comps) or None,
+            **({"update_weight_transfer_mode": "broadcast"} if engines == "broadcast" else {}),
+            **({"fully_async": True} if engines == "stream" else {}),
+        },
+        check_paths=False,
+    )
+    for engines in ("disk", "broadcast", "stream")
+    for comps in ((), ("rollout",))
+]
+
+
 @dataclass
 class Lattice:
     valid: list[LifecycleConfig]
@@ -272,7 +298,7 @@ class Lattice:
 def _expected_cost(group: list[LifecycleConfig]) -> float:
     """A guess of the exploration's size from what multiplies states (measured on the 2-engine lattice: the eval
     fleet about 3x, rollout monitors 2x, broadcast updates, a resumed job, kept engines, offload and CI's injection
-    1.3-1.6x each), so that the parallel workers finish together."""
+    1.3-1.6x each; a stream about 4x, an elastic fleet 5x), so that the parallel workers finish together."""
     p = evaluate(group[0])
     factors = (
         ("eval_fleet_enabled", 3.0),
@@ -282,6 +308,8 @@ def _expected_cost(group: list[LifecycleConfig]) -> float:
         ("keeps_engines", 1.3),
         ("offloads_rollout", 1.5),
         ("ci_injects_rollout_faults", 1.6),
+        ("elastic", 5.0),
+        ("streaming", 4.0),
     )
     cost = 1.0
     for name, factor in factors:
@@ -291,7 +319,8 @@ def _expected_cost(group: list[LifecycleConfig]) -> float:
 
 
 def lattice() -> Lattice:
-    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; external
+    """use_fault_tolerance x ft_components x mode x ci_test x eval fleet x offload, validated; an elastic fleet
+    (:data:`ELASTIC_CONFIGS`, last: the groups before it keep their order); external
     engines (--rollout-external-engine-addrs) under every FT configuration, mode and offload; and broadcast
     weight updates (--update-weight-transfer-mode broadcast) under every FT configuration and offload; and a
     resumed job that writes checkpoints (--load, --save) under every FT configuration; and the vLLM backend
@@ -384,6 +413,7 @@ def lattice() -> Lattice:
         if engines == "resume":
             stream.update(save="runs/job/checkpoints", save_interval=1, load="runs/job/checkpoints")
         valid.append(LifecycleConfig.from_mapping(stream, check_paths=False))
+    valid += ELASTIC_CONFIGS
     groups: dict[tuple[bool, ...], list[LifecycleConfig]] = {}
     for c in valid:
         groups.setdefault(behaviour(c), []).append(c)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lifecycle.check.world import DEAD_NOTIFIED, UP, Checker, Node, Transition
-from lifecycle.decide.core import SNAPSHOT, instance_name
+from lifecycle.decide.core import ROLLOUT, SNAPSHOT, instance_name
 
 Problem = str | None
 
@@ -179,7 +179,8 @@ def traffic_only_to_serving(job: Checker, t: Transition, before: Node) -> Proble
 # -- 5: weight updates ----------------------------------------------------------------------------------
 @_register("step")
 def weight_update_targets_quiesced_snapshot(job: Checker, t: Transition, before: Node) -> Problem:
-    """(5) A weight update starts on one snapshot of quiesced, weight-holding engines, with monitors paused."""
+    """(5) A weight update starts on one snapshot of quiesced, weight-holding engines, with monitors paused (an
+    elastic fleet's leaving engines -- draining, retiring -- are no part of it)."""
     engines: dict[str, str] = {f"engine-{i}": e.state for i, e in enumerate(before.job.engines)}
     monitor: str = before.job.monitor
     for m in t.moves:  # the job as it was at the moment of each move of this step
@@ -187,7 +188,8 @@ def weight_update_targets_quiesced_snapshot(job: Checker, t: Transition, before:
             if monitor == "Running" and "pause_monitor" not in m.effects:  # a stream's update pauses it as it begins
                 return "a weight update started while the health monitor was running"
             want = SNAPSHOT.get(m.src, frozenset())
-            if not all(state in want or state in job.core.gone for state in engines.values()):
+            out = job.core.gone | job.core.leaving_states
+            if not all(state in want or state in out for state in engines.values()):
                 states = ", ".join(engines.values())
                 return f"a weight update started on a fleet that is not one quiesced snapshot ({states})"
         elif m.machine == "engine" and m.instance in engines:
@@ -261,6 +263,25 @@ def healthy_engines_are_not_marked_unhealthy(job: Checker, t: Transition, before
     return None
 
 
+STOPPING = frozenset({"Stopping", "Retiring"})
+
+
+@_register("state")
+def a_stopping_engine_has_its_kill_out(job: Checker, n: Node) -> Problem:
+    """(elastic) An engine the job is stopping (Stopping, Retiring) has its kill out until its death is confirmed:
+    a kill dropped with a failed operation's commands would leave the slot neither live nor vacant, never confirmed
+    dead, never joined again. Judged in an elastic fleet only: a fixed fleet with external engines under rollout FT
+    still drops a detach's kill when the update whose load refusal detached it fails as a whole (open)."""
+    if n.job.failed or not job.core.elastic:
+        return None
+    for i, e in enumerate(n.job.engines):
+        if e.state in STOPPING and not any(
+            c.effect == "kill_engine" and c.group == ROLLOUT and c.engine == i for c in n.job.awaiting
+        ):
+            return f"engine-{i} is {e.state} but no kill of it is out: its death is never confirmed"
+    return None
+
+
 @_register("state")
 def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
     """An engine the job did not start (--rollout-external-engine-addrs) is never restarted by it."""
@@ -273,8 +294,9 @@ def external_engines_never_restarted(job: Checker, n: Node) -> Problem:
 
 @_register("step", world=True)
 def no_broadcast_on_stale_group(job: Checker, t: Transition, before: Node) -> Problem:
-    """(broadcast) A broadcast goes only to a group whose members are exactly the snapshot's engines, every one
-    the process that joined it: never to a group a member left, died in or restarted since. Over event logs: no
+    """(broadcast; 10) No collective waits for a member that has left: a broadcast goes only to a group whose
+    members are exactly the snapshot's engines, every one the process that joined it -- never to a group a member
+    left (an elastic fleet's retired or draining engine), died in or restarted since. Over event logs: no
     weight_sync.bucket after a member of the last weight_sync.connected generation moved out (leaving, stopped,
     unhealthy, retired) or after its group was destroyed, and generations only increase."""
     if not any(m.machine == "weight_sync" and m.trigger == "broadcast" for m in t.moves):
@@ -303,6 +325,50 @@ def stopped_only_after_death_confirmed(job: Checker, n: Node) -> Problem:
     for i, (e, proc) in enumerate(zip(n.job.engines, n.world.procs, strict=True)):
         if e.state == "Stopped" and proc != DEAD_NOTIFIED:
             return f"engine-{i} is Stopped but its process was not confirmed dead ({proc})"
+    return None
+
+
+# -- 10: an elastic fleet's joins and leaves --------------------------------------------------------------------------
+WITHDRAWALS = frozenset({"stop_routing", "hold_routing"})
+FAILING = frozenset({"Unhealthy", "Failed"})
+
+
+@_register("step")
+def withdrawn_before_it_leaves(job: Checker, t: Transition, before: Node) -> Problem:
+    """(10) Every move of an engine out of Serving carries stop_routing or hold_routing: the gateway forgets it
+    before it drains, pauses, stops or is marked (NeMo-RL #3613: deregistration on every way out). Over event logs
+    also: an engine on its way out (Draining, Retiring) or Retired is never routed -- no engine.routed, and no
+    gateway.members list that calls it ready."""
+    for m in t.moves:
+        if m.machine == "engine" and m.src == "Serving" and m.dst != "Serving" and not WITHDRAWALS & set(m.effects):
+            return f"{m.instance} left Serving for {m.dst} ({m.trigger}) without stop_routing or hold_routing"
+    return None
+
+
+@_register("step")
+def planned_leave_never_fails_the_run(job: Checker, t: Transition, before: Node) -> Problem:
+    """(10) A planned leave is not a death: an engine given a preemption notice or retired (leaving, or in a
+    leaving state) never moves to Unhealthy or Failed until a new process is launched in its slot, and no run
+    failure names it (verl #6583: one engine's end brought the whole job down). Over event logs: after an
+    engine.preempt_notice or a retire move, no mark_unhealthy or fail of that engine and no report_failure naming
+    it."""
+    core = job.core
+    if not core.elastic:
+        return None
+    leavers = {f"engine-{i}" for i, e in enumerate(before.job.engines) if core.leaving(e)}
+    leavers |= {f"engine-{i}" for i, e in enumerate(t.node.job.engines) if e.leaving}
+    for m in t.moves:
+        if m.machine != "engine":
+            continue
+        if m.dst in FAILING and (m.instance in leavers or m.trigger == "retire"):
+            return f"{m.instance} moved {m.src}→{m.dst} ({m.trigger}) on its way out: a planned leave failed it"
+        if m.trigger == "retire" or m.dst in core.leaving_states:
+            leavers.add(m.instance)
+        elif m.trigger == "join":  # a new process in the slot: a member again
+            leavers.discard(m.instance)
+    failure = t.node.job.failed
+    if failure is not None and before.job.failed is None and failure.instance in leavers:
+        return f"the run failed naming {failure.instance}, which was leaving ({failure})"
     return None
 
 
@@ -417,31 +483,6 @@ INVARIANTS["gateway_agrees_with_lifecycle"] = Invariant(
     "a violation); judged over event logs (lifecycle trace check).",
 )
 
-# The elastic fleet's rules over event logs. The explorer's own rule of the same name, where one is registered
-# above, is kept (setdefault): it judges the model, this entry only names what the monitor judges in a log.
-INVARIANTS.setdefault(
-    "withdrawn_before_it_leaves",
-    Invariant(
-        "withdrawn_before_it_leaves",
-        "trace",
-        None,
-        "Every move of an engine out of Serving carries stop_routing or hold_routing, and an engine on its way out "
-        "(Draining, Retiring) or Retired is never routed: no engine.routed, and no gateway.members list that calls "
-        "it ready; judged over event logs (lifecycle trace check).",
-    ),
-)
-INVARIANTS.setdefault(
-    "planned_leave_never_fails_the_run",
-    Invariant(
-        "planned_leave_never_fails_the_run",
-        "trace",
-        None,
-        "An engine given a preemption notice (engine.preempt_notice) or retired (retire into Draining/Retiring) "
-        "never moves to Unhealthy or Failed (mark_unhealthy, fail) until a new process is launched in its slot, and "
-        "no run failure (report_failure) names it: a planned leave is not a death; judged over event logs "
-        "(lifecycle trace check).",
-    ),
-)
 INVARIANTS["fleet_within_bounds"] = Invariant(
     "fleet_within_bounds",
     "trace",

@@ -234,6 +234,30 @@ MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "join_routed_before_catch_up",
+            "a joining engine is taken as quiesced once it is up, skipping its catch-up load: the next resume routes "
+            "it on its launch weights (a scale-up served by a stale or random checkpoint)",
+            _edit("engine", _is("ready", "Joining"), lambda t: replace(t, dest="Quiesced")),
+        ),
+        Mutant(
+            "draining_engine_routed",
+            "a retired engine drains without leaving the gateway: requests keep going to an engine about to be "
+            "stopped (NeMo-RL #3613: deregistration skipped on one way out)",
+            _edit("engine", _is("retire", "Serving"), _effects("drain_requests")),
+        ),
+        Mutant(
+            "departed_member_awaited",
+            "the weight-update group does not notice a planned departure: the next broadcast waits on a rank that "
+            "left (AReaL #1086: a group cannot be shrunk in place, it must be formed anew)",
+            _edit("weight_sync", _is("member_left", "Connected"), lambda t: replace(t, dest="Connected")),
+        ),
+        Mutant(
+            "preempted_engine_failed",
+            "a preemption notice is treated as a death: the engine is marked unhealthy and, without rollout FT, the "
+            "whole run stops (verl #6583: one engine's end brought a 256-GPU job down)",
+            _edit("engine", _is("retire", "Serving"), lambda t: replace(t, dest="Unhealthy", effects=t.effects[:1])),
+        ),
+        Mutant(
             "death_while_paused_ignored",
             "an engine that dies while monitors are paused is still counted alive",
             _edit("monitor", _is("engine_died", "Paused"), _effects()),

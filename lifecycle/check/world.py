@@ -34,6 +34,7 @@ from lifecycle.decide.core import (
 )
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.names import OperationName
+from lifecycle.decide.predicates import elastic
 from lifecycle.decide.spec import MachineSpec
 
 # An engine process's health as the world knows it (the core learns it only through reports).
@@ -42,10 +43,16 @@ UP, DEAD, HUNG, DEAD_NOTIFIED, KILLING = "up", "dead", "hung", "dead-notified", 
 EXPLORED_OPS: tuple[OperationName, ...] = tuple(
     cast(OperationName, name) for name in OPERATIONS if not name.endswith("dispose")
 )
-ENGINE_OPS = ("stop_engine", "start_engine")
+ENGINE_OPS = ("stop_engine", "start_engine", "retire_engine")
+# An elastic fleet's operations (offered only where the config has bounds): a scale by one engine either way and a
+# retirement are bounded like faults -- they share the run's fault budget with the preemption notices, so a run
+# explores at most that many membership changes besides its faults (design: a third of the states, not ten times)
+ELASTIC_OPS = frozenset({"scale_rollout", "retire_engine"})
+BUDGETED_OPS = frozenset({"stop_engine", "retire_engine", "scale_rollout"})
 # stop_routing and hold_routing talk to the router, not to the engine: no engine fault changes their answer
 # (a router fault is news)
 # hand_back_requests talks to the stream, which re-sends what it holds a record of, whatever the engine's health
+# drain_requests only starts the shell's watch of a withdrawn engine (the drain's end is the news drained)
 _SURE = frozenset(
     {
         "allocate_workers",
@@ -55,6 +62,7 @@ _SURE = frozenset(
         "stop_routing",
         "hold_routing",
         "hand_back_requests",
+        "drain_requests",
     }
 )
 # the trainer's commands: their plain success, and those during which the checker lets a worker crash
@@ -154,12 +162,14 @@ class Action(NamedTuple):
     engine: int | None = None
     group: str = ROLLOUT
     fault: bool = False
+    target: int | None = None  # op.scale_rollout: the new target (Op.target)
 
     def label(self) -> str:
         who = f"{'eval' if self.group == EVAL else 'engine'}-{self.engine}" if self.engine is not None else ""
         kind, _, what = self.name.partition(".")
         if kind == "op":
-            return f"loop calls {what}" + (f" on {who}" if who else "")
+            to = f" (target {self.target})" if self.target is not None else ""
+            return f"loop calls {what}" + (f" on {who}" if who else "") + to
         if kind == "results":
             said = (part.split("=", 1) for part in what.split(","))
             return "the shells report: " + ", ".join(f"{who} {outcome}" for who, outcome in said)
@@ -173,6 +183,8 @@ class Action(NamedTuple):
                 "stale_epoch_request_failed": f"a request sent to {who}'s previous process fails (late)",
                 "request_failed": f"a request to {who} fails",
                 "probe": "the monitor runs a probe round",
+                "preempt_notice": f"{who}'s process is given a preemption notice",
+                "drained": f"{who}'s requests in flight are done (or its drain bound passed)",
             }.get(what) or (
                 f"the stream completes a group whose oldest token is {what.rsplit('_', 1)[1]} versions old"
                 if what.startswith("group_done_")
@@ -203,6 +215,7 @@ class _Decided(NamedTuple):
 
 
 _UNKNOWN = object()
+_STARTING = frozenset({"Starting", "Joining"})  # a process launched, not yet answered healthy: it may die or hang
 _PROCESS_FAULTS = (("kill", DEAD), ("hang", HUNG))  # a hang and an HTTP server's death are both HUNG to the world
 _PROBE, _PROBE_ACTION = Outcome("probe"), Action("news.probe")
 
@@ -225,7 +238,11 @@ class Checker:
         # tests that show remembering changes no state, transition or counterexample)
         self.remember = remember
         n_evals = (1 if config.num_eval_engines else 0) if evals is None else evals
-        self.core = Core(config, engines=engines if config.num_rollout_engines else 0, evals=n_evals, machines=machines)
+        if not config.num_rollout_engines:
+            engines = 0
+        elif elastic(config):  # an elastic fleet's slots: as many as asked for, never beyond its maximum
+            engines = min(engines, config.max_rollout_engines)
+        self.core = Core(config, engines=engines, evals=n_evals, machines=machines)
         self.p = self.core.predicates
         self.max_faults = max_faults
         # the driver dies at any state and a new one resumes the job, adopting the engines that live on
@@ -248,6 +265,9 @@ class Checker:
                 (Outcome("group_done", version=-age), Action(f"news.group_done_{age}"))
                 for age in range(self.core.bound + 2)
             )
+        # the operations a loop may call here: an elastic fleet's only where the config has bounds
+        self._ops = tuple(n for n in EXPLORED_OPS if self.p["elastic"] or n not in ELASTIC_OPS)
+        self.elastic = self.p["elastic"]
         for name, op in OPERATIONS.items():
             main = next((p for p in op.program if "." in p), None)
             self._main[name] = None if main is None else (main.split(".", 1)[0], main.split(".", 1)[1])
@@ -288,6 +308,8 @@ class Checker:
         # process failing while it starts is the launch's own start_failed answer).
         quiet = budget and not job.awaiting
         yield from self._news(n, quiet)
+        if budget and self.elastic:  # a notice may come at any time, a command out or not (a launch, an update)
+            yield from self._notices(n)
         if quiet:
             yield from self._faults(n)
         if budget and self.dies:  # anywhere, a command out or not: the new driver knows only the ledger
@@ -372,16 +394,25 @@ class Checker:
                 yield t
 
     def _accepted(self, n: Node, budget: bool) -> Iterator[tuple[Op, Action]]:
-        for name in EXPLORED_OPS:
+        for name in self._ops:
             if name not in ENGINE_OPS and not self._possible(n, name):
+                continue
+            # an operator stopping an engine, a scale, a retirement: bounded like a fault
+            fault = name in BUDGETED_OPS
+            if fault and not budget:
                 continue
             if name in ENGINE_OPS:
                 for i in range(self.core.engines):
-                    fault = name == "stop_engine"  # an operator stopping an engine: bounded like a fault
-                    if (fault and not budget) or not self._possible(n, name, i):
+                    if not self._possible(n, name, i):
                         continue
                     if self._decide(n.job, Op(name, i)) is not None:
                         yield Op(name, i), Action(f"op.{name}", i, fault=fault)
+                continue
+            if name == "scale_rollout":  # one engine more or fewer (the core refuses a target outside the bounds)
+                for target in (n.job.target + 1, n.job.target - 1):
+                    op = Op(name, target=target)
+                    if self._decide(n.job, op) is not None:
+                        yield op, Action(f"op.{name}", fault=True, target=target)
                 continue
             if self._decide(n.job, Op(name)) is not None:
                 yield Op(name), Action(f"op.{name}")
@@ -459,6 +490,8 @@ class Checker:
                         yield t
                 if e.state not in core.live:
                     continue
+                if e.state == "Draining":  # its requests finished, or its drain bound passed: the shell says so
+                    yield from self._maybe(n, *self._said_of("drained", group, i))
                 if job.monitor == "Running" and proc in (DEAD, HUNG):
                     yield from self._maybe(n, *self._said_of("threshold_reached", group, i))
                 stale = (
@@ -476,6 +509,21 @@ class Checker:
                 busy = job.rollout in core.rollout_busy or job.fleet == "Pinned"
                 if busy and e.state == "Serving" and proc in (DEAD, HUNG) and job.monitor != "Running":
                     yield from self._maybe(n, *self._said_of("request_failed", group, i))
+
+    def _notices(self, n: Node) -> Iterator[Transition]:
+        """An elastic fleet's preemption notices (a fault: the budget bounds them): to a member whose process is up,
+        in any state -- joining, serving, under the engine lock, mid-stream -- but the job's first start (Starting:
+        the spec has no way out of it for a leaver whose start then fails but Unhealthy, a member's failure)."""
+        job, core = n.job, self.core
+        counted = n.world.counted(1)
+        for i, (e, proc) in enumerate(zip(job.engines, n.world.procs, strict=True)):
+            if proc != UP or e.state in core.gone or e.state == "Starting" or core.leaving(e):
+                continue
+            event, action = self._said_of("preempt_notice", ROLLOUT, i, fault=True)
+            if self._changes(job, event):
+                t = self.step(n, event, action, counted)
+                if t is not None:
+                    yield t
 
     def _late(self, job: JobState) -> dict[tuple[str, int], list[tuple[Outcome, Action]]]:
         """The late reports about an engine's previous process that the core acts on in ``job``, by engine -- none,
@@ -524,7 +572,7 @@ class Checker:
                 if t is not None:
                     yield t
             for i, (e, proc) in enumerate(zip(n.job.group(group), n.world.group(group), strict=True)):
-                if proc != UP or not (e.state in self.core.live or e.state == "Starting"):
+                if proc != UP or not (e.state in self.core.live or e.state in _STARTING):
                     continue
                 # SIGKILL (Ray sees the death) vs a hang or an HTTP-server death: only probes and requests tell, so
                 # for the lifecycle the two are one fault (the same successor; offered once, labelled with both)
@@ -658,8 +706,9 @@ def _answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool,
 
 
 def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome, bool, _Change]]:
-    """The group's calls succeed only when every member's process is up (and, for a broadcast, joined
-    this group); a failed broadcast leaves every receiver with mixed weights."""
+    """The group's calls succeed only when every member's process is up; a broadcast only when the group's members
+    are exactly its receivers (a collective waits for every rank: one that left -- retired, stopped, restarted --
+    fails it); a failed broadcast leaves every receiver with mixed weights."""
     if cmd.effect == "init_weight_group":
         members = frozenset(i for i, e in enumerate(job.engines) if e.joined)
         if all(w.procs[i] == UP for i in members):
@@ -672,7 +721,8 @@ def _group_answers(cmd: Command, w: World, job: JobState) -> list[tuple[Outcome,
             if c.effect == "transfer_weights" and c.group == ROLLOUT and c.engine is not None
         )
         tear = _Flag("torn", receivers, True)
-        if all(w.procs[i] == UP and w.grouped[i] for i in receivers):
+        members = frozenset(i for i, g in enumerate(w.grouped) if g)
+        if receivers == members and all(w.procs[i] == UP for i in members):
             whole = _Flag("torn", receivers, False)  # every tensor of one version arrived
             return [
                 (Outcome("done"), False, whole),
@@ -749,7 +799,10 @@ def _sorted(job: JobState, world: World, *, normal_job: bool = False) -> tuple[J
 
 
 _FINISHED = MACHINES["engine"].terminal_states
-_IDLE = frozenset({"Stopped", "Unhealthy", "Init"})
+# serving nothing, holding no weights the job reads again (a Retired slot keeps its restarts: the budget window
+# outlives the slot's retirement)
+_IDLE = frozenset({"Stopped", "Unhealthy", "Init", "Retired"})
+_GONE = MACHINES["engine"].tagged("gone")
 
 
 def _generations(job: JobState) -> JobState:
@@ -776,6 +829,8 @@ def _normal_job(job: JobState) -> JobState:
     job = _generations(job)
     if job.version:  # only the staleness of a buffered group is read, and it is kept relative to the version
         job = job._replace(version=0)
+    if job.sync_generation:  # the group's generation: only a command's against the current one is read (fencing)
+        job = _relative_generation(job)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):
@@ -785,7 +840,7 @@ def _normal_job(job: JobState) -> JobState:
         if e.state in _FINISHED:
             if e.current or e.fresh or e.released or e.restarts or e.epoch or e != EngineState(e.state):
                 break
-        elif e.state in _IDLE and (e.current or e.fresh or e.released or e.mixed):
+        elif (e.state in _IDLE and (e.current or e.fresh or e.released or e.mixed)) or (e.leaving and e.state in _GONE):
             break
     else:
         return job
@@ -795,8 +850,18 @@ def _normal_job(job: JobState) -> JobState:
             e = EngineState(e.state)
         elif e.state in _IDLE:
             e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
+        if e.leaving and e.state in _GONE:  # a vacant slot: the next launch starts a member afresh
+            e = e._replace(leaving=False)
         engines.append(e)
     return job._replace(engines=tuple(engines))
+
+
+def _relative_generation(job: JobState) -> JobState:
+    """The weight-update group's generation is 0 and a command's counts from it (an older group's is negative): the
+    core compares them only to fence a result of an older group, and every re-form would be a new state otherwise."""
+    g = job.sync_generation
+    awaiting = tuple(c._replace(generation=c.generation - g) if c.machine == "weight_sync" else c for c in job.awaiting)
+    return job._replace(sync_generation=0, awaiting=awaiting)
 
 
 def _normal_world(job: JobState, world: World) -> World:

@@ -17,6 +17,7 @@ from lifecycle.cli.args import add_config_arguments, add_debug_argument, config_
 from lifecycle.decide.config import Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.machines import MACHINES
+from lifecycle.decide.presets import PRESETS, preset
 
 MAX_JOBS = 256  # worker processes; more only queue (and past a C int, multiprocessing overflows)
 # the job states grow about 2.5x with each fault allowed (2 engines, rollout FT: 2 faults 2.2k states, 4 faults 20k,
@@ -35,9 +36,9 @@ def register(sub: Any) -> None:
             "the world's faults (kill, hang, HTTP death, refused loads, worker crashes), over every machine of "
             "one job (rollout manager, monitor, N engines, eval fleet, trainer, weight-update group), for every "
             "valid config of the lattice (FT x components x mode x ci-test x eval fleet x offload; external "
-            "engines; broadcast weight updates), or for one config when --config "
-            "or any lifecycle flag is given. Prints states/s. Exits 1 with the shortest counterexample on a "
-            "violation."
+            "engines; broadcast weight updates; an elastic fleet whose engines join and leave, up to N), or for "
+            "one config when --preset, --config or any lifecycle flag is given. Prints states/s. Exits 1 with the "
+            "shortest counterexample on a violation."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="invariants:\n"
@@ -62,6 +63,9 @@ def register(sub: Any) -> None:
         metavar="N",
         help="worker processes",
     )
+    p.add_argument(
+        "--preset", choices=PRESETS, help="check one named config (lifecycle graph's presets) instead of the lattice"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable results")
     add_debug_argument(p)
     add_config_arguments(p)
@@ -69,6 +73,13 @@ def register(sub: Any) -> None:
 
 
 def _single_config(ns: argparse.Namespace) -> LifecycleConfig | None:
+    if ns.preset is not None:
+        explicit = sorted(explicit_flags(ns))
+        if explicit or ns.config is not None:
+            given = ", ".join("--" + k.replace("_", "-") for k in explicit) or f"--config {ns.config}"
+            problem = f"a preset is a whole config, but {given} was given too"
+            raise ConfigError("--preset", ns.preset, problem, "use either --preset or config flags")
+        return preset(ns.preset)
     if ns.config is None and not explicit_flags(ns):
         return None
     return config_from_args(ns, check_paths=False)

@@ -41,6 +41,16 @@ PRESET_FLAGS: dict[str, dict[str, object]] = {
         "offload_rollout": False,
         "offload_train": False,
     },
+    # an elastic fleet (--rollout-min/max-num-gpus): engines join and leave mid-run, a notice drains one; under
+    # rollout FT (a member recovers, a leaver never does); an elastic fleet cannot offload (its GPUs are its own)
+    "elastic": {
+        "rollout_min_num_gpus": 1,
+        "rollout_max_num_gpus": 3,
+        "use_fault_tolerance": True,
+        "ft_components": ["rollout"],
+        "offload_rollout": False,
+        "offload_train": False,
+    },
 }
 
 

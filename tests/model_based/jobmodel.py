@@ -60,12 +60,20 @@ FAMILIES = (
     "fleet_fault",
     "fault",
     "world",
+    # an elastic fleet: the loop's scale and retire (bounded like faults), a preemption notice (a fault), a drain's end
+    "scale_rollout",
+    "retire_engine",
+    "preempt_notice",
+    "drained",
 )
+ELASTIC_FAMILIES = frozenset({"scale_rollout", "retire_engine", "preempt_notice", "drained"})
 
 
 def family(action: Action) -> str:
     """Which rule takes ``action``: the lane of the operation, a fault family, or ``world`` (results, news)."""
     kind, _, what = action.name.partition(".")
+    if what in ELASTIC_FAMILIES:
+        return what
     if kind == "op":
         if action.engine is not None:
             return "engine_fault" if action.fault else "engine"  # an operator's stop is bounded like a fault
@@ -279,6 +287,30 @@ def make_machine(
         @rule(data=st.data())
         def world_event(self, data: st.DataObject) -> None:
             self.take(data, "world")
+
+        @precondition(enabled("scale_rollout"))
+        @rule(data=st.data())
+        def scale_rollout(self, data: st.DataObject) -> None:
+            """An elastic fleet's loop scales it by one engine (bounded like a fault)."""
+            self.take(data, "scale_rollout")
+
+        @precondition(enabled("retire_engine"))
+        @rule(data=st.data())
+        def retire_engine(self, data: st.DataObject) -> None:
+            """An elastic fleet's loop retires one member (bounded like a fault)."""
+            self.take(data, "retire_engine")
+
+        @precondition(enabled("preempt_notice"))
+        @rule(data=st.data())
+        def preempt_notice(self, data: st.DataObject) -> None:
+            """A member of an elastic fleet is given a preemption notice (a fault)."""
+            self.take(data, "preempt_notice")
+
+        @precondition(enabled("drained"))
+        @rule(data=st.data())
+        def drained(self, data: st.DataObject) -> None:
+            """A draining engine's requests are done (or its drain bound passed)."""
+            self.take(data, "drained")
 
         @precondition(lambda self: self.job is not None and self.job.terminal(self.state))
         @rule()

@@ -19,6 +19,7 @@ from jobmodel import (
     train_only_ft_machine,
 )
 
+from lifecycle.check.explore import ELASTIC_CONFIGS
 from lifecycle.check.mutants import MUTANTS
 
 # every valid config of the lattice, 1-3 engines, <= 2 faults per run
@@ -26,6 +27,10 @@ TestJobModel = make_machine().TestCase
 
 # the runtime machine layer replays every step and must agree with the model
 TestRuntimeMatchesModel = make_runtime_machine().TestCase
+
+# an elastic fleet only (6 of the lattice's ~150 configs): its scales, retirements, notices and drains drawn in every
+# run, replayed on the runtime machines too
+TestElasticFleetMatchesModel = make_runtime_machine(configs=ELASTIC_CONFIGS).TestCase
 
 
 @pytest.mark.recovery

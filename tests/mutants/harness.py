@@ -20,7 +20,8 @@ from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.predicates import evaluate
 from lifecycle.decide.spec import MachineSpec
 
-# Where each mutant shows (predicate values); every one shows with a single engine.
+# Where each mutant shows (predicate values); every one shows with a single engine but an elastic fleet's
+# (MUTANT_ENGINES_OF).
 WITNESS: dict[str, dict[str, bool]] = {
     "replay_constructs_rollout_fn": {"replay": True},
     "construction_gated_on_train_only": {"train_only": True, "replay": False},
@@ -42,6 +43,11 @@ WITNESS: dict[str, dict[str, bool]] = {
     "staleness_guard_dropped": {"streaming": True},
     "failed_refit_resumes": {"streaming": True},
     "version_reset_on_resume": {"streaming": True, "resumes": True},
+    # an elastic fleet's: a join (a scale-up or a replacement), a retirement, a notice; the group's re-form
+    "join_routed_before_catch_up": {"elastic": True, "streaming": False},
+    "draining_engine_routed": {"elastic": True},
+    "departed_member_awaited": {"elastic": True, "broadcasts_weights": True},
+    "preempted_engine_failed": {"elastic": True, "rollout_ft": False},
 }
 
 # The invariants that state each bug: a kill for any other reason would be a kill by accident.
@@ -71,6 +77,10 @@ EXPECTED: dict[str, frozenset[str]] = {
     "staleness_guard_dropped": frozenset({"no_trained_group_beyond_staleness"}),
     "failed_refit_resumes": frozenset({"no_generation_after_failed_update", "serving_engines_hold_current_weights"}),
     "version_reset_on_resume": frozenset({"no_group_newer_than_the_version"}),
+    "join_routed_before_catch_up": frozenset({"serving_engines_hold_current_weights"}),
+    "draining_engine_routed": frozenset({"withdrawn_before_it_leaves"}),
+    "departed_member_awaited": frozenset({"no_broadcast_on_stale_group"}),
+    "preempted_engine_failed": frozenset({"planned_leave_never_fails_the_run"}),
 }
 
 # Hypothesis budget: the slowest mutant falls within ~400 runs; 3000 leaves a wide margin.
@@ -86,6 +96,15 @@ MUTANT_SETTINGS = settings(
     suppress_health_check=list(HealthCheck),
 )
 MUTANT_ENGINES = (1,)
+# an elastic fleet's mutants need a second slot: one engine leaves while another stays in the weight-update group
+# (with one slot, a replacement's launch re-forms the group anyway)
+ELASTIC_MUTANTS = (
+    "join_routed_before_catch_up",
+    "draining_engine_routed",
+    "departed_member_awaited",
+    "preempted_engine_failed",
+)
+MUTANT_ENGINES_OF = {name: (2,) for name in ELASTIC_MUTANTS}
 
 
 def witness_configs(name: str) -> list[LifecycleConfig]:
@@ -150,7 +169,7 @@ def run_hypothesis(cls: type[JobModelBase], st: settings = MUTANT_SETTINGS) -> H
 
 def mutant_machine(name: str, machines: dict[str, MachineSpec] | None = None) -> type[JobModelBase]:
     specs = MUTANTS[name].machines() if machines is None else machines
-    return make_machine(specs, witness_configs(name), engines=MUTANT_ENGINES)
+    return make_machine(specs, witness_configs(name), engines=MUTANT_ENGINES_OF.get(name, MUTANT_ENGINES))
 
 
 @functools.cache

@@ -115,7 +115,8 @@ def test_hypothesis_control_real_specs_pass():
 
 @pytest.mark.slow
 def test_explorer_control_whole_lattice_passes():
-    groups = list(lattice().groups.values())
+    # an elastic fleet's groups: each pinned exploration (tests/lifecycle/check/test_state_counts_pinned.py) passes
+    groups = [g for g in lattice().groups.values() if not evaluate(g[0])["elastic"]]
     results = list(run_check(groups, jobs=2))
     assert len(results) == len(groups)
     bad = [r.violations[0].render() for r in results if r.violations]

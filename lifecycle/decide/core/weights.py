@@ -20,10 +20,14 @@ def lock_engines(step: StepDraft) -> None:
 
 
 def unlock_engines(step: StepDraft) -> None:
-    """The engine lock is released: an elastic fleet's engines given notice under it retire now."""
+    """The engine lock is released: an elastic fleet's engines given notice under it retire now -- as news, not as
+    the update's work: a failed update drops its lane's commands still out, and a leaver's kill must not go with
+    them (its slot would stay Retiring, never confirmed dead)."""
     step.job.lock = False
     if step.core.elastic:
+        lane, step.lane = step.lane, "news"
         engines.retire_leavers(step)
+        step.lane = lane
 
 
 def loads(step: StepDraft, group: str | None) -> tuple[str, str]:

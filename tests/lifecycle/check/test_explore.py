@@ -273,21 +273,24 @@ def test_real_specs_have_no_short_violation_either():
 
 
 # -- the lattice ---------------------------------------------------------------------------------------------
-def test_lattice_covers_all_408_combinations():
+def test_lattice_covers_all_414_combinations():
     lat = lattice()
     # FT x components x mode x CI x eval fleet x offload; external engines without CI and fleet; broadcast weight
     # updates in the normal mode, without CI, fleet or external engines; a resumed, checkpointing job per FT config
     # x (disk updates, broadcast updates, external engines, kept engines with disk or broadcast updates); vLLM per FT
-    # config x mode x offload, and broadcasting; streaming (--fully-async) per FT config x (disk, broadcast, resumed)
-    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 5 + 4 * 4 * 2 + 4 * 2 + 4 * 3
-    assert len(lat.valid) + len(lat.invalid) == combinations == 408
+    # config x mode x offload, and broadcasting; streaming (--fully-async) per FT config x (disk, broadcast, resumed);
+    # an elastic fleet without FT and with rollout FT x (disk, broadcast, streaming)
+    combinations = 2 * 4 * 4 * 2 * 2 * 2 + 2 * 4 * 4 * 2 + 2 * 4 * 2 + 4 * 5 + 4 * 4 * 2 + 4 * 2 + 4 * 3 + 2 * 3
+    assert len(lat.valid) + len(lat.invalid) == combinations == 414
     on_vllm = [c for c in lat.valid if c.rollout_backend == "vllm"]
     assert on_vllm and not any(c.offload_rollout and c.mode == "normal" for c in on_vllm)
     refused = [reason for flags, reason in lat.invalid if flags.get("rollout_backend") == "vllm"]
     assert len(refused) == 4 + 4  # offloading with a trainer and servers: the normal mode, disk or broadcast
     assert all("sleep mode" in reason for reason in refused)
     streaming = [c for c in lat.valid if c.fully_async]
-    assert len(streaming) == 12 and sum(c.load is not None for c in streaming) == 4
+    assert len(streaming) == 12 + 2 and sum(c.load is not None for c in streaming) == 4
+    elastic = [c for c in lat.valid if c.rollout_max_num_gpus is not None]
+    assert len(elastic) == 6 and not any(c.offload_rollout or c.eval_num_gpus or c.load for c in elastic)
     resumed = [c for c in lat.valid if c.load is not None and c.save is not None and not c.fully_async]
     assert len(resumed) == 20
     assert sum(c.update_weight_transfer_mode == "broadcast" for c in resumed) == 8

@@ -56,6 +56,6 @@ def test_a_version_reset_on_resume_is_caught() -> None:
 
 
 def test_the_lattice_grows_by_the_streaming_configurations() -> None:
-    groups = [g for g in lattice().groups.values() if evaluate(g[0])["streaming"]]
-    assert len(groups) == 12  # every FT configuration x (disk, broadcast, a resumed job)
+    groups = [g for g in lattice().groups.values() if evaluate(g[0])["streaming"] and not evaluate(g[0])["elastic"]]
+    assert len(groups) == 12  # every FT configuration x (disk, broadcast, a resumed job); and 2 elastic fleets
     assert all(evaluate(c)["streaming"] == c.fully_async for g in lattice().groups.values() for c in g)
