@@ -82,7 +82,7 @@ class EngineActor:
         return {
             "engine_id": self.engine_id,
             "epoch": self.epoch,
-            "server_pid": self.process.pid if self.process else None,
+            "server_pid": self.process.pid if self.process is not None and self.process.started else None,
             "alive": bool(self.process and self.process.alive),
             "url": self.process.url if self.process is not None and self.process.alive else None,
             "lease": self.lease,
@@ -115,7 +115,7 @@ class EngineActor:
             "engine_id": self.engine_id,
             "node_id": ctx.get_node_id(),
             "actor_pid": os.getpid(),
-            "server_pid": self.process.pid if self.process else None,
+            "server_pid": self.process.pid if self.process is not None and self.process.started else None,
             "alive": bool(self.process and self.process.alive),
         }
 
