@@ -82,7 +82,7 @@ class EngineActor:
         return {
             "engine_id": self.engine_id,
             "epoch": self.epoch,
-            "server_pid": self.process.pid if self.process else None,
+            "server_pid": self.process.pid if self.process is not None and self.process.started else None,
             "alive": bool(self.process and self.process.alive),
             "url": self.process.url if self.process is not None and self.process.alive else None,
             "lease": self.lease,
@@ -115,7 +115,7 @@ class EngineActor:
             "engine_id": self.engine_id,
             "node_id": ctx.get_node_id(),
             "actor_pid": os.getpid(),
-            "server_pid": self.process.pid if self.process else None,
+            "server_pid": self.process.pid if self.process is not None and self.process.started else None,
             "alive": bool(self.process and self.process.alive),
         }
 
@@ -291,7 +291,7 @@ class RayLauncher:
         return str(who["url"])
 
     async def launch(self) -> str:
-        if self.actor is not None and self.options is None and await self.node_id() in _leaving_nodes():
+        if self.actor is not None and not self.options and await self.node_id() in _leaving_nodes():
             self.shutdown()  # its node is draining or gone: a new actor, placed again on a node that stays
         actor = await self._ensure_actor()
         try:

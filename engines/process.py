@@ -285,6 +285,11 @@ class ServerProcess:
         return self._server_pid or proc.pid
 
     @property
+    def started(self) -> bool:
+        """Spawned (running or ended): a caller asking for its pid meanwhile (another thread) gets none before."""
+        return self._proc is not None
+
+    @property
     def alive(self) -> bool:
         """True while the process has not exited (an exited one is reaped here, so no zombie lingers)."""
         return self._proc is not None and self._proc.poll() is None

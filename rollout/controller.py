@@ -482,7 +482,8 @@ class InferenceController:
         """Best-effort cleanup whatever the states: stop probing and watching, kill processes, close clients."""
         await self.monitor.stop()
         if self.node_watch is not None:
-            await self.node_watch.stop()
+            with contextlib.suppress(Exception):  # a watcher that failed must not keep the router and engines alive
+                await self.node_watch.stop()
         watchers = self.deaths.stop()
         for engine in [*self.engines, *self.evals]:
             with contextlib.suppress(Exception):

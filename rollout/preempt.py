@@ -68,8 +68,8 @@ class DrainingNodes:
             if key not in self._nodes:
                 try:
                     self._nodes[key] = await asyncio.wait_for(engine.launcher.node_id(), LOOKUP_TIMEOUT)
-                except TimeoutError:
-                    continue  # asked again at the next poll
+                except Exception:  # slow, or a process starting or going (its actor's error): asked again next poll
+                    continue
             node = self._nodes[key]
             if node is None or node not in draining:
                 continue

@@ -11,8 +11,8 @@ engine) and sample accounting; from the event log each cell checks that a restar
 never routed before it loaded the weights and that the fault maps to a transition with a reason.
 In a stream (``--fully-async``: the *streaming* modes) no rollout function runs; those cells audit the stream
 from the event log, ``metrics.jsonl`` and the job's last checkpoint instead (:func:`check_stream_accounting`).
-``lose-node`` cells run ``lifecycle run --ray-nodes 3`` in a subprocess (a process can start Ray
-only once, and this session already has its local cluster).
+``lose-node`` and ``preempt-node`` cells run ``lifecycle run --ray-nodes 3`` (2 for ``preempt-node``) in a subprocess
+(a process can start Ray only once, and this session already has its local cluster).
 
 The cells run two at a time (:func:`cell_runs`: a cell mostly waits -- on start-ups, a hang's bound, a backoff),
 the in-process ones each in a cell runner process that joins the session's Ray cluster (one ``ray.init`` per
@@ -81,11 +81,8 @@ STEPS, AT, ENGINE = 3, 1, 1  # 3 steps, fault at the start of step 1, on engine-
 
 
 def steps_for(kind: str) -> int:
-    """One more step when recovery lands in the last step's update (so the recovered engine serves again), or when
-    the notice comes from Ray's draining node (the watcher's next poll, up to a probe interval after the drain)."""
-    ray_notice = KINDS[kind].notice and KINDS[kind].needs == "ray-nodes"
-    late = kind in ("crash-during-update", "crash-during-broadcast") or ray_notice
-    return STEPS + 1 if late else STEPS
+    """One more step when recovery lands in the last step's update (so the recovered engine serves again)."""
+    return STEPS + 1 if kind in ("crash-during-update", "crash-during-broadcast") else STEPS
 
 
 CELL = {
@@ -340,15 +337,22 @@ def run_in_runner(fault: Fault, ft: str, mode: str, tmp: Path, runner: CellRunne
     return Run(fault, ft, mode, error, done["seconds"], events, audit, steps, stopped_at=done["stopped_at"])
 
 
+def ray_nodes(kind: str) -> int:
+    """The cell's ``--ray-nodes``: a head and 2 worker nodes for a node lost unannounced (``lose-node``: its engine is
+    relaunched on the other worker); a head and 1 worker for a drained one (``preempt-node``: both engines are
+    noticed at once, and their replacements join on the head -- the issue's node loss with ``--ray-nodes 2``)."""
+    return 2 if KINDS[kind].notice else 3
+
+
 def run_subprocess(fault: Fault, ft: str, tmp: Path, environ: Mapping[str, str]) -> Run:
-    """``lifecycle run --ray-nodes 3``: a head and 2 worker nodes, engines on the workers."""
+    """``lifecycle run --ray-nodes N`` (:func:`ray_nodes`), the engines on the worker nodes."""
     audit = tmp / "audit.jsonl"
     cmd = [sys.executable, "-m", "lifecycle.cli", "run", "--config", "none", *_flags(cell_config(fault.kind, ft))]
     cmd += [
         "--steps",
         str(steps_for(fault.kind)),
         "--ray-nodes",
-        "3",
+        str(ray_nodes(fault.kind)),
         "--inject",
         str(fault),
         "--run-dir",
@@ -518,10 +522,13 @@ def check_preempted(run: Run, steps: int) -> str:
     versions = last["serving_versions"]
     assert len(versions) == 2 and set(versions.values()) == {str(steps - 1)}, last  # as many as before, current
     where = ""
-    if KINDS[run.fault.kind].needs == "ray-nodes":  # every engine left the drained node: none serves from it
+    if KINDS[run.fault.kind].needs == "ray-nodes":  # Ray noticed every engine on the drained node; none serves there
         drained = run.first("fault.injected")["node"]
+        on_node = {str(e) for e, node in run.audit[0]["nodes"].items() if node == drained}
+        by_ray = {str(e["instance"]) for e in notices if e.get("by") == "ray"}
+        assert target in on_node and on_node <= by_ray, (on_node, by_ray)
         assert drained not in last["nodes"].values(), (last["nodes"], drained)
-        where = f", none on the drained node ({drained[:8]})"
+        where = f", none on the drained node ({drained[:8]}; Ray noticed {', '.join(sorted(by_ray))} there)"
     return (
         f"recovers: {steps}/{steps} steps; {target} {' -> '.join(leave)}; joined {', '.join(joined)}; "
         f"{len(versions)} engines served v{steps - 1} in the last step{where}; no engine marked Unhealthy"

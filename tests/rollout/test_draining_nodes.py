@@ -66,6 +66,34 @@ def test_each_engine_process_on_a_draining_node_is_noticed_once_and_a_new_proces
     assert [e["by"] for e in sink if e["event"] == PREEMPT_NOTICE] == ["ray"] * 4
 
 
+class Starting(OnNode):
+    """A launcher whose actor cannot tell its node yet (its process is starting: the actor's ``info`` raised)."""
+
+    async def node_id(self) -> str | None:
+        self.asked += 1
+        if self.asked == 1:
+            raise RuntimeError("engine engine-2: process not started (call start() or spawn())")
+        return self.node
+
+
+def test_a_lookup_that_fails_is_asked_again_and_the_watcher_lives_on() -> None:
+    """A joiner whose process is still starting when a node drains: its lookup fails, the others are noticed, the
+    watcher goes on, and the next poll notices it -- a failed lookup once ended the watcher (no later notice), and its
+    stop() re-raised at the job's close, which then left the router running (the driver never exited)."""
+    engines: list[Any] = [SimpleNamespace(id="engine-0", epoch=1, launcher=OnNode("a"))]
+    engines.append(SimpleNamespace(id="engine-2", epoch=1, launcher=Starting("a")))
+    watcher = DrainingNodes(engines, EventLog([MemorySink()]), read=lambda: {"a": 9.0}, interval=0.01)
+
+    async def main() -> list[list[tuple[str, int | None, float]]]:
+        polls = [await watcher.poll(), await watcher.poll()]
+        watcher.start()
+        await asyncio.sleep(0.05)
+        await watcher.stop()
+        return polls
+
+    assert asyncio.run(main()) == [[("engine-0", 1, 9.0)], [("engine-2", 1, 9.0)]]
+
+
 @pytest.mark.slow
 def test_draining_the_worker_node_notices_its_engines_and_joins_land_on_the_head() -> None:
     pytest.importorskip("ray")

@@ -20,7 +20,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -379,6 +379,9 @@ class Controller(Protocol):
 
     def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None: ...
 
+    @property
+    def notices(self) -> Mapping[str, tuple[int | None, float]]: ...
+
 
 @dataclass
 class Injection:
@@ -629,7 +632,9 @@ class FaultInjector:
         if not node:
             raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
         record.detail.update(node=node, notice_s=self.notice)
+        epoch = engine.epoch
         await self._drain_node(fault, node, self.notice)
+        await self._noticed(controller, engine, epoch)
 
         async def remove() -> None:
             await asyncio.to_thread(remove_node, node)
@@ -713,6 +718,15 @@ class FaultInjector:
                 asyncio.get_running_loop().call_soon(after)
 
         log.add_sink(sink)
+
+    async def _noticed(self, controller: Controller, engine: EngineSlot, epoch: int | None) -> None:
+        """Bounded: Ray's notice about this process reached the job (its draining-node watcher polls every probe
+        interval) within ``detect_timeout`` -- the step goes on from there, as a step longer than a poll would."""
+        deadline = time.monotonic() + self.detect_timeout
+        while engine.id not in controller.notices or controller.notices[engine.id][0] != epoch:
+            if time.monotonic() > deadline:
+                raise FaultError(f"{engine.id}: Ray's notice did not reach the job within {self.detect_timeout:g}s")
+            await asyncio.sleep(0.05)
 
     async def _detected(self, controller: Controller, engine: EngineSlot) -> None:
         """Bounded: the lifecycle must have seen the fault (a transition) within ``detect_timeout``."""
