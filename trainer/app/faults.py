@@ -161,7 +161,10 @@ def check_faults(
             raise ConfigError("--inject", str(f), "needs engines in Ray actors", "drop --launcher local")
         if KINDS[f.kind].needs == "ray-nodes" and ray_nodes < 2:
             raise ConfigError(
-                "--inject", str(f), "needs a multi-node Ray cluster", "add --ray-nodes 3 (a head and 2 worker nodes)"
+                "--inject",
+                str(f),
+                "needs a multi-node Ray cluster",
+                "add --ray-nodes 2 or more (a head and worker nodes hosting the engines)",
             )
 
 
