@@ -98,6 +98,8 @@ class TrainerGroup:
                     f"resume with --trainer-workers {resume.ranks}",
                 )
             self.runner.restore_restart_ages(resume.restart_ages)  # before the first operation
+            if resume.target is not None:  # an elastic fleet: the size it had, not the one it started with
+                self.runner.restore_target(resume.target)
             if resume.stream is not None:  # a stream's version: the first commit of the resumed run is above it
                 self.runner.restore_stream(int(resume.weight_version))
         self._job = 0  # the step of the checkpoint asked for
@@ -325,7 +327,10 @@ class TrainerGroup:
         except WorkerCrashed as exc:
             return self._crashed(exc)
         stream = self.stream_record()  # taken as the write starts: a group completed during it is not in it
-        facts = {"restarts": self.runner.restart_ages(), **({"stream": stream} if stream is not None else {})}
+        target = self.runner.target()  # an elastic fleet's: a resume restarts that many engines
+        facts: dict[str, Any] = {"restarts": self.runner.restart_ages()}
+        facts |= {"stream": stream} if stream is not None else {}
+        facts |= {"target": target} if target is not None else {}
         checkpoint = JobCheckpoint(step, version, state, facts, rng)
         self.checkpointed = await asyncio.to_thread(save_job_checkpoint, save, checkpoint, self.config, self.job)
         fact = Fact.of(CHECKPOINTED, resume_at=step, weight_version=version, path=str(self.checkpointed))

@@ -63,6 +63,13 @@ class JobCheckpoint:
         return [[float(a) for a in r] for r in self.lifecycle.get("restarts", [])]
 
     @property
+    def target(self) -> int | None:
+        """An elastic fleet's target when the checkpoint was written (checked when it was read); None: the job's
+        fleet had a fixed size, or the checkpoint predates the record (the resume starts --rollout-num-gpus)."""
+        target = self.lifecycle.get("target")
+        return target if isinstance(target, int) and not isinstance(target, bool) else None
+
+    @property
     def stream(self) -> dict[str, Any] | None:
         """A stream's record (``--fully-async``): its prompt cursor, the prompts to send again, its completed
         groups with their versions (checked when the checkpoint was read); None when the job did not stream."""
@@ -80,10 +87,19 @@ def _check_facts(checkpoint: JobCheckpoint, config: LifecycleConfig) -> None:
     rows = checkpoint.lifecycle.get("restarts", [])
     if (
         not isinstance(rows, list)
-        or len(rows) != config.num_rollout_engines
+        or len(rows) != config.max_rollout_engines  # one row per engine slot
         or not all(isinstance(r, list) and all(isinstance(a, int | float) and a >= 0 for a in r) for r in rows)
     ):
         raise ConfigError(FLAG, str(checkpoint.path), "records malformed restart budgets", INTACT)
+    target = checkpoint.lifecycle.get("target")
+    if target is not None and (
+        isinstance(target, bool)
+        or not isinstance(target, int)
+        or not config.min_rollout_engines <= target <= config.max_rollout_engines
+    ):
+        low, high = config.min_rollout_engines, config.max_rollout_engines
+        why = f"records a fleet target of {target!r} engines, outside the fleet's bounds {low}..{high}"
+        raise ConfigError(FLAG, str(checkpoint.path), why, INTACT)
     record = checkpoint.lifecycle.get("stream")
     if (record is not None) != bool(config.fully_async):
         has = "records a stream" if record is not None else "records no stream"

@@ -25,6 +25,9 @@ class FaultKind:
     target: Target  # the part it strikes; INDEX is its engine slot, worker rank, or 0 (one router, one driver)
     doc: str  # what is injected, in one line (the CLI's help and docs/reliability.md)
     needs: Needs = ""  # what a run must have for it to land (checked before anything starts)
+    # a preemption with notice: a planned leave that an elastic fleet (--rollout-min/max-num-gpus) drains and
+    # replaces, under every FT configuration; a fleet of fixed size cannot act on it (refused before anything starts)
+    notice: bool = False
 
 
 FAULT_KINDS: tuple[FaultKind, ...] = (
@@ -52,6 +55,21 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
         "broadcast",
     ),
     FaultKind("lose-node", "engine", "the Ray worker node hosting the engine is removed (--ray-nodes 3)", "ray-nodes"),
+    FaultKind(
+        "preempt-engine",
+        "engine",
+        "a preemption notice for the engine (deadline --preempt-notice s), then its server's process group SIGTERM at "
+        "the deadline and SIGKILL 5 s later",
+        notice=True,
+    ),
+    FaultKind(
+        "preempt-node",
+        "engine",
+        "the Ray worker node hosting the engine is drained with a deadline (--preempt-notice s; Ray tells the "
+        "engines on it), then removed at the deadline",
+        "ray-nodes",
+        notice=True,
+    ),
     FaultKind("crash-trainer", "trainer", "trainer worker actor process dies"),
     FaultKind(
         "crash-trainer-in-broadcast",
@@ -69,6 +87,7 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
 )
 KINDS: dict[str, FaultKind] = {k.name: k for k in FAULT_KINDS}
 FAULTS: tuple[str, ...] = tuple(KINDS)
+NOTICE_FAULTS: tuple[str, ...] = tuple(k.name for k in FAULT_KINDS if k.notice)
 
 
 def kinds(*, target: Target | None = None, needs: Needs | None = None) -> tuple[str, ...]:

@@ -324,6 +324,15 @@ class Runner:
         now = self.clock()
         self.state = self.core.with_restarts(self.state, tuple(tuple(now - a for a in row) for row in ages))
 
+    def restore_target(self, target: int) -> None:
+        """A resumed elastic job's target (its job checkpoint's), before its first operation: the first boundary
+        joins or retires members to reach it."""
+        self.state = self.core.with_target(self.state, target)
+
+    def target(self) -> int | None:
+        """An elastic fleet's target now (what a job checkpoint records); None where the fleet has a fixed size."""
+        return self.state.target if self.core.elastic else None
+
     # -- views ----------------
     def epoch(self, group: str, index: int) -> int:
         """The generation of the engine's process now (the core's count of its launches): a shell stamps news

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lifecycle.decide.faults import FAULTS
+from lifecycle.decide.faults import FAULTS, NOTICE_FAULTS
 from trainer.app.faults import BROADCAST_FAULTS, FAULT_DOCS, FT_CONFIGS, MODES, expected
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
@@ -76,14 +76,23 @@ STREAM_CELLS: list[tuple[str, str, str]] = [
     ("kill-driver", "streaming-kept-engines", "both"),
     *((f, "streaming-vllm", "rollout") for f in ("kill-engine", "fail-update")),
 ]
+# Preemptions with notice, in an elastic fleet (trainer.app.faults.NOTICE_FLEET): the same promise with rollout FT off
+# and on, in the lock-step loop, with broadcast updates (the group re-forms) and mid-stream; on real vLLM servers; a
+# whole node drained by Ray with --ray-nodes.
+NOTICE_CELLS: list[tuple[str, str, str]] = [
+    *(("preempt-engine", mode, ft) for mode in ("normal", "broadcast", "streaming") for ft in VLLM_FT),
+    ("preempt-engine", "vllm", "rollout"),
+    *(("preempt-node", "normal", ft) for ft in VLLM_FT),
+]
 CELLS: list[tuple[str, str, str]] = (
-    [(f, "normal", ft) for f in FAULTS if f not in BROADCAST_FAULTS for ft in FT_CONFIGS]
+    [(f, "normal", ft) for f in FAULTS if f not in BROADCAST_FAULTS + NOTICE_FAULTS for ft in FT_CONFIGS]
     + [(f, "rollout-only", ft) for f in ROLLOUT_ONLY_FAULTS for ft in FT_CONFIGS]
     + [(f, "broadcast", ft) for f in BROADCAST_FAULTS for ft in FT_CONFIGS]
     + [(f, "vllm", ft) for f in VLLM_FAULTS for ft in VLLM_FT]
     + [("hang-serving", "gateway-checks", ft) for ft in VLLM_FT]  # SMG marks the stalled engine first
     + [("kill-driver", "kept-engines", ft) for ft in FT_CONFIGS]  # the resume re-adopts the engines
     + STREAM_CELLS
+    + NOTICE_CELLS
 )
 assert {m for _, m, _ in CELLS} == set(MODES)
 

@@ -119,6 +119,16 @@ CASES = [
     Case(
         "ray-nodes-train-only", (*RUN, "--ray-nodes", "3", "--debug-train-only"), ("--ray-nodes", "--debug-train-only")
     ),
+    # issue 44: the elastic fleet's flags, refused before Ray starts
+    Case("scale-spec", (*RUN, "--scale-rollout", "3"), ("--scale-rollout", "N@STEP")),
+    Case(
+        "scale-without-bounds",
+        (*RUN, "--scale-rollout", "3@1"),
+        ("--scale-rollout", "--rollout-min-num-gpus", "--rollout-max-num-gpus"),
+    ),
+    Case("preempt-without-bounds", (*RUN, "--inject", "preempt-engine:0@1"), ("--inject", "--rollout-max-num-gpus")),
+    Case("preempt-notice-alone", (*RUN, "--preempt-notice", "10"), ("--preempt-notice", "preempt-engine")),
+    Case("preempt-notice-0", (*RUN, "--preempt-notice", "0"), ("--preempt-notice", "3600")),
     # cause 9: checked before Ray starts
     Case(
         "vllm-python-bin-true",

@@ -49,7 +49,7 @@ from reliability_report import CELLS, DOC, CellResult, contract_rows, parse
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.events import GROUP_BUFFERED, GROUP_DROPPED, GROUP_TAKEN, read_jsonl
+from lifecycle.decide.events import GROUP_BUFFERED, GROUP_DROPPED, GROUP_TAKEN, PREEMPT_NOTICE, TRANSITION, read_jsonl
 from lifecycle.decide.faults import FAULTS, KINDS
 from lifecycle.decide.machines import ENGINE as ENGINE_SPEC
 from lifecycle.observe.monitor import EventMonitor
@@ -57,6 +57,7 @@ from trainer.app.faults import (
     BROADCAST_FAULTS,
     FT_CONFIGS,
     MODES,
+    NOTICE_FLEET,
     TRAINER_FAULTS,
     Fault,
     check_faults,
@@ -154,6 +155,8 @@ def cell_config(fault: str, ft: str, mode: str = "normal") -> dict[str, Any]:
     values = {**CELL, **FT_CONFIGS[ft], **MODES[mode], **MODE_CELL.get(mode, {})}
     if fault == "crash-during-offload":
         values["offload_rollout"] = True
+    if KINDS[fault].notice:  # a notice is acted on by an elastic fleet only
+        values |= NOTICE_FLEET
     return values
 
 
@@ -482,10 +485,38 @@ def check_nothing_lost(run: Run) -> None:
     assert all(row["serving_versions"] for row in run.audit), "a rollout with no Serving engine"
 
 
+def check_preempted(run: Run, steps: int) -> str:
+    """A preemption with notice is a planned leave: the engine is withdrawn, drained (or stopped at once where nothing
+    was routed to it) and confirmed gone -- never marked Unhealthy, never a failed run -- and a replacement joins a
+    vacant slot and serves the committed weights, so the fleet ends as large as it began."""
+    target = f"engine-{run.fault.index}"
+    notices = [e for e in run.events if e.get("event") == PREEMPT_NOTICE]
+    assert any(e.get("instance") == target for e in notices), notices
+    failed = [t for t in run.events if t.get("event") == TRANSITION and t.get("dst") in ("Unhealthy", "Failed")]
+    assert not failed, failed
+    left = [t["dst"] for t in run.transitions(target)]
+    assert "Retired" in left, left
+    leave = left[left.index("Retired") - 2 : left.index("Retired") + 1]
+    joined = sorted(
+        {str(t["instance"]) for t in run.events if t.get("event") == TRANSITION and t.get("trigger") == "join"}
+    )
+    assert joined, "no replacement joined"
+    if streams(run.mode):
+        return f"recovers: {steps}/{steps} steps; {target} {' -> '.join(leave)}; joined {', '.join(joined)}"
+    last = run.audit[-1]
+    versions = last["serving_versions"]
+    assert len(versions) == 2 and set(versions.values()) == {str(steps - 1)}, last  # as many as before, current
+    return (
+        f"recovers: {steps}/{steps} steps; {target} {' -> '.join(leave)}; joined {', '.join(joined)}; "
+        f"{len(versions)} engines served v{steps - 1} in the last step; no engine marked Unhealthy"
+    )
+
+
 def check_weights_before_routing(run: Run) -> None:
     """Per engine: after every (re)start -- and, broadcasting, after every aborted update (its weights may be
     a mix of two versions) -- the weights are loaded before it is resumed (routed)."""
-    for instance in ("engine-0", "engine-1"):
+    moved = sorted({str(e["instance"]) for e in run.events if e.get("event") == TRANSITION and "instance" in e})
+    for instance in moved:  # every engine slot an elastic fleet's joiners took too (only an engine enters Serving)
         loaded = False
         for t in run.transitions(instance):
             # PendingWeights: started, adopted behind, or a failed in-flight update's engine (its weights unpublished)
@@ -571,6 +602,8 @@ def check_recovered(run: Run) -> str:
         return f"recovers: {steps}/{steps} steps; trainer worker_crashed -> heal -> healed, step retried"
     if run.fault.kind == "kill-router":
         return check_router_recovered(run, steps)
+    if KINDS[run.fault.kind].notice:
+        return check_preempted(run, steps)
     mark = check_fault_maps_to_transition(run)
     target = f"engine-{run.fault.index}"
     if run.fault.kind == "crash-during-broadcast":  # the next update connected a new group and went through
@@ -797,7 +830,7 @@ class Lane:
         if kind == "kill-driver":  # the driver itself dies: a process of its own (this one must live on)
             kept = self.where.kept_head if keeps(mode) else None
             return run_killed_and_resumed(ft, tmp, mode, kept, self.environ)
-        if kind == "lose-node":
+        if KINDS[kind].needs == "ray-nodes":
             return run_subprocess(cell_fault(kind), ft, tmp, self.environ)
         if self.runner is None or self.runner.proc.poll() is not None:
             self.runner = CellRunner(self.where.ray_address, self.tmp, self.environ)
@@ -836,7 +869,7 @@ def cell_runs(
             where = Where(vllm_python=request.getfixturevalue("vllm_python"))
         except pytest.skip.Exception:  # the vLLM cells' tests skip (or fail under LIFECYCLE_REQUIRE_ALL) themselves
             cells = [c for c in cells if not on_vllm(c[1])]
-    if any(kind not in ("kill-driver", "lose-node") for kind, _, _ in cells):
+    if any(kind != "kill-driver" and KINDS[kind].needs != "ray-nodes" for kind, _, _ in cells):
         import ray
 
         request.getfixturevalue("ray_cluster")
@@ -1006,11 +1039,13 @@ def test_doc_check_catches_a_changed_contract(monkeypatch: pytest.MonkeyPatch) -
 
 def test_expected_follows_the_predicates() -> None:
     """Rollout faults recover exactly under rollout FT (with or without a trainer), trainer crashes exactly under
-    train FT, a dead driver under any."""
+    train FT, a dead driver and a preemption with notice under any."""
     for kind, mode, ft in CELLS:
         comps = set(FT_CONFIGS[ft].get("ft_components", []))
         heals = ("train" in comps) if kind in TRAINER_FAULTS else ("rollout" in comps)
         if kind == "kill-driver":  # the job's state is on disk: every FT configuration resumes
+            heals = True
+        if KINDS[kind].notice:  # a planned leave, drained by the elastic fleet: never a failure
             heals = True
         assert expected(kind, ft, mode).outcome == ("recovers" if heals else "stops"), (kind, mode, ft)
 
@@ -1117,6 +1152,26 @@ def test_routing_check_catches_serving_before_weights() -> None:
     run.events = [*fine, *failed, t("resume", "Paused", "Serving")]
     with pytest.raises(AssertionError, match="routed before it loaded the weights"):
         check_weights_before_routing(run)
+
+
+def test_preempt_check_catches_a_leave_taken_for_a_failure() -> None:
+    """check_preempted fails when the preempted engine is marked Unhealthy, or no replacement joins."""
+
+    def t(instance: str, trigger: str, src: str, dst: str) -> dict[str, Any]:
+        return {"instance": instance, "event": TRANSITION, "trigger": trigger, "src": src, "dst": dst}
+
+    notice = {"event": PREEMPT_NOTICE, "instance": "engine-1", "epoch": 1, "deadline_s": 30.0, "by": "injector"}
+    leave = [t("engine-1", "retire", "Quiesced", "Retiring"), t("engine-1", "retired", "Retiring", "Retired")]
+    join = [t("engine-2", "join", "Init", "Joining"), t("engine-2", "ready", "Joining", "PendingWeights")]
+    audit = [{"serving_versions": {"engine-0": "2", "engine-2": "2"}}]
+    run = Run(Fault("preempt-engine", 1, 1), "none", "normal", None, 0.0, [notice, *leave, *join], audit, STEPS)
+    assert check_preempted(run, STEPS).startswith("recovers")
+    run.events = [notice, t("engine-1", "mark_unhealthy", "Quiesced", "Unhealthy"), *leave, *join]
+    with pytest.raises(AssertionError, match="mark_unhealthy"):
+        check_preempted(run, STEPS)
+    run.events = [notice, *leave]
+    with pytest.raises(AssertionError, match="no replacement joined"):
+        check_preempted(run, STEPS)
 
 
 if __name__ == "__main__":  # a cell runner (CellRunner)

@@ -181,6 +181,27 @@ def test_restart_budgets_are_read_back_checked(tmp_path: Path) -> None:
             load_job_checkpoint(tmp_path, CONFIG)  # refused when read, before anything starts
 
 
+def test_an_elastic_fleets_target_is_read_back_checked(tmp_path: Path) -> None:
+    """An elastic job's checkpoint keeps its target (engines) and a restart row per slot; a target outside the
+    fleet's bounds is refused when read, naming --load; a fixed fleet's checkpoint has none."""
+    elastic = LifecycleConfig.from_mapping({**CONFIG.to_dict(), "rollout_min_num_gpus": 1, "rollout_max_num_gpus": 3})
+    state = _trained(0).get_state()
+    rng = {"ranks": [{"torch": torch.get_rng_state(), "python": random.getstate()}]}
+    for step, target in enumerate((3, 1), start=1):
+        save_job_checkpoint(
+            tmp_path, JobCheckpoint(step, str(step), state, {"restarts": [[]] * 3, "target": target}, rng), elastic
+        )
+        assert load_job_checkpoint(tmp_path, elastic).target == target
+    for step, target in enumerate((4, 0, "3", True), start=3):
+        save_job_checkpoint(
+            tmp_path, JobCheckpoint(step, str(step), state, {"restarts": [[]] * 3, "target": target}, rng), elastic
+        )
+        with pytest.raises(ConfigError, match="--load: records a fleet target"):
+            load_job_checkpoint(tmp_path, elastic)
+    _save(tmp_path / "fixed", 1, _trained(0))
+    assert load_job_checkpoint(tmp_path / "fixed", CONFIG).target is None
+
+
 def test_a_resumed_runs_metrics_keep_the_checkpointed_steps_and_move_the_rest_aside(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     rows = [{"step": k, "reward": k / 10} for k in range(4)]

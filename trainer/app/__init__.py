@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer.app.broadcast import WeightBroadcast
+    from trainer.app.fleet import Fleet
     from trainer.app.job import Job
     from trainer.app.loop import RunResult, run_loop
     from trainer.app.metrics import Metrics, MetricsServer, serve_metrics
     from trainer.app.options import RunOptions
 
 _EXPORTS = {
+    "Fleet": "trainer.app.fleet",
     "Job": "trainer.app.job",
     "Metrics": "trainer.app.metrics",
     "MetricsServer": "trainer.app.metrics",
@@ -27,7 +29,17 @@ _EXPORTS = {
     "run_loop": "trainer.app.loop",
     "WeightBroadcast": "trainer.app.broadcast",
 }
-__all__ = ["Job", "Metrics", "MetricsServer", "RunOptions", "RunResult", "WeightBroadcast", "run_loop", "serve_metrics"]
+__all__ = [
+    "Fleet",
+    "Job",
+    "Metrics",
+    "MetricsServer",
+    "RunOptions",
+    "RunResult",
+    "WeightBroadcast",
+    "run_loop",
+    "serve_metrics",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,9 +19,11 @@ from engines.apikey import given_api_key
 from lifecycle.decide.backends import capabilities
 from lifecycle.decide.config import MAX_SECONDS, Bounded, LifecycleConfig
 from lifecycle.decide.errors import ConfigError
+from lifecycle.decide.faults import NOTICE_FAULTS
 from lifecycle.decide.jsonio import JSONFileError, read_json
 from lifecycle.decide.predicates import elastic, offloads_rollout, replay
 from trainer.app.faults import Fault
+from trainer.app.fleet import Scale
 from trainer.app.options import (
     API_NAMES,
     BOUNDS,
@@ -33,6 +35,7 @@ from trainer.app.options import (
     TIMEOUT_FLAGS,
     RunOptions,
     check_lease,
+    notice_problem,
     parse_ray_address,
 )
 from trainer.app.run_manifest import check_new_run
@@ -66,21 +69,6 @@ def check_async(config: LifecycleConfig, async_mode: bool) -> None:
         )
 
 
-def check_elastic(config: LifecycleConfig) -> None:
-    """Elastic bounds are decided by the lifecycle core, but no runtime carries them out yet: refused before anything
-    starts (issue 44 lands the runtime and removes this check)."""
-    if elastic(config):
-        flag = "--rollout-min-num-gpus" if config.rollout_min_num_gpus is not None else "--rollout-max-num-gpus"
-        value = config.rollout_min_num_gpus if config.rollout_min_num_gpus is not None else config.rollout_max_num_gpus
-        raise ConfigError(
-            flag,
-            value,
-            "elastic bounds: the runtime lands with issue 44 (the lifecycle core and `lifecycle check` know them, "
-            "`lifecycle run` and Job cannot carry them out yet)",
-            "drop --rollout-min-num-gpus and --rollout-max-num-gpus (and --rollout-drain-timeout)",
-        )
-
-
 def check_steps(faults: Sequence[Fault], steps: int) -> None:
     """A fault scheduled after the last step would never be injected: say so instead of running without it."""
     for fault in faults:
@@ -91,6 +79,101 @@ def check_steps(faults: Sequence[Fault], steps: int) -> None:
                 f"step {fault.step} is past the run (--steps {steps} runs steps 0 to {steps - 1})",
                 f"inject at a step below {steps}, or raise --steps above {fault.step}",
             )
+
+
+def fleet_bounds(config: LifecycleConfig) -> tuple[int, int] | None:
+    """An elastic fleet's bounds in engines (fewest, most), or None where the fleet has a fixed size."""
+    if not elastic(config):
+        return None
+    return config.min_rollout_engines, config.max_rollout_engines
+
+
+_BOUNDS_FIX = (
+    "give the fleet bounds: --rollout-min-num-gpus and --rollout-max-num-gpus (e.g. 1 and 4 with --rollout-num-gpus 2)"
+)
+
+
+def require_elastic(config: LifecycleConfig, name: str, value: object) -> tuple[int, int]:
+    """The elastic fleet's bounds in engines; a fleet of fixed size is one ConfigError naming ``name`` (what asked to
+    scale it) and the two flags that make it elastic."""
+    bounds = fleet_bounds(config)
+    if bounds is None:
+        raise ConfigError(
+            name,
+            value,
+            f"the rollout fleet has a fixed size ({config.num_rollout_engines} engines, --rollout-num-gpus): no "
+            "bounds were given, so no engine joins or leaves",
+            _BOUNDS_FIX,
+        )
+    return bounds
+
+
+def check_target(config: LifecycleConfig, engines: object, name: str, value: object = None) -> int:
+    """``engines``, a fleet size a caller asks for, within the elastic fleet's bounds: one ConfigError naming ``name``
+    (``--scale-rollout``, ``Job.scale_rollout(n=)``) and the bound; ``value``: what the caller wrote, if not that."""
+    shown = engines if value is None else value
+    bounds = require_elastic(config, name, shown)
+    if isinstance(engines, bool) or not isinstance(engines, int):
+        why = f"must be a number of engines (an int), not {type(engines).__name__}"
+        raise ConfigError(name, shown, why, "pass e.g. 2")
+    lo, hi = bounds
+    if not lo <= engines <= hi:
+        per = config.rollout_num_gpus_per_engine
+        raise ConfigError(
+            name,
+            shown,
+            f"{engines} engines is outside the fleet's bounds, {lo}..{hi} engines (--rollout-min-num-gpus "
+            f"{lo * per} .. --rollout-max-num-gpus {hi * per}, {per} GPU(s) per engine)",
+            f"ask for {lo}..{hi} engines, or widen --rollout-min-num-gpus / --rollout-max-num-gpus",
+        )
+    return engines
+
+
+def check_fleet(config: LifecycleConfig, options: RunOptions, names: Mapping[str, str] = FLAGS) -> None:
+    """The run's fleet options: each --scale-rollout within the bounds, at a step the run has, one per step; a
+    preemption with notice only where an elastic fleet acts on it; --preempt-notice only with such a fault."""
+    scale, steps, notice = options.scale, options.steps, options.preempt_notice
+    if not isinstance(scale, tuple) or not all(isinstance(s, Scale) for s in scale):
+        raise ConfigError(
+            FLAGS["scale"], scale, "must be a tuple of trainer.app.fleet.Scale", "pass e.g. (Scale(engines=4, step=3),)"
+        )
+    problem = notice_problem(notice)
+    if problem is not None:
+        raise ConfigError(FLAGS["preempt_notice"], notice, problem, f"pass e.g. {FLAGS['preempt_notice']} 30")
+    at: dict[int, Scale] = {}
+    for s in scale:
+        check_target(config, s.engines, names["scale"], str(s))
+        if s.step >= steps:
+            raise ConfigError(
+                names["scale"],
+                str(s),
+                f"step {s.step} is past the run ({names['steps']} {steps} runs steps 0 to {steps - 1})",
+                f"scale at a step below {steps}, or raise {names['steps']} above {s.step}",
+            )
+        if s.step in at:
+            raise ConfigError(
+                names["scale"],
+                str(s),
+                f"step {s.step} is scaled twice ({at[s.step]} and {s}): a step starts with one target",
+                "give one N@STEP per step",
+            )
+        at[s.step] = s
+    notices = [f for f in options.faults if isinstance(f, Fault) and f.kind in NOTICE_FAULTS]
+    if notices and fleet_bounds(config) is None:
+        raise ConfigError(
+            "--inject",
+            str(notices[0]),
+            "a preemption with notice is acted on only by an elastic fleet (it drains the engine and replaces it); "
+            "this fleet has a fixed size",
+            _BOUNDS_FIX,
+        )
+    if notice != BY_NAME["preempt_notice"].default and not notices:
+        raise ConfigError(
+            names["preempt_notice"],
+            notice,
+            f"has no effect: no preemption is injected ({', '.join(NOTICE_FAULTS)})",
+            f"drop {names['preempt_notice']}, or --inject preempt-engine:INDEX@STEP",
+        )
 
 
 def check_hf_checkpoint(path: str | Path, model_size: str = "tiny") -> None:
@@ -426,7 +509,6 @@ def check_run(
             f"must be a LifecycleConfig, not {type(config).__name__}",
             "build it with LifecycleConfig.from_mapping({...}) (or lifecycle.LifecycleConfig(...))",
         )
-    check_elastic(config)
     o = options
     path = _path(FLAGS["run_dir"], o.run_dir)
     assert path is not None
@@ -473,6 +555,7 @@ def check_run(
         raise ConfigError(*tis, fix)
     # the combinations
     check_model(o.model, checkpoint)
+    check_fleet(config, o, names)
     if not engines_given:
         check_detach(config, o.launcher, o.ray_address, lease, names)
         check_backend_model(config, o.model, checkpoint)

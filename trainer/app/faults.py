@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engines.errors import EngineError
 from engines.launcher import Launcher
 from lifecycle.decide.config import MAX_COUNT, LifecycleConfig, arg_type, parse_number
+from lifecycle.decide.core import ROLLOUT, Outcome
 from lifecycle.decide.errors import ConfigError, LifecycleError
-from lifecycle.decide.events import ROUTED, EventLog
+from lifecycle.decide.events import PREEMPT_NOTICE, ROUTED, EventLog
 from lifecycle.decide.faults import FAULT_FIRED, FAULT_INJECTED, FAULT_KINDS, FAULTS, KINDS, kinds
 from lifecycle.decide.predicates import (
     broadcasts_weights,
@@ -57,6 +58,7 @@ FT_CONFIGS: dict[str, dict[str, object]] = {
     "rollout": FT_PRESETS["ft-rollout"],
     "both": FT_PRESETS["ft-both"],
 }
+TERM_GRACE = 5.0  # a preempted engine's SIGTERM to its SIGKILL, as a cloud VM's shutdown gives it
 _FAULT_RE = re.compile(r"(?P<kind>[a-z-]+):(?P<index>[0-9]+)@(?P<step>[0-9]+)")  # ASCII digits only
 
 
@@ -155,9 +157,9 @@ def check_faults(
             raise ConfigError(
                 "--inject", str(f), f"{why}: no engine loads a checkpoint directory", "run a trainer with disk updates"
             )
-        if f.kind == "lose-node" and launcher != "ray":
+        if KINDS[f.kind].needs == "ray-nodes" and launcher != "ray":
             raise ConfigError("--inject", str(f), "needs engines in Ray actors", "drop --launcher local")
-        if f.kind == "lose-node" and ray_nodes < 2:
+        if KINDS[f.kind].needs == "ray-nodes" and ray_nodes < 2:
             raise ConfigError(
                 "--inject", str(f), "needs a multi-node Ray cluster", "add --ray-nodes 3 (a head and 2 worker nodes)"
             )
@@ -192,6 +194,11 @@ MODES: dict[str, dict[str, object]] = {
     "streaming-vllm": {"rollout_backend": "vllm", "fully_async": True},
     "streaming-kept-engines": {"fully_async": True, "detach_engines": True, "save": "runs/job/checkpoints"},
 }
+
+
+# The elastic fleet a preemption cell runs (its 2 engines between 1 and 3): a spare slot, so the replacement joins
+# while the preempted engine drains (make-before-break)
+NOTICE_FLEET: dict[str, object] = {"rollout_min_num_gpus": 1, "rollout_max_num_gpus": 3}
 
 
 def ft_config(name: str, engines: int = 2, mode: str = "normal") -> LifecycleConfig:
@@ -235,6 +242,18 @@ OUTCOMES: dict[str, Promise] = {
         "run completes",
         _ENGINE_STOPS,
     ),
+    # a notice is planned, not a failure: the elastic fleet acts on it under every FT configuration
+    "preempt-engine": Promise(
+        "withdrawn from the gateway at the notice; its requests in flight finish within --rollout-drain-timeout or "
+        "are re-sent; stopped and confirmed gone before the deadline; a replacement joins a vacant slot "
+        "(--rollout-max-num-gpus) and loads the committed weights before it is routed; zero failed requests; run "
+        "completes"
+    ),
+    "preempt-node": Promise(
+        "Ray's draining node is a notice for every engine on it: each is withdrawn from the gateway, drained and "
+        "stopped before the node is removed; replacements join vacant slots on the surviving nodes and load the "
+        "committed weights before they are routed; zero failed requests; run completes"
+    ),
     "crash-trainer": Promise(
         "worker replaced and restored from saved state, step retried, run completes",
         "TrainerFailed names the worker, the trainer state and the crash; train FT off",
@@ -274,6 +293,9 @@ STREAM_OUTCOMES: dict[str, str] = {
     "it is routed" + _STREAM,
     "crash-trainer": "worker replaced and restored from saved state, the take retried; versions never go back"
     + _STREAM,
+    "preempt-engine": "withdrawn at the notice: the stream stops sending to it, its requests in flight finish on "
+    "its weights within --rollout-drain-timeout or are handed back; stopped before the deadline; a replacement "
+    "joins a vacant slot and loads the committed weights before it is routed; zero failed requests" + _STREAM,
     "kill-driver": "the driver dies mid-stream with its engines and workers; lifecycle run --resume restores the "
     "last checkpoint's version and stream (its prompts to send again, its completed groups judged by their "
     "recorded versions), relaunches the engines, loads its weights before any is routed; every step trained once"
@@ -297,6 +319,9 @@ def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
     """What the lifecycle promises for ``kind`` under FT configuration ``ft`` (derived from the predicates)."""
     config = ft_config(ft, mode=mode)
     target = KINDS[kind].target
+    if KINDS[kind].notice:  # check_fleet refuses one where the fleet is not elastic
+        stream = streaming(config) and kind in STREAM_OUTCOMES
+        return Expected("recovers", STREAM_OUTCOMES[kind] if stream else OUTCOMES[kind].recovers)
     if not HEALS[target](config):
         return Expected("stops", OUTCOMES[kind].stops)
     if target == "engine" and mode == "rollout-only":
@@ -312,6 +337,9 @@ def expected(kind: str, ft: str, mode: str = "normal") -> Expected:
 class EngineSlot(Protocol):
     @property
     def id(self) -> str: ...
+
+    @property
+    def epoch(self) -> int | None: ...
 
     @property
     def launcher(self) -> Launcher: ...
@@ -349,6 +377,8 @@ class Controller(Protocol):
 
     def routing(self) -> Any: ...
 
+    def note_notice(self, instance: str, epoch: int | None, deadline_s: float) -> None: ...
+
 
 @dataclass
 class Injection:
@@ -362,13 +392,45 @@ class Injection:
 
 
 class FaultInjector:
-    """Applies faults at step starts; armed faults fire from the event log at an exact transition."""
+    """Applies faults at step starts; armed faults fire from the event log at an exact transition, a preemption's
+    deadline from a timer of its own (:meth:`aclose` cancels those still ahead when the run ends first).
 
-    def __init__(self, faults: Sequence[Fault] = (), *, detect_timeout: float = 20.0) -> None:
+    ``notice``: a preemption's grace, notice to SIGTERM (``--preempt-notice``); ``term_grace``: SIGTERM to SIGKILL."""
+
+    def __init__(
+        self,
+        faults: Sequence[Fault] = (),
+        *,
+        detect_timeout: float = 20.0,
+        notice: float = 30.0,
+        term_grace: float = TERM_GRACE,
+    ) -> None:
         self.faults = tuple(faults)
         self.detect_timeout = detect_timeout
+        self.notice = notice
+        self.term_grace = term_grace
         self.injections: list[Injection] = []
         self._t0 = time.monotonic()
+        self._deadlines: set[asyncio.Task[None]] = set()
+
+    async def aclose(self) -> None:
+        """Cancel the deadlines still ahead: the run ended before them, and its engines and nodes go with it."""
+        pending = list(self._deadlines)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._deadlines.clear()
+
+    def _at_deadline(self, name: str, act: Callable[[], Awaitable[None]]) -> None:
+        """Run ``act`` once the preemption's notice has run out, beside the loop (the run goes on meanwhile)."""
+
+        async def wait() -> None:
+            await asyncio.sleep(self.notice)
+            await act()
+
+        task = asyncio.create_task(wait(), name=f"deadline-{name}")
+        self._deadlines.add(task)
+        task.add_done_callback(self._deadlines.discard)
 
     async def inject(self, fault: Fault, controller: Controller | None, trainer: Workers) -> Injection:
         """Apply ``fault`` now; a ``fault.injected`` event (target, details) goes to the controller's log."""
@@ -527,6 +589,77 @@ class FaultInjector:
         await asyncio.to_thread(remove_node, node)
         await self._detected(controller, engine)
 
+    async def _preempt_engine(
+        self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection
+    ) -> None:
+        """preempt-engine: the notice now (news for the core: the elastic fleet drains and replaces the engine);
+        at the deadline the server's process group gets SIGTERM, and SIGKILL ``term_grace`` s later -- what a cloud
+        does to a preempted VM whether or not the job has stopped the engine by then."""
+        pid = await engine.launcher.server_pid()
+        if pid is None:
+            raise FaultError(f"{fault}: {engine.id} has no server process to preempt")
+        epoch = engine.epoch
+        record.detail.update(server_pid=pid, epoch=epoch, notice_s=self.notice)
+        await self._notice(controller, fault.index, engine, self.notice)
+
+        async def terminate() -> None:
+            struck = _signal_group(pid, signal.SIGTERM)
+            record.fired_at = time.monotonic() - self._t0
+            record.detail["at_deadline"] = "SIGTERM" if struck else "the server was gone already"
+            if not struck:
+                return
+            log = controller.log
+            if log is not None:  # the slot may hold a replacement by now: its state is not the preempted one's
+                state = controller.state_of(engine) if engine.epoch == epoch else None
+                log.emit(FAULT_FIRED, fault=str(fault), target=engine.id, state=state, pid=pid, signal="SIGTERM")
+            await asyncio.sleep(self.term_grace)
+            if _signal_group(pid, signal.SIGKILL):
+                record.detail["after_grace"] = "SIGKILL"
+                if log is not None:
+                    log.emit(FAULT_FIRED, fault=str(fault), target=engine.id, state=None, pid=pid, signal="SIGKILL")
+
+        self._at_deadline(engine.id, terminate)
+
+    async def _preempt_node(self, fault: Fault, controller: Controller, engine: EngineSlot, record: Injection) -> None:
+        """preempt-node: the Ray node hosting the engine drains with a deadline (Ray tells every engine on it: the
+        controller's draining-node watcher turns that into notices); at the deadline the node is removed."""
+        from engines.actor import remove_node
+
+        node = str((await engine.launcher.info()).get("node_id") or "")
+        if not node:
+            raise FaultError(f"{fault}: {engine.id} does not run in a Ray actor on a node of this cluster")
+        record.detail.update(node=node, notice_s=self.notice)
+        await self._drain_node(fault, node, self.notice)
+
+        async def remove() -> None:
+            await asyncio.to_thread(remove_node, node)
+            record.fired_at = time.monotonic() - self._t0
+            if controller.log is not None:
+                controller.log.emit(FAULT_FIRED, fault=str(fault), target=engine.id, state=None, node=node)
+
+        self._at_deadline(engine.id, remove)
+
+    async def _notice(self, controller: Controller, index: int, engine: EngineSlot, deadline_s: float) -> None:
+        """A preemption notice about the engine's current process: on the record, then news for the core (a leave
+        it plans; a fleet of fixed size ignores it). The epoch fences a notice about a process already replaced."""
+        if controller.log is not None:
+            controller.log.emit(
+                PREEMPT_NOTICE, instance=engine.id, epoch=engine.epoch, deadline_s=deadline_s, by="injector"
+            )
+        controller.note_notice(engine.id, engine.epoch, deadline_s)  # its drain ends before the deadline
+        why = f"preemption notice: taken in {deadline_s:g} s (injector)"
+        await controller.runner.report(Outcome("preempt_notice", ROLLOUT, index, why, epoch=engine.epoch))
+
+    async def _drain_node(self, fault: Fault, node: str, deadline_s: float) -> None:
+        """Ray drains ``node`` with a deadline (its GCS marks it draining; the job's draining-node watcher turns that
+        into a notice per engine on it)."""
+        from engines.actor import drain_node
+
+        try:
+            await asyncio.to_thread(drain_node, node, deadline_s, f"{fault}: preempted")
+        except RuntimeError as exc:
+            raise FaultError(f"{fault}: {exc}") from exc
+
     def _arm(self, log: EventLog, instance: str, targets: frozenset[str], pid: int, record: Injection) -> None:
         """One-shot sink: SIGKILL ``pid`` inside the transition of ``instance`` into ``targets``."""
         fired = False
@@ -658,6 +791,17 @@ def _group(pgid: int) -> list[int]:
     return found
 
 
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """``sig`` to process group ``pgid`` (a server leads its own); False when none of it is left to receive it."""
+    if not _group(pgid):
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 async def _group_gone(pgid: int, timeout: float) -> str:
     """How long the server's processes outlived it (bounded), in words."""
     t0 = time.monotonic()
@@ -708,6 +852,8 @@ INJECTORS: dict[str, Inject] = {
     "crash-during-offload": _on_engine(FaultInjector._crash_during),
     "crash-during-broadcast": _on_engine(FaultInjector._crash_during_broadcast),
     "lose-node": _on_engine(FaultInjector._lose_node),
+    "preempt-engine": _on_engine(FaultInjector._preempt_engine),
+    "preempt-node": _on_engine(FaultInjector._preempt_node),
     "crash-trainer": FaultInjector._crash_trainer,
     "crash-trainer-in-broadcast": FaultInjector._crash_trainer_in_broadcast,
     "kill-router": FaultInjector._kill_router,

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import os
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,20 +34,22 @@ from engines.launcher import EngineSetup, LauncherFactory
 from engines.ledger import KEEP_NAMESPACE, LEDGER, EngineLedger
 from engines.router import router_available
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.core import ROLLOUT, instance_name
+from lifecycle.decide.core import ROLLOUT, Outcome, instance_name
 from lifecycle.decide.errors import ConfigError, LifecycleError
-from lifecycle.decide.events import EventLog, JsonlSink, log_facts
+from lifecycle.decide.events import FLEET, EventLog, JsonlSink, log_facts
 from lifecycle.decide.ledger import EffectLedger
 from lifecycle.decide.runner import Runner
 from lifecycle.observe.monitor import MonitorSink
 from rollout.executor import EvalResult, RolloutManager
+from rollout.failures import slot_of
 from rollout.policy_source import PolicyRolloutFn
 from rollout.sample import Sample
 from rollout.stream import Group, StreamState, Taken
 from rollout.task import Task, checked_task
 from trainer.app import heap
-from trainer.app.checks import check_run
+from trainer.app.checks import check_run, check_target, require_elastic
 from trainer.app.dirlock import hold_run
+from trainer.app.fleet import Fleet
 from trainer.app.options import API_NAMES, JOB_NAMES, OPTIONS, RunOptions, loop_only
 from trainer.backend import BackendSpec, build_backend, checked_save
 from trainer.job_state import JobCheckpoint
@@ -232,6 +234,8 @@ class Job:
         # the weight_sync machine's shell binds its handlers to the runner; the core issues its commands only
         # under --update-weight-transfer-mode broadcast (the runtime asks no predicate itself)
         WeightBroadcast(self._runner, self._manager.controller, self._trainer)
+        if self._runner.core.elastic:  # Ray's draining nodes are preemption notices an elastic fleet acts on
+            self._manager.controller.watch_draining_nodes(self._noticed)
         port, host = self.options.metrics_port, self.options.metrics_host
         if port is not None:
             from trainer.app.metrics import serve_metrics
@@ -276,6 +280,11 @@ class Job:
             self.runner.keep(*self.engine_ledger.generations(ids, logged))
         await manager.init(weights)
         _feed_policy_source(manager, weights)
+
+    async def _noticed(self, group: str, index: int, epoch: int | None, deadline_s: float) -> None:
+        """A preemption notice from Ray (a draining node) about one engine process: news for the core."""
+        why = f"preemption notice: taken in {deadline_s:g} s (Ray drains its node)"
+        await self.runner.report(Outcome("preempt_notice", group, index, why, epoch=epoch))
 
     def _freeze(self) -> None:
         """The start-up heap out of the collector's reach while the job runs (:mod:`trainer.app.heap`)."""
@@ -404,6 +413,124 @@ class Job:
             "raise --max-weight-staleness, or lower --async-data-buffer-max-batches so groups wait less",
         )
 
+    # -- an elastic fleet (--rollout-min-num-gpus / --rollout-max-num-gpus): engines join and leave mid-run -------
+
+    @property
+    def fleet(self) -> Fleet:
+        """The rollout fleet now, read off the lifecycle core's state: the target, the members, who serves, who
+        drains, which slots are vacant (:class:`~trainer.app.fleet.Fleet`, in slot ids ``engine-N``)."""
+        return self._fleet()
+
+    async def scale_rollout(self, n: int) -> Fleet:
+        """Make the rollout fleet ``n`` engines, within its bounds (``--rollout-min-num-gpus`` ..
+        ``--rollout-max-num-gpus``, in engines). Joiners launch into vacant slots and load the committed weights
+        under the engine lock before anything is routed to them (at the next ``generate``; in a stream, once
+        loaded); leavers -- vacant-soon slots first, then the highest -- leave the gateway at once, their requests
+        in flight finish within ``--rollout-drain-timeout`` beside the loop, then they are stopped. Callable between
+        steps, during a ``generate`` or in a stream; returns the fleet once every joiner is loaded (a failed start
+        leaves its slot vacant, joined again at the next step) and every leaver is out of the gateway::
+
+            # rollout_num_gpus 2, rollout_min_num_gpus 1, rollout_max_num_gpus 4: 2 -> 4 -> 1 engines
+            async with Job(config, task, run_dir=run_dir) as job:
+                fleet = await job.scale_rollout(4)  # fleet.members: engine-0 .. engine-3
+                await job.generate(0)                # routed to all four
+                await job.scale_rollout(1)           # engine-3, -2, -1 drain beside the loop
+        """
+        target = check_target(self.config, n, "Job.scale_rollout(n=)")
+        return await self._scale(target)
+
+    async def add_engines(self, n: int) -> list[str]:
+        """``n`` engines more than the target (:meth:`scale_rollout` of target + n): the slots that joined (each
+        loaded the committed weights, or will before it is routed where a ``generate`` runs; one that failed to start
+        is not among them)."""
+        name = "Job.add_engines(n=)"
+        require_elastic(self.config, name, n)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(name, n, "must be a positive number of engines (an int)", "pass e.g. 2")
+        before = self.fleet
+        target = check_target(self.config, before.target + n, name, n)
+        after = await self._scale(target)
+        return [e for e in after.members if e not in before.members]
+
+    async def retire_engines(self, ids: Sequence[str | int], *, wait: bool = False) -> list[str]:
+        """Retire these engines (slot ids ``engine-N`` or indices N): each leaves the gateway at once, its requests in
+        flight finish within ``--rollout-drain-timeout``, then it is stopped; the target drops by one each, never
+        below ``--rollout-min-num-gpus``. Returns the ids once out of the gateway; ``wait=True``: once stopped.
+
+            await job.retire_engines(["engine-3", "engine-2"])  # 4 -> 2 engines
+        """
+        name = "Job.retire_engines(ids=)"
+        require_elastic(self.config, name, ids)
+        slots = _slot_ids(ids, name)
+        fleet = self.fleet
+        check_target(self.config, fleet.target - len(slots), name, list(ids))
+        strangers = [e for e in slots if e not in fleet.members]
+        if strangers:
+            raise ConfigError(
+                name,
+                list(ids),
+                f"{', '.join(strangers)} {'is' if len(strangers) == 1 else 'are'} not a member of the fleet (members: "
+                f"{', '.join(fleet.members) or 'none'}; leaving already: {', '.join(fleet.draining) or 'none'})",
+                "retire members only (job.fleet.members)",
+            )
+        if not isinstance(wait, bool):
+            raise ConfigError("Job.retire_engines(wait=)", wait, "must be True or False", "pass wait=True or omit it")
+        return await self._retire(slots, wait=wait)
+
+    def _fleet(self) -> Fleet:
+        core, state = self.runner.core, self.runner.state
+        slots = state.engines
+        name = [instance_name(ROLLOUT, i) for i in range(len(slots))]
+        members = core.members(state)
+        return Fleet(
+            target=state.target if core.elastic else len(members),
+            members=tuple(name[i] for i in members),
+            serving=tuple(name[i] for i in core.routable(state)),
+            draining=tuple(name[i] for i, e in enumerate(slots) if core.leaving(e) and e.state not in core.gone),
+            vacant=tuple(name[i] for i, e in enumerate(slots) if e.state in core.gone and not core.leaving(e)),
+        )
+
+    async def _scale(self, target: int) -> Fleet:
+        await self.runner.operate("scale_rollout", target=target)
+        self.manager.controller.check()
+        return self._scaled()
+
+    async def _retire(self, slots: list[str], *, wait: bool) -> list[str]:
+        for slot in slots:
+            await self.runner.operate("retire_engine", slot_of(slot)[1])
+            self.manager.controller.check()
+        self._scaled()
+        if wait:
+            await self._retired(slots)
+        return slots
+
+    def _scaled(self) -> Fleet:
+        """The fleet after a scale operation, on the record (``fleet.scaled``: what the target is now, who is in)."""
+        fleet = self.fleet
+        self.log.emit(
+            FLEET,
+            target=fleet.target,
+            members=list(fleet.members),
+            serving=list(fleet.serving),
+            min_engines=self.config.min_rollout_engines,
+            max_engines=self.config.max_rollout_engines,
+        )
+        return fleet
+
+    async def _retired(self, slots: list[str]) -> None:
+        """Until each of ``slots`` is stopped and its death confirmed: bounded by its drain, its death's bound and a
+        margin for the kill itself."""
+        bound = (self.config.rollout_drain_timeout or 0.0) + self.timeouts.death + RETIRE_MARGIN_S
+        deadline = asyncio.get_running_loop().time() + bound
+        while left := [s for s in slots if s in self.fleet.draining]:
+            if asyncio.get_running_loop().time() > deadline:
+                raise LifecycleError(
+                    f"{', '.join(left)} still leaving {bound:g} s after their retirement (--rollout-drain-timeout "
+                    f"{self.config.rollout_drain_timeout:g} s, the death bound {self.timeouts.death:g} s)"
+                )
+            self.manager.controller.check()
+            await asyncio.sleep(0.05)
+
     @property
     def streams(self) -> bool:
         """Whether the job streams (``--fully-async``): its loop uses :meth:`streaming` and :meth:`take`."""
@@ -431,6 +558,7 @@ class Job:
 
 _T = TypeVar("_T")
 WHOLE_DROPS = 8  # batches dropped whole in a row before a take gives up: the bound cannot be met
+RETIRE_MARGIN_S = 10.0  # retire_engines(wait=True): the kill and its confirmation, beyond the drain and death bounds
 
 
 class JobReused(LifecycleError, RuntimeError):
@@ -574,6 +702,24 @@ def _check_options(config: LifecycleConfig, opts: RunOptions) -> None:
             f"config.load is {config.load!r}: the job continues the checkpoint there, which its trainer needs",
             "read it with trainer.load_job_checkpoint(config.load, config) and pass it as RunOptions(resume=)",
         )
+
+
+def _slot_ids(ids: object, name: str) -> list[str]:
+    """Engine slot ids from ``engine-N`` names or indices N: distinct, at least one."""
+    fix = "pass slot ids, e.g. ['engine-3'] or [3] (job.fleet.members)"
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence) or not ids:
+        raise ConfigError(name, ids, "must be a non-empty list of engine slot ids", fix)
+    slots: list[str] = []
+    for i in ids:
+        if isinstance(i, int) and not isinstance(i, bool) and i >= 0:
+            slots.append(instance_name(ROLLOUT, i))
+        elif isinstance(i, str) and i.strip():
+            slots.append(i.strip())
+        else:
+            raise ConfigError(name, list(ids), f"{i!r} is not an engine slot id", fix)
+    if len(set(slots)) != len(slots):
+        raise ConfigError(name, list(ids), "names an engine twice", "name each engine once")
+    return slots
 
 
 def _engine_ledger(run_dir: Path, *, resumed: bool) -> EngineLedger:

@@ -40,7 +40,7 @@ from rollout.sample import Sample
 from rollout.task import checked_task
 from trainer.app.checks import check_async, check_run
 from trainer.app.dirlock import hold_run
-from trainer.app.faults import Fault, FaultInjector
+from trainer.app.faults import FaultInjector
 from trainer.app.job import Job, default_timeouts
 from trainer.app.job import initial_weights as initial_weights  # re-exported: tests/model_based start from it
 from trainer.app.options import API_NAMES
@@ -244,6 +244,8 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     rewards: list[float] = [float(row["reward"]) for row in metrics]
     t0 = time.monotonic()
     progress = Progress(opts.steps, out, quiet=opts.quiet, done=start)
+    # one per run: a preemption's deadline outlives the step it was injected at
+    injector = FaultInjector(opts.faults, notice=opts.preempt_notice)
 
     def record(step: int, samples: list[Sample], stats: dict[str, Any], ts: float) -> None:
         """One step's metrics row (metrics.jsonl) and its progress line."""
@@ -279,13 +281,14 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
                 say(f"  ready in {time.monotonic() - t0:.1f}s: {ready}")
                 progress.t0 = time.monotonic()
                 if opts.async_mode:
-                    await _async_steps(opts, job, record)
+                    await _async_steps(opts, job, record, injector)
                 elif job.streams:
-                    await _stream_steps(opts, job, start, record)
+                    await _stream_steps(opts, job, start, record, injector)
                 else:
-                    await _sync_steps(opts, job, start, record)
+                    await _sync_steps(opts, job, start, record, injector)
             finally:
                 progress.close()
+                await injector.aclose()  # a preemption's deadline still ahead: the job's disposal stops its engine
     finally:
         # also (best effort) when the run failed: the timeline is where a person looks first then
         timeline = _timeline(events_path, run_dir, opts, failing=sys.exc_info()[0] is not None)
@@ -305,14 +308,15 @@ async def _run_held(config: LifecycleConfig, opts: RunOptions, out: TextIO) -> R
     return result
 
 
-async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder) -> None:
+async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder, injector: FaultInjector) -> None:
     """miles' train: per step generate -> offload -> train -> onload weights -> update -> onload KV; a job
     checkpoint after the step's row is written (a driver dying between the two redoes the step, never skips it)."""
     interval = job.config.eval_interval
     for step in range(start, opts.steps):
         ts = time.monotonic()
         with bind_context(step=step, rollout_id=step):
-            await _inject_due(opts.faults, step, job.manager, job.trainer)
+            await _scale_due(opts, step, job)
+            await _inject_due(injector, step, job.manager, job.trainer)
             evals: dict[str, Any] = {}  # this step's eval reward, or why it was skipped
             if interval is not None and step == 0:  # miles: eval before the first rollout
                 _add_eval(evals, await job.eval(step))
@@ -326,7 +330,7 @@ async def _sync_steps(opts: RunOptions, job: Job, start: int, record: Recorder) 
             await job.checkpoint(step + 1)
 
 
-async def _stream_steps(opts: RunOptions, job: Job, start: int, record: Recorder) -> None:
+async def _stream_steps(opts: RunOptions, job: Job, start: int, record: Recorder, injector: FaultInjector) -> None:
     """--fully-async: the stream generates throughout; per step the trainer takes a batch within the staleness
     bound (older groups are dropped and their prompts sent again) and pushes its weights while requests are in
     flight; a job checkpoint after the step's row, as in the sync loop (it records the stream's queue)."""
@@ -339,7 +343,8 @@ async def _stream_steps(opts: RunOptions, job: Job, start: int, record: Recorder
         for step in range(start, opts.steps):
             ts = time.monotonic()
             with bind_context(step=step, rollout_id=step):
-                await _inject_due(opts.faults, step, job.manager, job.trainer)
+                await _scale_due(opts, step, job)
+                await _inject_due(injector, step, job.manager, job.trainer)
                 taken = await job.take()
                 await job.update_weights(step + 1, onload=False)
                 if interval is not None and (step + 1) % interval == 0:
@@ -422,7 +427,7 @@ async def _await_generation(pending: asyncio.Task[list[Sample]] | None) -> None:
         await asyncio.wait([pending])
 
 
-async def _async_steps(opts: RunOptions, job: Job, record: Recorder) -> None:
+async def _async_steps(opts: RunOptions, job: Job, record: Recorder, injector: FaultInjector) -> None:
     """miles' train_async: generate(k+1) runs while train(k) does; both end before update_weights.
 
     Evals (``--eval-interval``) run as in the sync loop -- before the first rollout and after every
@@ -443,7 +448,8 @@ async def _async_steps(opts: RunOptions, job: Job, record: Recorder) -> None:
                 assert pending is not None
                 samples = await pending  # generated during the previous step's training (weights k-1)
                 pending = None
-                await _inject_due(opts.faults, step, manager, job.trainer)
+                await _scale_due(opts, step, job)
+                await _inject_due(injector, step, manager, job.trainer)
                 if step + 1 < opts.steps:
                     pending = _start_generate(manager, step + 1)
                     await asyncio.sleep(0)  # let generate(k+1) enter Generating before training starts
@@ -476,10 +482,17 @@ def _add_eval(evals: dict[str, Any], result: EvalResult) -> None:
         evals["eval_reward"] = result.reward
 
 
-async def _inject_due(faults: tuple[Fault, ...], step: int, manager: RolloutManager, trainer: TrainerGroup) -> None:
+async def _scale_due(opts: RunOptions, step: int, job: Job) -> None:
+    """The fleet's size from this step on (``--scale-rollout N@STEP``), before the step's faults: the job's
+    ``scale_rollout``, which returns once joiners hold the committed weights and leavers are out of the gateway."""
+    for scale in opts.scale:
+        if scale.step == step:
+            await job.scale_rollout(scale.engines)
+
+
+async def _inject_due(injector: FaultInjector, step: int, manager: RolloutManager, trainer: TrainerGroup) -> None:
     """The faults scheduled for this step's start (``--inject``); each logs a ``fault.injected`` event."""
-    injector = FaultInjector()
-    for fault in faults:
+    for fault in injector.faults:
         if fault.step == step:
             await injector.inject(fault, manager.controller, trainer)
 

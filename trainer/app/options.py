@@ -31,6 +31,7 @@ from lifecycle.decide.config import MAX_COUNT, MAX_SECONDS, Bounded, arg_type, n
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.faults import FAULTS
 from trainer.app.faults import Fault, fault_arg, parse_fault
+from trainer.app.fleet import Scale, parse_scale, scale_arg
 from trainer.backend import RANKS, BackendSpec
 from trainer.grpo import TIS_CLIP, TIS_CLIP_LOW
 
@@ -45,6 +46,8 @@ MODELS: tuple[Model, ...] = get_args(Model)
 METRICS_HOST = "127.0.0.1"
 PORT = Bounded(0, 65535, why="a TCP port; 0 picks a free one")
 SECONDS = Bounded(0, MAX_SECONDS, kind=float)
+# a preemption's grace between its notice and its SIGTERM: GCE Spot gives 30 s, AWS Spot 120 s, none over an hour
+NOTICE = Bounded(1, 3600, kind=float, why="a preemption's notice: clouds give 30-120 s")
 _RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
 
 Check = Callable[[Any], "str | None"]  # a run.json value's problem, or None
@@ -206,6 +209,12 @@ def _non_negative(v: Any) -> str | None:
     return None if ok else "must be a finite number of at least 0"
 
 
+def notice_problem(v: Any) -> str | None:
+    """``--preempt-notice``'s problem (run.json's read-back, and a RunOptions given by an API caller), or None."""
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and NOTICE.lo <= v <= NOTICE.hi
+    return None if ok else f"must be a number of seconds in {NOTICE.lo:g}..{NOTICE.hi:g}"
+
+
 def _lease(v: Any) -> str | None:
     """A kept engine's lease, by the rule its flag was checked with (:func:`check_lease`)."""
     try:
@@ -337,6 +346,29 @@ class RunOptions:
         fix="pass 1 (a local Ray node), or more for lose-node tests",
         manifest=_bounded("ray_nodes"),
         job=True,
+    )
+    scale: tuple[Scale, ...] = option(
+        (),
+        "scale the rollout fleet as a step starts: N@STEP makes it N engines from step STEP on (the loop calls "
+        "job.scale_rollout(N)); repeatable, e.g. 2 -> 4 -> 1 -> 3 engines is --scale-rollout 4@3 --scale-rollout 1@6 "
+        "--scale-rollout 3@9; N within the fleet's bounds (--rollout-min-num-gpus, --rollout-max-num-gpus, in "
+        "engines of --rollout-num-gpus-per-engine)",
+        flag="--scale-rollout",
+        cli=lambda: {"action": "append", "type": scale_arg, "default": [], "metavar": "N@STEP"},
+        manifest=strings,
+        to_json=lambda scale: [str(s) for s in scale],
+        from_json=lambda value: tuple(parse_scale(s) for s in value),
+        from_flag=tuple,
+        since=True,
+    )
+    preempt_notice: float = option(
+        30.0,
+        "preempt-engine and preempt-node faults: the seconds between the notice and the engine's SIGTERM (its "
+        "server's process group; SIGKILL 5 s later) or the node's removal (default 30, like a GCE Spot VM; 1..3600)",
+        flag="--preempt-notice",
+        cli=lambda: {"type": NOTICE, "metavar": "SECONDS"},
+        manifest=notice_problem,
+        since=True,
     )
     # engine startup/request/death bounds; given on the command line by --engine-startup-timeout and
     # --engine-request-timeout (ENGINE_FLAGS below: two flags of one option); None: the backend's
