@@ -8,10 +8,12 @@ one lock-step job (generate, train, update per step) and one streaming job (``--
 1. step 0 commits weight version 1 (so a joiner must load the trainer's weights, not its launch weights);
 2. **a join**: ``job.add_engines(1)``; then the next step (lock-step: its ``generate`` routes the joiner; a stream
    routes it once loaded);
-3. **a preemption with notice**: mid-step, while the engine has requests in flight (its own report), the fault
-   injector's ``preempt-engine`` on it (the notice as news, SIGTERM at the deadline ``--notice`` s later); the
-   target is kept, so a replacement joins a vacant slot at the next boundary;
-4. **a scale-down**: mid-step, while the engine has requests in flight, ``job.retire_engines([it])``.
+3. **a preemption with notice**: while the engine has requests in flight (its own report) -- during lock-step's
+   ``generate``, during a stream's ``take`` and again during a stream's in-flight weight update (the engine paused
+   with its requests kept: news comes at any time) -- the fault injector's ``preempt-engine`` on it (the notice as
+   news, SIGTERM at the deadline ``--notice`` s later); the target is kept, so a replacement joins a vacant slot at
+   the next boundary;
+4. **a scale-down**: the same way, during a ``generate`` or a ``take``, ``job.retire_engines([it])``.
 
 Measured, from the job's own event log (the core's moves, ``engine.routed``, ``engine.drained``) and from the
 engines' own reports, polled every ``--poll`` s through the job's clients:
@@ -19,18 +21,20 @@ engines' own reports, polled every ``--poll`` s through the job's clients:
 * **join**: from the ``add_engines`` call to (a) the joiner ``Quiesced`` on the committed weights, (b)
   ``engine.routed`` (the gateway answered its registration), (c) its first answered request (the engine's own
   counter: the CPU engine's ``/server_info`` ``num_generate_requests`` less those running and waiting, vLLM's
-  ``vllm:request_success_total``); split into **launch** (the ``join`` move to ``ready``: process start and health),
-  **catch-up load** (``PendingWeights`` -> ``Quiesced``, under the engine lock) and **registration** (the ``resume``
-  move to the gateway's answer). Against a **cold start measured in the same job**: the initial engine's launch
-  (``start`` -> ``ready``) and load, through the same launcher. Lock-step (c) includes the wait for the next
-  ``generate`` (the bench starts it at once); a stream's does not. A replacement (after a notice) is timed from
-  the notice.
+  ``vllm:request_success_total``, which counts its health probes too: its first rise after the routing); split into
+  **launch** (the ``join`` move to ``ready``: process start and health), **catch-up load** (``PendingWeights`` ->
+  ``Quiesced``, under the engine lock) and **registration** (the ``resume`` move to the gateway's answer). Against
+  a **cold start measured in the same job**: the initial engine's launch (``start`` -> ``ready``) and load, through
+  the same launcher. Lock-step (c) includes the wait for the next ``generate`` (the bench starts it at once); a
+  stream's does not. A replacement (after a notice) is timed from the notice.
 * **leaves**: the requests in flight at the engine when the leave was called (its own report); seconds to its
   withdrawal (its move out of ``Serving``: ``stop_routing``), its drain (``engine.drained``) against the bound
   (``--rollout-drain-timeout``, and for a notice its deadline less the controller's margin) and its confirmed stop
-  (``Retired``); requests handed back (``engine.drained``, a stream's); tries through the gateway that failed and
-  were sent again by the router loop, and requests **failed** (unanswered after the router's retries), counted by
-  hooks on the routings' ``generate`` from the call to the stop. Goal: zero failed.
+  (``Retired``); requests handed back (``engine.drained``, a stream's); tries through the gateway that failed (each
+  sent again: by the router loop, or by the stream) and requests **failed** (lock-step: unanswered after the
+  router loop's retries; a stream sends a request again until its group's bound, past which the run fails), counted
+  by hooks on the routings' ``generate`` from the call to a second after the stop. Goal: zero failed, and no
+  failed try either (a failed try is work lost and redone).
 
 Ratios (join launch + load against the cold start) are against the same job's cold start.
 
@@ -103,9 +107,10 @@ class WayIn:
 
 
 def way_in(
-    events: Sequence[Mapping[str, Any]], instance: str, t0: float, answered_at: float | None = None
+    events: Sequence[Mapping[str, Any]], instance: str, t0: float, counts: Sequence[tuple[float, int]] = ()
 ) -> WayIn | None:
-    """The first way in of ``instance`` that begins at or after ``t0`` (None: it did not get as far as Quiesced)."""
+    """The first way in of ``instance`` that begins at or after ``t0`` (None: it did not get as far as Quiesced);
+    ``counts``: that process's answered count as polled (time, count), for its first answer once routed."""
     found = moves(events, instance, t0)
     launch = _first(found, lambda m: m["dst"] in ("Starting", "Joining"))
     if launch is None:
@@ -122,6 +127,7 @@ def way_in(
             [e for e in events if e.get("event") == "engine.routed" and e.get("instance") == instance],
             lambda e: when(e) >= when(resume),
         )
+    answered = first_answer(counts, None if routed is None else when(routed, done=True))
     return WayIn(
         instance=instance,
         launch=when(ready) - when(launch),
@@ -129,8 +135,23 @@ def way_in(
         registration=None if routed is None or resume is None else when(routed, done=True) - when(resume),
         quiesced=when(loaded) - t0,
         routed=None if routed is None else when(routed, done=True) - t0,
-        answered=None if answered_at is None else answered_at - t0,
+        answered=None if answered is None else answered - t0,
     )
+
+
+def first_answer(counts: Sequence[tuple[float, int]], routed_at: float | None) -> float | None:
+    """The first poll at or after ``routed_at`` whose answered count is above the last one polled before it: a
+    routed request answered (vLLM counts its own health probes' 1-token generations among its requests; a probe
+    answered between the routing and the first request would be taken for it -- the CPU engine counts none)."""
+    if routed_at is None:
+        return None
+    base = 0
+    for t, n in counts:
+        if t < routed_at:
+            base = n
+        elif n > base:
+            return t
+    return None
 
 
 def cold_starts(events: Sequence[Mapping[str, Any]]) -> list[WayIn]:
@@ -322,20 +343,28 @@ async def engine_counts(client: Any) -> tuple[int, int]:
     return round(progress.running + progress.waiting), int(done)
 
 
-async def watch_answers(job: Any, first: dict[tuple[str, int], float], poll: float) -> None:
-    """Every ``poll`` s, every engine process not yet seen answering: the time its counter first shows an answer."""
+async def watch_answers(job: Any, counts: dict[tuple[str, int], list[tuple[float, int]]], poll: float) -> None:
+    """Every ``poll`` s, each engine process's answered count (its own report), until it rose once the process was
+    Serving: its first routed answer is in the series then (:func:`first_answer`)."""
+    controller = job.manager.controller
+    done: set[tuple[str, int]] = set()
+    before: dict[tuple[str, int], int] = {}  # the count of its last poll before it was Serving
 
     async def one(engine: Any) -> None:
         key = (engine.id, engine.epoch)
-        if engine.client is None or key in first:
+        if engine.client is None or key in done:
             return
         t0 = time.time()
         with contextlib.suppress(Exception):  # an observation: it never fails the run
-            if (await engine_counts(engine.client))[1] > 0:
-                first[key] = (t0 + time.time()) / 2
+            n = (await engine_counts(engine.client))[1]
+            counts.setdefault(key, []).append(((t0 + time.time()) / 2, n))
+            if controller.state_of(engine) != "Serving":
+                before[key] = n
+            elif n > before.get(key, 0):
+                done.add(key)
 
     while True:
-        await asyncio.gather(*(one(e) for e in list(job.manager.controller.engines)))
+        await asyncio.gather(*(one(e) for e in list(controller.engines)))
         await asyncio.sleep(poll)
 
 
@@ -467,14 +496,14 @@ async def one_job(args: argparse.Namespace, mode: str, run_dir: Path) -> Round:
     config, kwargs = job_parts(args, run_dir, mode)
     task = kwargs.pop("task")
     injector = FaultInjector(notice=args.notice)
-    answered: dict[tuple[str, int], float] = {}
+    counts: dict[tuple[str, int], list[tuple[float, int]]] = {}  # each process's answered count, polled
     requests = Requests()
     calls: list[tuple[str, str, float, int, float]] = []  # (what, instance, t0, in flight, bound)
     with hooked(requests):
         async with Job(config, task, **kwargs) as job, contextlib.AsyncExitStack() as stack:
             if job.streams:
                 await stack.enter_async_context(job.streaming())
-            watcher = asyncio.create_task(watch_answers(job, answered, args.poll), name="bench-answers")
+            watcher = asyncio.create_task(watch_answers(job, counts, args.poll), name="bench-answers")
             stack.push_async_callback(_cancel, watcher)
             stack.push_async_callback(injector.aclose)
             await step(job, 0)  # weight version 1 committed: a joiner loads it, not its launch weights
@@ -513,7 +542,7 @@ async def one_job(args: argparse.Namespace, mode: str, run_dir: Path) -> Round:
                 await step(job, n + 1)  # a preemption's replacement joins at this step's boundary at the latest
     events = read_jsonl(run_dir / "events.jsonl")
     joins: list[tuple[str, WayIn]] = []
-    scale_up = way_in(events, joiner, joined_at, _answer(events, answered, joiner, joined_at))
+    scale_up = way_in(events, joiner, joined_at, _counts(events, counts, joiner, joined_at))
     if scale_up is not None:
         joins.append(("scale-up", scale_up))
     for what, _, noticed, _, _ in calls:
@@ -522,7 +551,7 @@ async def one_job(args: argparse.Namespace, mode: str, run_dir: Path) -> Round:
         for e in events:  # its replacement: the first join after the notice
             if e.get("event") == "lifecycle.transition" and e.get("trigger") == "join" and when(e) >= noticed:
                 instance = str(e["instance"])
-                replacement = way_in(events, instance, noticed, _answer(events, answered, instance, noticed))
+                replacement = way_in(events, instance, noticed, _counts(events, counts, instance, noticed))
                 if replacement is not None:
                     joins.append((f"replacement ({what.split(',')[0]})", replacement))
                 break
@@ -549,15 +578,18 @@ async def updating(job: Any, index: int, task: asyncio.Future[Any], poll: float)
     return 0
 
 
-def _answer(
-    events: Sequence[Mapping[str, Any]], answered: Mapping[tuple[str, int], float], instance: str, since: float
-) -> float | None:
-    """When the process of ``instance`` that launched after ``since`` first answered (its own counter)."""
+def _counts(
+    events: Sequence[Mapping[str, Any]],
+    counts: Mapping[tuple[str, int], list[tuple[float, int]]],
+    instance: str,
+    since: float,
+) -> list[tuple[float, int]]:
+    """The polled answered counts of the process of ``instance`` that launched after ``since``."""
     launch = _first(moves(events, instance, since), lambda m: m["dst"] in ("Starting", "Joining"))
     if launch is None:
-        return None
-    later = [t for (i, _), t in answered.items() if i == instance and t >= when(launch)]
-    return min(later) if later else None
+        return []
+    later = [c for (i, _), c in counts.items() if i == instance and c and c[0][0] >= when(launch)]
+    return min(later, key=lambda c: c[0][0]) if later else []
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

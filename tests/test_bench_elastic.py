@@ -73,7 +73,8 @@ LOG = [
 
 
 def test_a_joins_stages_from_the_call_and_the_cold_start_of_the_same_job(bench: ModuleType) -> None:
-    w = bench.way_in(LOG, "engine-1", T0, answered_at=T0 + 7.0)
+    counts = [(T0 + 5.5, 1), (T0 + 6.1, 1), (T0 + 7.0, 2)]  # one answer before the routing: a probe's, not counted
+    w = bench.way_in(LOG, "engine-1", T0, counts)
     assert (w.launch, w.load, w.started) == pytest.approx((4.0, 0.5, 4.5))
     assert (w.quiesced, w.routed, w.answered) == pytest.approx((5.0, 6.2, 7.0))  # routed: the gateway's answer
     assert w.registration == pytest.approx(0.2)
@@ -85,6 +86,13 @@ def test_a_joins_stages_from_the_call_and_the_cold_start_of_the_same_job(bench: 
     row = bench.table(rounds).splitlines()[2]
     assert row == "| lock-step | scale-up (engine-1) | 7.00 | 4.00 | 0.50 | 0.20 | 5.00 | 6.20 | 7.00 | 0.64x |"
     assert "join launch + load 4.50 s vs cold start 7.00 s (0.64x)" in bench.summary(rounds)
+
+
+def test_the_first_answer_is_the_first_rise_of_the_count_after_the_routing(bench: ModuleType) -> None:
+    assert bench.first_answer([(1.0, 0), (2.0, 3), (3.0, 3), (4.0, 4)], 2.5) == 4.0
+    assert bench.first_answer([(1.0, 0), (3.0, 1)], 2.5) == 3.0
+    assert bench.first_answer([(3.0, 0), (4.0, 0)], 2.5) is None  # never answered
+    assert bench.first_answer([(3.0, 1)], None) is None  # never routed
 
 
 def test_when_reads_a_facts_done_time_only_when_asked(bench: ModuleType) -> None:
