@@ -291,6 +291,8 @@ class RayLauncher:
         return str(who["url"])
 
     async def launch(self) -> str:
+        if self.actor is not None and self.options is None and await self.node_id() in _leaving_nodes():
+            self.shutdown()  # its node is draining or gone: a new actor, placed again on a node that stays
         actor = await self._ensure_actor()
         try:
             url = await actor.start.remote(

@@ -49,7 +49,15 @@ from reliability_report import CELLS, DOC, CellResult, contract_rows, parse
 
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
-from lifecycle.decide.events import GROUP_BUFFERED, GROUP_DROPPED, GROUP_TAKEN, PREEMPT_NOTICE, TRANSITION, read_jsonl
+from lifecycle.decide.events import (
+    DRAINED,
+    GROUP_BUFFERED,
+    GROUP_DROPPED,
+    GROUP_TAKEN,
+    PREEMPT_NOTICE,
+    TRANSITION,
+    read_jsonl,
+)
 from lifecycle.decide.faults import FAULTS, KINDS
 from lifecycle.decide.machines import ENGINE as ENGINE_SPEC
 from lifecycle.observe.monitor import EventMonitor
@@ -73,8 +81,11 @@ STEPS, AT, ENGINE = 3, 1, 1  # 3 steps, fault at the start of step 1, on engine-
 
 
 def steps_for(kind: str) -> int:
-    """One more step when recovery lands in the last step's update (so the recovered engine serves again)."""
-    return STEPS + 1 if kind in ("crash-during-update", "crash-during-broadcast") else STEPS
+    """One more step when recovery lands in the last step's update (so the recovered engine serves again), or when
+    the notice comes from Ray's draining node (the watcher's next poll, up to a probe interval after the drain)."""
+    ray_notice = KINDS[kind].notice and KINDS[kind].needs == "ray-nodes"
+    late = kind in ("crash-during-update", "crash-during-broadcast") or ray_notice
+    return STEPS + 1 if late else STEPS
 
 
 CELL = {
@@ -506,9 +517,14 @@ def check_preempted(run: Run, steps: int) -> str:
     last = run.audit[-1]
     versions = last["serving_versions"]
     assert len(versions) == 2 and set(versions.values()) == {str(steps - 1)}, last  # as many as before, current
+    where = ""
+    if KINDS[run.fault.kind].needs == "ray-nodes":  # every engine left the drained node: none serves from it
+        drained = run.first("fault.injected")["node"]
+        assert drained not in last["nodes"].values(), (last["nodes"], drained)
+        where = f", none on the drained node ({drained[:8]})"
     return (
         f"recovers: {steps}/{steps} steps; {target} {' -> '.join(leave)}; joined {', '.join(joined)}; "
-        f"{len(versions)} engines served v{steps - 1} in the last step; no engine marked Unhealthy"
+        f"{len(versions)} engines served v{steps - 1} in the last step{where}; no engine marked Unhealthy"
     )
 
 
@@ -550,6 +566,15 @@ def server_did(run: Run) -> str:
         health = str(injected.get("health_after", ""))
         assert health.startswith("no:"), injected  # a stopped server does not answer its health endpoint
         return f"SIGSTOP: /health {health}"
+    if KINDS[kind].notice:  # a planned leave: stopped by the lifecycle, before the deadline's SIGTERM if it can
+        target = f"engine-{run.fault.index}"
+        path = [t["dst"] for t in run.transitions(target)]
+        left = path[path.index("Retired") - 2 : path.index("Retired") + 1]
+        drained = [e for e in run.events if e.get("event") == DRAINED and e.get("instance") == target]
+        struck = [e.get("signal") for e in run.events if e.get("event") == "fault.fired"]
+        how = f"drained in {drained[0]['seconds']:g} s, " if drained else ""
+        end = f"then {' and '.join(map(str, struck))} at the deadline" if struck else "gone before the deadline"
+        return f"server withdrawn and stopped ({' -> '.join(left)}), {how}{end}"
     fired = run.first("fault.fired")
     assert fired["health_after"] == "ok", fired  # the server lived through the bad load
     served = fired["served_after"]

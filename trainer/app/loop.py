@@ -67,6 +67,11 @@ SHORT = {
     "WeightsOnly": "W",
     "Disposed": "D",
     "Stopped": "X",
+    "Joining": "J",
+    "Draining": "d",
+    "Retiring": "r",
+    "Retired": ".",  # a vacant slot of an elastic fleet, as one never started
+    "Init": ".",
 }
 
 

@@ -88,3 +88,35 @@ def test_the_streaming_example_trains_within_its_bound(tmp_path: Path) -> None:
     moves = {(e.get("machine"), e.get("trigger")) for e in events}
     assert ("rollout", "stream") in moves and ("engine", "pause") in moves and ("rollout", "update_done") in moves
     assert sum(e["event"] == "stream.group_taken" for e in events) == len(lags)
+
+
+def _elastic_block() -> str:
+    found = re.findall(r"\[start:elastic\] -->\n```python\n(.*?)```", EMBEDDING, re.S)
+    assert found, "docs/embedding.md lost its elastic-fleet example"
+    return str(found[0])
+
+
+def test_the_elastic_example_is_a_users_own_loop() -> None:
+    block = _elastic_block()
+    assert not _project_imports(block), "it reuses the README example's imports and task"
+    assert re.search(r"^\s+for step in range\(steps\):", block, re.M)
+    for verb in ("await job.add_engines(", "await job.retire_engines(", "job.fleet"):
+        assert verb in block, verb
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_the_elastic_example_grows_and_shrinks_its_fleet(tmp_path: Path) -> None:
+    namespace: dict[str, object] = {"__name__": "readme_example"}
+    exec(compile(_embedding_block(), "README.md:embedding", "exec", dont_inherit=True), namespace)
+    exec(compile(_elastic_block(), "docs/embedding.md:elastic", "exec", dont_inherit=True), namespace)
+    elastic = namespace["elastic"]
+    members = asyncio.run(elastic(steps=3, run_dir=str(tmp_path)))  # type: ignore[operator]
+    assert members == [2, 3, 2], members
+    events = read_jsonl(tmp_path / "events.jsonl")
+    moves = [(e.get("instance"), e.get("trigger"), e.get("dst")) for e in events if e.get("machine") == "engine"]
+    assert ("engine-2", "join", "Joining") in moves and ("engine-0", "retired", "Retired") in moves, moves
+    joiner = [i for i, e in enumerate(events) if e.get("instance") == "engine-2"]
+    loaded = next(i for i in joiner if events[i].get("event") == "engine.weights")
+    routed = next(i for i in joiner if events[i].get("event") == "engine.routed")
+    assert loaded < routed, "the joiner was routed before it loaded the committed weights"
+    assert not [e for e in events if e["event"] == "lifecycle.invariant_violated"]
