@@ -1,10 +1,10 @@
-"""A leaving engine's drain: withdrawn from its router already, it is watched until the requests it runs reach 0.
+"""A leaving engine's drain: withdrawn from its router already, it is watched until the requests it holds reach 0.
 
 The count is the server's own (its backend row's :class:`~lifecycle.decide.backends.RunningCount`: the CPU
-engine's ``/server_info``, SGLang's and vLLM's Prometheus gauges), polled, never inferred from the callers:
-a request the gateway forwarded before the withdrawal is still the engine's to answer. The wait is bounded
-(``bound``: the smaller of ``--rollout-drain-timeout`` and a notice's deadline less a margin); running out
-of it is an answer (``timed_out``, with the count left), never a hang.
+engine's ``/server_info``, SGLang's and vLLM's Prometheus gauges), running and waiting, polled, never inferred
+from the callers: a request the gateway forwarded before the withdrawal is still the engine's to answer, running or
+queued. The wait is bounded (``bound``: the smaller of ``--rollout-drain-timeout`` and a notice's deadline less a
+margin); running out of it is an answer (``timed_out``, with the count left), never a hang.
 """
 
 from __future__ import annotations
@@ -35,11 +35,16 @@ class Drain:
 
 
 def parse_running(source: RunningCount, text: str, where: str = "") -> int:
-    """The running count in one answer of ``source.path``."""
+    """The requests the server holds in one answer of ``source.path``: running, plus waiting where the row names it."""
+    names = (source.name,) if source.waiting is None else (source.name, source.waiting)
+    return sum(_count(source, name, text, where) for name in names)
+
+
+def _count(source: RunningCount, name: str, text: str, where: str) -> int:
     if source.format == "prometheus":
         total, seen = 0.0, False
         for line in text.splitlines():
-            if line.startswith("#") or line.split("{", 1)[0].split(" ", 1)[0] != source.name:
+            if line.startswith("#") or line.split("{", 1)[0].split(" ", 1)[0] != name:
                 continue
             try:
                 total += float(line.rsplit(" ", 1)[1])
@@ -47,16 +52,16 @@ def parse_running(source: RunningCount, text: str, where: str = "") -> int:
                 continue
             seen = True
         if not seen:
-            raise EngineProtocolError(where, source.path, f"no series {source.name!r} in the answer")
+            raise EngineProtocolError(where, source.path, f"no series {name!r} in the answer")
         return int(total)
     try:
         data: Any = json.loads(text)
     except ValueError:
         raise EngineProtocolError(where, source.path, f"expected a JSON body, got {text[:200]!r}") from None
     rows = (data.get("internal_states") or [data]) if isinstance(data, dict) else []
-    counts = [row[source.name] for row in rows if isinstance(row, dict) and isinstance(row.get(source.name), int)]
+    counts = [row[name] for row in rows if isinstance(row, dict) and isinstance(row.get(name), int)]
     if not counts:
-        raise EngineProtocolError(where, source.path, f"no integer {source.name!r} in the answer")
+        raise EngineProtocolError(where, source.path, f"no integer {name!r} in the answer")
     return sum(counts)
 
 

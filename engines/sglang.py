@@ -210,7 +210,7 @@ class SGLangServerArgs:
         """``[python, "-m", "sglang.launch_server", "--model-path", ..., ...]`` with SGLang's flag spellings."""
         cmd = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_path]
         cmd += ["--host", self.host, "--port", str(self.port), "--tp-size", str(self.tp_size)]
-        cmd.append("--enable-metrics")  # /metrics sglang:num_running_reqs: what a leaving engine's drain polls
+        cmd.append("--enable-metrics")  # /metrics sglang:num_running_reqs + num_queue_reqs: what a drain polls
         if self.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", repr(float(self.mem_fraction_static))]
         if self.enable_memory_saver:

@@ -25,14 +25,17 @@ MEMORY_TAGS = frozenset({"weights", "kv_cache"})
 
 @dataclass(frozen=True)
 class RunningCount:
-    """Where a server reports how many requests it is running now: a leaving engine's drain polls it until 0.
+    """Where a server reports the requests it holds now: a leaving engine's drain polls their sum until 0. Those it
+    runs (``name``) and those queued at it (``waiting``: behind a full batch, or re-queued by a retract pause) -- a
+    queued request is the server's to answer too, and is lost with it if the drain ends on the running count alone.
 
-    ``format`` "json": ``name`` summed over the answer's ``internal_states`` rows (one per DP rank; the answer
-    itself where it has none); "prometheus": the series ``name`` summed over its labels."""
+    ``format`` "json": each field summed over the answer's ``internal_states`` rows (one per DP rank; the answer
+    itself where it has none); "prometheus": each series summed over its labels."""
 
     path: str
     name: str
     format: Literal["json", "prometheus"]
+    waiting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def _vllm(device: DeviceName, server: str, releases: frozenset[str], *why_not: t
         update_session=("/start_weight_update", "/finish_weight_update"),
         why_not=why_not,
         # the engine core's scheduler gauge, summed over its engine labels (the API server's /metrics)
-        running=RunningCount("/metrics", "vllm:num_requests_running", "prometheus"),
+        running=RunningCount("/metrics", "vllm:num_requests_running", "prometheus", "vllm:num_requests_waiting"),
     )
 
 
@@ -97,11 +100,13 @@ CAPABILITIES: dict[tuple[BackendName, DeviceName], Capabilities] = {
     ("sglang", "cpu"): _sglang(
         "cpu",
         "the project's CPU engine (python -m engines.cpu)",
-        RunningCount("/server_info", "num_running_reqs", "json"),
+        RunningCount("/server_info", "num_running_reqs", "json", "num_waiting_reqs"),
     ),
     # SGLang's scheduler gauge (exported with --enable-metrics, which the launcher passes)
     ("sglang", "cuda"): _sglang(
-        "cuda", "python -m sglang.launch_server", RunningCount("/metrics", "sglang:num_running_reqs", "prometheus")
+        "cuda",
+        "python -m sglang.launch_server",
+        RunningCount("/metrics", "sglang:num_running_reqs", "prometheus", "sglang:num_queue_reqs"),
     ),
     # vLLM's CPU attention refuses head_dim 16 only when it first runs ("Unsupported CPU attention configuration:
     # head_dim=16"): the engine core dies at the first generation, after a start that passed /health

@@ -158,6 +158,33 @@ def test_a_bound_shorter_than_the_request_times_out_reports_the_count_and_hands_
     assert finish is not None and finish.type == "abort" and len(out["answer"].output_ids) < N  # handed back
 
 
+def test_a_request_queued_at_the_engine_is_drained_too(rig: Rig) -> None:
+    """A request the engine holds but does not run -- re-queued by a retract pause (a stream's in-flight update, which
+    a notice can land on), or queued behind a full batch -- is still the engine's to answer: the drain waits for it.
+    Counting running requests only, the drain ended at once and the engine was stopped with the request in it
+    (benchmarks/bench_elastic.py: its tries failed through SMG, sent again elsewhere)."""
+
+    async def main() -> dict[str, Any]:
+        engine = rig.controller.engines[0]
+        assert engine.client is not None
+        task = await rig.long_request(through_gateway=False)
+        await engine.client.pause_generation("retract")  # running 0, the request waiting
+        with rig.runner.log.capture() as events:
+            drain = asyncio.create_task(rig.controller.drain_requests(CMD))
+            await asyncio.sleep(0.3)
+            ended_while_queued = drain.done()
+            await engine.client.continue_generation()
+            await drain
+        return {"ended_while_queued": ended_while_queued, "answer": await asyncio.wait_for(task, 30), "events": events}
+
+    out = rig.run(main())
+    assert not out["ended_while_queued"]
+    (drained,) = [e for e in out["events"] if e["event"] == DRAINED]
+    assert drained["running"] == 0 and not drained["timed_out"] and drained["seconds"] > 0.3, drained
+    finish = out["answer"].meta_info.finish_reason
+    assert finish is not None and finish.type == "length" and len(out["answer"].output_ids) == N
+
+
 def test_the_drain_bound_is_the_drain_timeout_and_never_past_a_notice_deadline(rig: Rig) -> None:
     bound = rig.controller.drain_bound
     assert bound() == 30.0  # --rollout-drain-timeout's default
@@ -177,6 +204,17 @@ def test_the_running_count_is_read_where_the_backend_row_says() -> None:
     assert parse_running(prom, text) == 3
     with pytest.raises(EngineProtocolError, match="no series"):
         parse_running(prom, "vllm:num_requests_waiting 1.0\n")
+    # a queued request is the server's too: the rows name where it says how many wait
+    queued = RunningCount("/metrics", "vllm:num_requests_running", "prometheus", "vllm:num_requests_waiting")
+    assert parse_running(queued, text + 'vllm:num_requests_waiting{engine="0"} 4.0\n') == 7
+    with pytest.raises(EngineProtocolError, match="no series 'vllm:num_requests_waiting'"):
+        parse_running(queued, text)
+    both = RunningCount("/server_info", "num_running_reqs", "json", "num_waiting_reqs")
+    assert parse_running(both, '{"internal_states": [{"num_running_reqs": 0, "num_waiting_reqs": 2}]}') == 2
+    assert {capabilities(b, d).running.waiting for b, d in (("sglang", "cpu"), ("vllm", "cpu"))} == {  # type: ignore[union-attr]
+        "num_waiting_reqs",
+        "vllm:num_requests_waiting",
+    }
     with pytest.raises(EngineProtocolError, match="no integer"):
         parse_running(cpu, '{"internal_states": [{}]}')
     assert {b: capabilities(b, "cpu").running is not None for b in ("sglang", "vllm")} == {"sglang": True, "vllm": True}

