@@ -890,7 +890,9 @@ def cell_runs(
     cells = [
         cell_of(item.callspec.params)
         for item in request.session.items
-        if getattr(item, "originalname", "") == CELL_TEST and hasattr(item, "callspec")
+        if getattr(item, "originalname", "") == CELL_TEST
+        and hasattr(item, "callspec")
+        and item.get_closest_marker("skip") is None  # a recorded cell outside LIFECYCLE_RECORDED=1
     ]
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("torch") is None:
         cells = []  # the cells' tests skip on their own
@@ -963,8 +965,22 @@ def cell_of(params: dict[str, Any]) -> Cell:
     return (str(params["kind"]), str(params["mode"]), str(params["ft"]))
 
 
+# Kept out of CI for its time bound (LIFECYCLE_RECORDED=1 runs them; their rows in docs/reliability.md are from such a
+# run): a vLLM engine's failure without FT stops the run as a CPU engine's does (those cells run), and the in-flight
+# update that fails on vLLM is also CI's test_vllm_inflight.py and the CPU streaming cell.
+RECORDED_CELLS = frozenset(
+    {
+        ("kill-engine", "vllm", "none"),
+        ("hang-engine", "vllm", "none"),
+        ("fail-update", "vllm", "none"),
+        ("fail-update", "streaming-vllm", "rollout"),
+    }
+)
+CELL_PARAMS = [pytest.param(*c, marks=pytest.mark.recorded) if c in RECORDED_CELLS else c for c in CELLS]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "mode", "ft"), CELLS, ids=[cell_id(c) for c in CELLS])
+@pytest.mark.parametrize(("kind", "mode", "ft"), CELL_PARAMS, ids=[cell_id(c) for c in CELLS])
 def test_cell(
     kind: str,
     mode: str,

@@ -42,7 +42,7 @@ from trainer.app.faults import Fault, FaultInjector
 from trainer.app.options import RunOptions
 from trainer.grpo import grpo_backend
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.recorded, pytest.mark.usefixtures("ray_cluster")]
 
 FLEET = {
     "rollout_backend": "vllm",
