@@ -72,7 +72,8 @@ def reconcile(step: StepDraft) -> None:
 
 
 def read_gateway(step: StepDraft) -> None:
-    """An elastic fleet's scale operation ends by reading every router's worker list back (``gateway.members``)."""
+    """An elastic fleet's scale operations, generate and stream end by reading every router's worker list back
+    (``gateway.members``): the gateway's members are judged against the routable engines at every step."""
     if step.core.elastic:
         step.command(Command("read_gateway", "rollout", "rollout"))
 

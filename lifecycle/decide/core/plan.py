@@ -63,7 +63,7 @@ OPERATIONS: dict[str, Operation] = {
     ),
     "generate": Operation(
         "rollout",
-        ("recover", "reconcile", "catch_up", "rollout.generate", "ci_inject", "require_routable"),
+        ("recover", "reconcile", "catch_up", "rollout.generate", "ci_inject", "require_routable", "read_gateway"),
         doc="rollout FT recovers dead engines and restarted ones catch up before any engine is routed",
     ),
     "generate_done": Operation("rollout", ("rollout.generate_done",)),
@@ -82,7 +82,7 @@ OPERATIONS: dict[str, Operation] = {
     # --fully-async: the stream runs from stream to stream_stop; the trainer's take and update_weights go on meanwhile
     "stream": Operation(
         "rollout",
-        ("recover", "reconcile", "catch_up", "rollout.stream", "require_routable"),
+        ("recover", "reconcile", "catch_up", "rollout.stream", "require_routable", "read_gateway"),
         when="streaming",
         doc="every routable engine generates on; completed groups enter the buffer (news group_done)",
     ),

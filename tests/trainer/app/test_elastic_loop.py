@@ -107,7 +107,12 @@ def test_a_fleet_scaled_2_4_1_3_learns_and_its_trace_is_clean(tmp_path: Path) ->
     targets = [e["target"] for e in events if e.get("event") == FLEET]
     assert [t for i, t in enumerate(targets) if i == 0 or t != targets[i - 1]][-3:] == [4, 1, 3], targets
     assert len(set(check_loaded_before_routed(events))) == 4  # each slot served, each on loaded weights
-    assert [e for e in events if e.get("event") == GATEWAY_MEMBERS]  # SMG's list was read back and judged
+    # SMG's worker list read back at every step's generate (and after every scale), each judged by the trace check
+    # above against the engines Serving then: at every step, exactly the target's engines were ready at SMG
+    reads = [e for e in events if e.get("event") == GATEWAY_MEMBERS and e.get("router") == "router-rollout"]
+    ready = [len([w for w in e["workers"] if w.get("status") == "ready"]) for e in reads]
+    assert len({e.get("step") for e in reads}) == 12, reads
+    assert [max(n for e, n in zip(reads, ready, strict=True) if e.get("step") == s) for s in range(12)] == serving
 
 
 @pytest.mark.parametrize(("ft", "stream"), [("none", False), ("rollout", True)], ids=["no-ft", "ft-rollout-stream"])
