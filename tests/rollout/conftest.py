@@ -3,11 +3,14 @@ job (its handlers) writes real weights files without Ray actors. The real traine
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engines.process import ServerProcess, torch_engine_command
+from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import Command, Outcome
 from lifecycle.decide.runner import Runner
 
@@ -54,3 +57,34 @@ def servers() -> Iterator[list[ServerProcess]]:
     for p in procs:
         if p.alive:
             p.kill()
+
+
+def routed_manager(
+    config: LifecycleConfig,
+    runner: Runner,
+    tmp: Path,
+    run: Callable[[Awaitable[Any]], Any],
+    command: Callable[..., Any] | None = None,
+) -> Any:
+    """A RolloutManager on real CPU engines behind a real SMG gateway, launched and loaded with step 0's weights by
+    the lifecycle itself (``run``: the test's own event loop); ``command``: the engines' launch command."""
+    from engines.launcher import launcher_factory
+    from engines.models import TinyCausalLM
+    from rollout.executor import RolloutManager
+    from rollout.pattern import PatternTask
+
+    factory = launcher_factory("local") if command is None else launcher_factory("local", command)
+    manager = RolloutManager(
+        config,
+        PatternTask(prompts_per_step=1, group_size=1, response_len=4),
+        runner=runner,
+        launcher_factory=factory,
+        router=True,
+        log_dir=str(tmp),
+    )
+    path = tmp / "step-0"
+    TinyCausalLM("tiny", seed=100).save_pretrained(path)
+    bind_trainer_stand_in(runner)
+    run(runner.operate("trainer.start"))
+    run(manager.init((str(path), "0")))
+    return manager

@@ -20,8 +20,6 @@ pytest.importorskip("smg")
 
 from engines.drain import parse_running, read_running
 from engines.errors import EngineProtocolError
-from engines.launcher import launcher_factory
-from engines.models import TinyCausalLM
 from engines.process import torch_engine_command
 from lifecycle.decide.backends import RunningCount, capabilities
 from lifecycle.decide.config import LifecycleConfig
@@ -30,10 +28,9 @@ from lifecycle.decide.events import DRAINED, HANDED_BACK, EventLog, MemorySink
 from lifecycle.decide.runner import Runner
 from rollout.controller import DRAIN_MARGIN_S, InferenceController
 from rollout.executor import RolloutManager
-from rollout.pattern import PatternTask
 from rollout.routing import RouterRouting
 
-from .conftest import bind_trainer_stand_in
+from .conftest import routed_manager
 
 pytestmark = pytest.mark.routing
 
@@ -51,19 +48,7 @@ class Rig:
         self.events = MemorySink()
         self.runner = Runner(self.config, log=EventLog([self.events]))
         command = functools.partial(torch_engine_command, step_delay_s=0.012)
-        self.manager = RolloutManager(
-            self.config,
-            PatternTask(prompts_per_step=1, group_size=1, response_len=4),
-            runner=self.runner,
-            launcher_factory=launcher_factory("local", command),
-            router=True,
-            log_dir=str(tmp),
-        )
-        path = tmp / "step-0"
-        TinyCausalLM("tiny", seed=100).save_pretrained(path)
-        bind_trainer_stand_in(self.runner)
-        self.run(self.runner.operate("trainer.start"))
-        self.run(self.manager.init((str(path), "0")))
+        self.manager: RolloutManager = routed_manager(self.config, self.runner, tmp, self.run, command)
 
     @property
     def controller(self) -> InferenceController:

@@ -16,18 +16,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("smg")
 
-from engines.launcher import launcher_factory
-from engines.models import TinyCausalLM
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import Command
 from lifecycle.decide.events import GATEWAY_MEMBERS, EventLog, MemorySink
 from lifecycle.decide.runner import Runner
 from rollout.controller import InferenceController
 from rollout.executor import RolloutManager
-from rollout.pattern import PatternTask
 from rollout.routing import RouterRouting
 
-from .conftest import bind_trainer_stand_in
+from .conftest import routed_manager
 
 pytestmark = pytest.mark.routing
 
@@ -37,19 +34,7 @@ class Rig:
         self.config = LifecycleConfig.from_mapping({"rollout_num_gpus": 2, "eval_num_gpus": 1})
         self.loop = asyncio.new_event_loop()
         self.runner = Runner(self.config, log=EventLog([MemorySink()]))
-        self.manager = RolloutManager(
-            self.config,
-            PatternTask(prompts_per_step=1, group_size=1, response_len=4),
-            runner=self.runner,
-            launcher_factory=launcher_factory("local"),
-            router=True,
-            log_dir=str(tmp),
-        )
-        path = tmp / "step-0"
-        TinyCausalLM("tiny", seed=100).save_pretrained(path)
-        bind_trainer_stand_in(self.runner)
-        self.run(self.runner.operate("trainer.start"))
-        self.run(self.manager.init((str(path), "0")))
+        self.manager: RolloutManager = routed_manager(self.config, self.runner, tmp, self.run)
 
     @property
     def controller(self) -> InferenceController:
