@@ -282,15 +282,27 @@ def _share_line(label: str, timer: Timer, steps: list[float]) -> float:
         f"{name} {sec / runs * 1e3:.3f} ms ({int(n) / runs:.1f} calls)"
         for name, (sec, n) in sorted(timer.by_machine.items(), key=lambda kv: -kv[1][0])
     )
+    inner = "".join(
+        f"; of them {name} {sec / runs * 1e3:.3f} ms ({int(n) / runs:.1f} calls)"
+        for name, (sec, n) in timer.inner.items()
+    )
+    core = timer.core_cpu() / runs
     print(
-        f"  CPU per step by part: {parts}; garbage collections inside them (taken out): {timer.gc / runs * 1e3:.2f} ms"
+        f"  CPU per step by part: {parts}{inner}; garbage collections inside them (taken out): "
+        f"{timer.gc / runs * 1e3:.2f} ms"
+    )
+    print(
+        f"  of the layer's {per_step * 1e3:.2f} ms/step: the core's decision (Core.step) {core * 1e3:.2f} ms, "
+        "the record "
+        f"and the runner's bursts {(per_step - core) * 1e3:.2f} ms ({(per_step - core) / step:.2%} of step time: what "
+        "is left with a core that costs nothing)"
     )
     return share
 
 
 def _record_ms(timer: Timer, runs: int) -> float:
     """The record's CPU per step: everything timed but ``Core.step`` (another part of issue 32)."""
-    return sum(sec for name, (sec, _) in timer.by_machine.items() if name != "Core.step") / runs * 1e3
+    return (timer.cpu - timer.core_cpu()) / runs * 1e3
 
 
 def main() -> None:
