@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import functools
 import io
+import os
 import socket
 import statistics
 import sys
@@ -279,7 +280,9 @@ def _share_line(label: str, timer: Timer, steps: list[float]) -> float:
         f"P3 in-run, {label}: {timer.events / runs:.0f} layer calls/step, {per_step * 1e3:.2f} ms CPU/step in the "
         f"lifecycle layer vs {step * 1e3:.0f} ms mean step: {share:.2%} of step time "
         f"(goal <= {GOAL:.1%}) {'ok' if share <= GOAL else 'NOT MET'}; wall time inside it (preemption by other "
-        f"processes included, an upper bound): {wall_per_step * 1e3:.2f} ms = {wall_per_step / step:.2%}"
+        f"processes included, an upper bound): {wall_per_step * 1e3:.2f} ms = {wall_per_step / step:.2%}; load "
+        f"{os.getloadavg()[0]:.1f} (a loaded machine lengthens the step more than the layer: the share is the idle "
+        "machine's figure, the ms per step the one to compare across loads)"
     )
     parts = ", ".join(
         f"{name} {sec / runs * 1e3:.3f} ms ({int(n) / runs:.1f} calls)"
