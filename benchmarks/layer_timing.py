@@ -56,6 +56,7 @@ class Timer:
         self.events = 0
         self.depth = 0
         self.by_machine: dict[str, list[float]] = {}  # part -> [cpu seconds, calls]
+        self.inner: dict[str, list[float]] = {}  # a part timed inside an outermost call (Core.step) -> [cpu s, calls]
         self.scrapes = 0
         self.gc = 0.0  # CPU seconds of garbage collections that ran inside the timed calls (taken out)
 
@@ -67,13 +68,25 @@ class Timer:
         entry[0] += cpu
         entry[1] += 1
 
+    def add_inner(self, name: str, cpu: float) -> None:
+        entry = self.inner.setdefault(name, [0.0, 0])
+        entry[0] += cpu
+        entry[1] += 1
+
+    def core_cpu(self) -> float:
+        """CPU seconds in ``Core.step``, outermost or inside a burst."""
+        return self.by_machine.get("Core.step", [0.0])[0] + self.inner.get("Core.step", [0.0])[0]
+
 
 @contextmanager
 def timed_layer(timer: Timer, every_call: bool = False) -> Iterator[None]:
-    """Time every outermost call of the lifecycle layer: ``Core.step`` (the decision), the runner's
+    """Time every outermost call of the lifecycle layer: the runner's bursts (``_step``: news or an operation;
+    ``_completed``: the results of its commands -- the decision, the record and the burst's one write, in one
+    call), and, where they are called on their own, ``Core.step`` (the decision), the runner's
     ``_apply``/``_record`` (the moves replayed on ``transitions`` machines, the event log, the ledger) and
-    the ends of its bursts (``EventLog.flush``: the held JSONL lines written; the batch's start, which holds
-    them). All are synchronous: thread CPU time inside them is their own.
+    the ends of bursts (``EventLog.flush``: the held JSONL lines written; the batch's start, which holds
+    them). All are synchronous: thread CPU time inside them is their own. ``Core.step`` inside a burst is
+    timed too (:attr:`Timer.inner`): the core's share, which a compiled core changes.
 
     By default a call counts only while a step is bound in structlog's context (the loop's steps, not its
     start-up and shutdown); ``every_call`` counts every call -- a fleet operation runs outside a step, and the
@@ -83,6 +96,8 @@ def timed_layer(timer: Timer, every_call: bool = False) -> Iterator[None]:
     from lifecycle.decide.runner import Runner
 
     step: Callable[..., Any] = Core.step
+    burst: Callable[..., Any] = Runner._step
+    completed: Callable[..., Any] = Runner._completed
     apply: Callable[..., Any] = Runner._apply
     record: Callable[..., Any] = Runner._record
     flush: Callable[..., Any] = EventLog.flush
@@ -90,7 +105,15 @@ def timed_layer(timer: Timer, every_call: bool = False) -> Iterator[None]:
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if timer.depth or not (every_call or "step" in get_contextvars()):
+            if timer.depth:
+                if name != "Core.step":
+                    return fn(*args, **kwargs)
+                c, gc_cpu = time.thread_time(), GC.cpu
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    timer.add_inner(name, time.thread_time() - c - (GC.cpu - gc_cpu))
+            if not (every_call or "step" in get_contextvars()):
                 return fn(*args, **kwargs)
             timer.depth += 1
             t, c, gc_wall, gc_cpu = time.perf_counter(), time.thread_time(), GC.wall, GC.cpu
@@ -105,6 +128,8 @@ def timed_layer(timer: Timer, every_call: bool = False) -> Iterator[None]:
         return timed
 
     Core.step = wrap("Core.step", step)  # type: ignore[method-assign]
+    Runner._step = wrap("Runner._step", burst)  # type: ignore[method-assign]
+    Runner._completed = wrap("Runner._completed", completed)  # type: ignore[method-assign]
     Runner._apply = wrap("Runner._apply", apply)  # type: ignore[method-assign]
     Runner._record = wrap("Runner._record", record)  # type: ignore[method-assign]
     EventLog.flush = wrap("EventLog.flush", flush)  # type: ignore[method-assign]
@@ -113,4 +138,5 @@ def timed_layer(timer: Timer, every_call: bool = False) -> Iterator[None]:
         yield
     finally:
         Core.step, Runner._apply, Runner._record = step, apply, record  # type: ignore[method-assign]
+        Runner._step, Runner._completed = burst, completed  # type: ignore[method-assign]
         EventLog.flush, LogBatch.__enter__ = flush, enter  # type: ignore[method-assign]

@@ -323,7 +323,10 @@ class EventMonitor:
             if dst == "Serving" and src != "Serving":
                 out += self._enters_serving(instance)
             if isinstance(e.get("ts"), str):
-                job.moved.setdefault(instance, deque(maxlen=MOVES_KEPT)).append((e["ts"], str(src)))
+                moved = job.moved.get(instance)
+                if moved is None:  # not setdefault: its default, a new deque, would be built on every move
+                    moved = job.moved[instance] = deque(maxlen=MOVES_KEPT)
+                moved.append((e["ts"], str(src)))
         job.states[instance] = dst
         if machine == "engine":
             out += self._members(instance, str(src), dst)

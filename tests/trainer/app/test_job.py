@@ -19,7 +19,7 @@ from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.events import TRANSITION, read_jsonl
 from rollout.pattern import PatternTask
 from tests.helpers import alive
-from trainer.app import Job, RunOptions
+from trainer.app import Job, RunOptions, heap
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
@@ -59,6 +59,32 @@ def test_a_job_leaves_an_embedders_own_frozen_heap_frozen(tmp_path: Path) -> Non
         assert gc.get_freeze_count() >= before, "the job unfroze the embedder's heap"
     finally:
         gc.unfreeze()
+
+
+def test_a_job_raises_the_young_threshold_while_it_runs_and_puts_it_back(tmp_path: Path) -> None:
+    """While a job runs, a fleet operation's in-flight requests are not walked by a young collection every 700
+    allocations (benchmark P7); the process's own threshold is back once the job closes."""
+    job = Job(
+        LifecycleConfig.from_mapping({"rollout_num_gpus": 1}),
+        PatternTask(),
+        run_dir=tmp_path,
+        options=RunOptions(events=None),
+    )
+    before = gc.get_threshold()
+    gc.set_threshold(700, before[1], before[2])
+    try:
+        job._freeze()
+        try:
+            assert gc.get_threshold()[0] == heap.YOUNG
+        finally:
+            job._unfreeze()
+        assert gc.get_threshold() == (700, before[1], before[2])
+        gc.set_threshold(50_000, before[1], before[2])  # a process's own, higher threshold is its policy
+        job._freeze()
+        job._unfreeze()
+        assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)
 
 
 @pytest.mark.usefixtures("ray_cluster")
