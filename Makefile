@@ -56,8 +56,8 @@ test: venv engine-env
 	$(MKDOCS)
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
-## compiled: the optional compiled checker (mypyc, from the dev extras; about 100 s): extension modules beside the
-## sources of lifecycle.compiled.MODULES, imported unless LIFECYCLE_PURE=1 or a source changed since (then: pure)
+## compiled: the optional compiled checker (mypyc, from the dev extras; ~1-2 min on 2 idle cores): extension
+## modules beside the sources of lifecycle.compiled.MODULES, used unless LIFECYCLE_PURE=1 or a source changed since
 compiled: venv
 	$(BIN)/pip install -q 'mypy>=1.10' 'setuptools>=77'
 	$(COMPILE)
