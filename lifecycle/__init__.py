@@ -7,6 +7,8 @@ the core (``Runner``) with its event log and effect ledger, and the errors. The 
 ``lifecycle.decide.predicates``, ``lifecycle.decide.runtime``).
 """
 
+# first: decides between the compiled checker and the pure one before either is imported (lifecycle.compiled)
+from lifecycle import compiled as _compiled  # noqa: F401
 from lifecycle.decide.config import ConfigWarning, LifecycleConfig, add_lifecycle_arguments
 from lifecycle.decide.core import (
     EVAL,

@@ -5,6 +5,9 @@
   chromium, playwright, mermaid) into a failure, so CI cannot go green by skipping.
 * ``recorded`` tests run only with ``LIFECYCLE_RECORDED=1`` (docs/contributing.md says which, and why).
 * One real local Ray cluster per session (``ray_cluster``), only if a test asks for it.
+* ``LIFECYCLE_PURE=1`` unless set: the suite runs the pure-Python core and checker, which its tests patch at run
+  time (compiled modules cannot be patched); ``tests/lifecycle/check/test_compiled_equal.py`` runs the compiled
+  checker (``make compiled``) against the pure one in child processes.
 * SGLang's contracts (``contracts``): ``<repo>/../shared/contracts`` (CI keeps a copy of ``shared/``
   beside the clone) or ``$LIFECYCLE_CONTRACTS``; tests that need them skip, saying where they looked.
 * Real CPU engine processes (``main_engine``, ``slow_engine``, ``keyed_engine``, ``doomed_engines``)
@@ -22,6 +25,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+os.environ.setdefault("LIFECYCLE_PURE", "1")  # before anything imports lifecycle (lifecycle.compiled decides once)
 
 import pytest
 from hypothesis import settings
