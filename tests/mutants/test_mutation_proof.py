@@ -12,7 +12,7 @@ import pytest
 from hypothesis import settings
 from jobmodel import make_machine, replay_machine, train_only_ft_machine
 
-from lifecycle.check.explore import check_train_only_ft_equals_no_ft, explore, lattice, run_check
+from lifecycle.check.explore import check_train_only_ft_equals_no_ft, explore, lattice
 from lifecycle.check.invariants import INVARIANTS
 from lifecycle.check.mutants import MUTANTS
 from lifecycle.decide.machines import MACHINES
@@ -113,12 +113,7 @@ def test_hypothesis_control_real_specs_pass():
     assert failure is None, failure.message
 
 
-@pytest.mark.slow
-def test_explorer_control_whole_lattice_passes():
-    # an elastic fleet's groups: each pinned exploration (tests/lifecycle/check/test_state_counts_pinned.py) passes
-    groups = [g for g in lattice().groups.values() if not evaluate(g[0])["elastic"]]
-    results = list(run_check(groups, jobs=2))
-    assert len(results) == len(groups)
-    bad = [r.violations[0].render() for r in results if r.violations]
-    assert not bad, bad[0]
+def test_explorer_control_real_specs_pass():
+    # the real specs pass on the whole lattice: tests/lifecycle/check/test_state_counts_pinned.py explores every group
+    # (2 and 3 engines) and fails on any violation; here the one whole-spec check beside it
     assert not check_train_only_ft_equals_no_ft(MACHINES)

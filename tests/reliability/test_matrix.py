@@ -61,6 +61,7 @@ from lifecycle.decide.events import (
 from lifecycle.decide.faults import FAULTS, KINDS
 from lifecycle.decide.machines import ENGINE as ENGINE_SPEC
 from lifecycle.observe.monitor import EventMonitor
+from tests.helpers import short_tmp
 from trainer.app.faults import (
     BROADCAST_FAULTS,
     FT_CONFIGS,
@@ -416,7 +417,7 @@ def kept_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Ray head the kept-engines cells' drivers join (it outlives them), started on first use."""
     from engines.actor import ray_head
 
-    with ray_head(str(tmp_path_factory.mktemp("kept-ray"))) as address:
+    with short_tmp() as temp, ray_head(temp) as address:
         yield address
 
 

@@ -364,14 +364,3 @@ def test_every_registered_invariant_is_selectable(capsys):
         capsys, "--invariant", "no_deadlock", "--debug-rollout-only", "--rollout-num-gpus", "2", "--jobs", "1"
     )
     assert code == 0
-
-
-@pytest.mark.slow
-def test_the_three_engine_lattice_passes():
-    """Every config of the lattice with three engines (~615,000 states: issue 32 puts it in CI)."""
-    groups = lattice().largest_first()
-    results = list(run_check(groups, engines=3, jobs=2))
-    assert len(results) == len(groups)
-    bad = [r.violations[0].render() for r in results if r.violations]
-    assert not bad, bad[0]
-    assert sum(r.states for r in results) > 500_000

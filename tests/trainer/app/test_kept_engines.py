@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from lifecycle.decide.events import read_jsonl
-from tests.helpers import alive
+from tests.helpers import alive, short_tmp
 
 from .kill_mid_update import KILL_ENV
 
@@ -42,7 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dic
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    with ray_head(str(tmp_path_factory.mktemp("ray"))) as address:
+    with short_tmp() as temp, ray_head(temp) as address:
         yield address, env
 
 
