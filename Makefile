@@ -89,4 +89,5 @@ bench: venv
 	$(BIN)/python benchmarks/bench_streaming.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_ENV) site .pytest_cache .ruff_cache .hypothesis test-artifacts
+	rm -rf $(VENV) $(VLLM_ENV) site .pytest_cache .ruff_cache .hypothesis test-artifacts build lifecycle/compiled.json
+	find lifecycle -name '*.so' -delete

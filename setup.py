@@ -62,7 +62,7 @@ def _extensions() -> list[Any]:
         return []
     paths = [str(Path(*m.split(".")).with_suffix(".py")) for m in MODULES]
     try:
-        return list(mypycify(paths, opt_level="3", group_name="lifecycle_compiled"))
+        return list(mypycify(paths, opt_level="3", group_name="lifecycle.checker"))
     except BaseException as exc:  # mypyc reports its own errors by exiting (SystemExit): still the pure package
         _warn(f"mypyc could not compile the checker ({exc!r})")
         return []

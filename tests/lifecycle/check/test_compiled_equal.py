@@ -83,5 +83,24 @@ def test_the_compiled_checker_finds_what_the_pure_one_finds() -> None:
     assert all(r["states"] > 1000 for r in pure["runs"] if not r["mutant"])
 
 
+def test_the_compiled_checker_loads_where_only_the_package_is_on_the_path(tmp_path: Path) -> None:
+    """As an installed package (an editable install maps the packages, not the repository root): the compiled
+    modules' shared library lives inside ``lifecycle/``, so the ``lifecycle`` command imports it from anywhere
+    (a library at the root, ``lifecycle_compiled__mypyc``, broke the installed command in CI)."""
+    from lifecycle.compiled import built
+
+    if built() is not None:
+        pytest.skip(f"no compiled checker: {built()}")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "lifecycle").symlink_to(ROOT / "lifecycle")
+    code = "from lifecycle import compiled; import lifecycle.check.explore, lifecycle.cli; print(compiled.in_use())"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "LIFECYCLE_PURE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True"
+
+
 if __name__ == "__main__":
     print(json.dumps(explore_all()))
