@@ -32,7 +32,13 @@ from engines.apikey import key_env
 from engines.errors import EngineStartError
 from engines.ledger import KEEP_NAMESPACE, RENEWAL_TIMEOUT, RENEWALS_PER_LEASE
 from engines.process import ServerProcess
-from engines.rayconnect import check_gcs, check_token, connection_error, use_cluster_token
+from engines.rayconnect import (
+    check_gcs,
+    check_token,
+    connection_error,
+    settings_follow_environment,
+    use_cluster_token,
+)
 
 if TYPE_CHECKING:
     from engines.api import APIFactory
@@ -435,6 +441,8 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
     elif nodes > 1:
         from ray.cluster_utils import Cluster
 
+        settings_follow_environment()
+
         _cluster = Cluster(
             initialize_head=True,
             head_node_args={"num_cpus": num_cpus, "include_dashboard": False},
@@ -445,6 +453,7 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
         _cluster.wait_for_nodes()
         ray.init(address=_cluster.address, include_dashboard=False, log_to_driver=False)
     else:  # "local": our own instance, never a cluster someone else started on this machine (/tmp/ray)
+        settings_follow_environment()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 

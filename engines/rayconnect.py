@@ -11,6 +11,7 @@ started), so ``lifecycle run`` can check an address before its heavy imports:
   ``RAY_AUTH_MODE=token`` is set (an address found by ``auto`` turns it on by itself). A driver given an
   address on a machine where a token is available sends it, as ``auto`` would; ``RAY_AUTH_MODE`` set by the
   user is left as it is.
+- :func:`settings_follow_environment`: a local cluster's GCS and its driver agree on ``RAY_AUTH_MODE``.
 - :func:`connection_error`: any failure of ``ray.init`` as one :class:`ConfigError` naming the flag and the fix.
 """
 
@@ -99,13 +100,27 @@ def use_cluster_token(address: str) -> bool:
     if address == "auto" or os.environ.get(AUTH_MODE_ENV) is not None or not token_available():
         return os.environ.get(AUTH_MODE_ENV, "").lower() == "token"
     os.environ[AUTH_MODE_ENV] = "token"
+    _reload_settings()
+    return True
+
+
+def settings_follow_environment() -> None:
+    """Before a local cluster starts: make Ray's settings, cached when Ray was imported, agree with
+    ``$RAY_AUTH_MODE`` as it is now. The GCS a driver starts reads the variable afresh, the driver sends a token
+    only by its cached settings: a variable set after ``import ray`` (by the user's script, or by an earlier
+    join in the same process) started a GCS that refused its own driver ("Failed to start GCS ...
+    InvalidAuthToken"), and left that GCS running."""
+    if os.environ.get(AUTH_MODE_ENV) is not None:
+        _reload_settings()
+
+
+def _reload_settings() -> None:
     try:  # Ray caches its settings when imported: read them again, as Ray's own token set-up does
         from ray._raylet import Config  # type: ignore[attr-defined]  # Ray's own token set-up calls it
 
         Config.initialize("")
     except (ImportError, AttributeError):
-        pass  # a Ray without token authentication: nothing to send
-    return True
+        pass  # a Ray without token authentication: nothing cached to refresh
 
 
 def check_token(address: str, flag: str = FLAG) -> None:

@@ -350,6 +350,34 @@ def test_a_driver_sends_the_token_it_has(tmp_path: Path, monkeypatch: pytest.Mon
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
 
 
+_LATE_AUTH_MODE = """
+import os, sys
+os.environ.pop("RAY_AUTH_MODE", None)
+import ray, ray._raylet  # Ray caches its settings here
+os.environ["RAY_AUTH_MODE"] = "token"  # then the variable changes (the user's script; an earlier join)
+from engines.actor import init_local_cluster
+try:
+    init_local_cluster(num_cpus=1)
+    ray.get(ray.put(1))
+    print("started")
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_local_cluster_follows_an_auth_mode_set_after_ray_was_imported(tmp_path: Path) -> None:
+    """``RAY_AUTH_MODE=token`` set after ``import ray``: the GCS the driver starts reads the variable, the driver its
+    settings cached at import; without ``settings_follow_environment`` the GCS refused its own driver ("Failed to
+    start GCS ... InvalidAuthToken", seen under pytest-xdist after another test's join set the variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_AUTH_MODE], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr[-3000:]
+
+
 def test_an_auth_refusal_is_one_paragraph() -> None:
     from engines.rayconnect import connection_error
 
