@@ -332,22 +332,30 @@ def test_the_api_refuses_a_server_that_is_not_ray(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 5
 
 
-def test_a_driver_sends_the_token_it_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def test_a_driver_sends_the_token_it_has(tmp_path: Path) -> None:
     from engines import rayconnect
 
-    monkeypatch.setitem(sys.modules, "ray._raylet", None)  # this process's Ray settings stay as they are
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
-    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
-    assert not rayconnect.use_cluster_token("127.0.0.1:6379") and "RAY_AUTH_MODE" not in os.environ
-    (tmp_path / ".ray").mkdir()
-    (tmp_path / ".ray" / "auth_token").write_text("t" * 32)
-    assert rayconnect.use_cluster_token("127.0.0.1:6379")
-    assert os.environ["RAY_AUTH_MODE"] == "token"
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's setting wins
-    assert not rayconnect.use_cluster_token("127.0.0.1:6379")
-    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    before = {name: os.environ.get(name) for name in AUTH_VARIABLES}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setitem(sys.modules, "ray._raylet", None)  # this process's Ray settings stay as they are
+        monkeypatch.setenv("HOME", str(tmp_path))
+        for name in AUTH_VARIABLES:  # set, then deleted: both recorded, so what use_cluster_token writes is undone
+            monkeypatch.setenv(name, "")
+            monkeypatch.delenv(name)
+        assert not rayconnect.use_cluster_token("127.0.0.1:6379") and "RAY_AUTH_MODE" not in os.environ
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text("t" * 32)
+        assert rayconnect.use_cluster_token("127.0.0.1:6379")
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's setting wins
+        assert not rayconnect.use_cluster_token("127.0.0.1:6379")
+        assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    # a delenv of an unset variable records nothing: this process kept RAY_AUTH_MODE=token, and its next local
+    # cluster (under xdist, another file's test) started a GCS that refused its driver
+    assert {name: os.environ.get(name) for name in AUTH_VARIABLES} == before
 
 
 _LATE_AUTH_MODE = """
