@@ -31,6 +31,10 @@ defaults' rollout FT, monitors included):
    exporter's sink (``trainer.app.metrics.Metrics.__call__``, timed on every event) per step against the mean step,
    and, as a cross-check, the median step of the two variants.
 
+Which core ran is printed first: the compiled one (``make compiled``) wherever it is built for these sources, else
+the pure-Python one; ``LIFECYCLE_PURE=1`` runs the pure one (the same-run comparison of the two is two runs of this
+file, alternating: a process imports one or the other).
+
 Run: python benchmarks/bench_loop.py [--steps N] [--rounds R] [--only-p3]
 """
 
@@ -311,6 +315,16 @@ def _record_ms(timer: Timer, runs: int) -> float:
     return (timer.cpu - timer.core_cpu()) / runs * 1e3
 
 
+def core_line() -> str:
+    """Which core this process runs (the loop's ``Core.step``): compiled, or pure and why."""
+    from lifecycle.compiled import PURE_ENV, built, in_use
+
+    if in_use():
+        return "core: compiled (mypyc; LIFECYCLE_PURE=1 runs the pure one)"
+    why = f"{PURE_ENV}=1" if os.environ.get(PURE_ENV) == "1" else built()
+    return f"core: pure Python ({why})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10, help="steps per run (default 10)")
@@ -322,6 +336,7 @@ def main() -> None:
     from engines.actor import init_local_cluster
 
     init_local_cluster(num_cpus=2)
+    print(core_line(), flush=True)
     if args.only_exporter:
         exporter_overhead(args.steps, args.rounds)
         return

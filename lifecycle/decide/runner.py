@@ -292,14 +292,19 @@ class Runner:
     def _record(self, commands: tuple[Command, ...], outcomes: list[Outcome]) -> None:
         """Each command's effect, now that its work has run (or failed), under the move that issued it."""
         entries = []
+        issued, log = self._issued, self.log
         for cmd, outcome in zip(commands, outcomes, strict=True):
-            m = self.machine(cmd.machine, cmd.instance)
-            seq, trigger, src, dst = self._issued.pop(cmd, (m.seq, "", m.state, m.state))
+            move = issued.pop(cmd, None)
+            if move is None:  # not issued by a move (a mutated spec): under the instance's last one
+                m = self.machine(cmd.machine, cmd.instance)
+                move = (m.seq, "", m.state, m.state)
             status = "failed" if outcome.name == ERROR or outcome.name in FAILED_RESULTS else "done"
-            entries.append(LedgerEntry(cmd.machine, cmd.instance, seq, trigger, src, dst, cmd.effect, status))
-            if outcome.facts and self.log.enabled:  # what the I/O did, in the core's order (deterministic logs)
+            entries.append(LedgerEntry(cmd.machine, cmd.instance, *move, cmd.effect, status))
+            if outcome.facts and log.enabled:  # what the I/O did, in the core's order (deterministic logs)
                 for fact in outcome.facts:
-                    self.log.emit(fact.event, **dict(fact.fields))
+                    fields = dict(fact.fields)  # the event dict itself (emit's order: its fields, then ``event``)
+                    fields["event"] = fact.event
+                    log.send(fields)
         self.ledger.extend(entries)
 
     def weights(self, cmd: Command) -> tuple[str, str] | None:

@@ -198,6 +198,8 @@ class EventMonitor:
             raise ValueError(f"not judged from events: {', '.join(unknown)} (judged: {', '.join(JUDGED)})")
         self.core: Core | None = None
         self.p: Mapping[str, bool] = {}
+        # the config's answers the transition rules ask on every move, read once (all False until a config is known)
+        self._replay = self._no_rollout_ft = self._train_only = False
         self.bounds: tuple[int, int] | None = None  # the fleet's (min, max) engines; None: not an elastic run
         self._given = config is not None  # else each driver's lifecycle.started line says (a resumed run: --load)
         if config is not None:
@@ -209,7 +211,9 @@ class EventMonitor:
 
     def _configure(self, config: LifecycleConfig) -> None:
         self.core = Core(config)
-        self.p = self.core.predicates
+        self.p = p = self.core.predicates
+        self._replay, self._no_rollout_ft = bool(p.get("replay")), bool(p) and not p.get("rollout_ft")
+        self._train_only = bool(p.get("train_ft")) and not p.get("rollout_ft")
         self.bounds = fleet_bounds(config.to_dict())
 
     def feed(self, event: Event) -> list[Violation]:
@@ -272,17 +276,17 @@ class EventMonitor:
         return ()
 
     def _transition(self, e: Event) -> Iterable[_Found]:
-        job, core, p = self.job, self.core, self.p
+        job, core = self.job, self.core
         machine, instance, src, dst = e.get("machine"), str(e.get("instance")), e.get("src"), str(e.get("dst"))
         effects = tuple(e.get("effects") or ())
         out: list[_Found] = []
-        if p.get("replay"):
+        if self._replay:
             for x in effects:
                 if x in NEVER_IN_REPLAY:
                     out.append(("replay_never_constructs", f"{instance} performed {x} while replaying", ()))
-        if p and not p.get("rollout_ft") and "recover_engine" in effects:
+        if self._no_rollout_ft and "recover_engine" in effects:
             out.append(("recover_only_with_rollout_ft", f"{instance} performed recover_engine without rollout FT", ()))
-        if p.get("train_ft") and not p.get("rollout_ft"):
+        if self._train_only:
             train_only = "train_only_ft_never_recovers_rollout"
             if machine == "engine" and dst == "Recovering":
                 out.append((train_only, f"{instance} is Recovering under train-only fault tolerance", ()))
