@@ -32,6 +32,7 @@ from lifecycle.decide.core import (
     Op,
     Outcome,
 )
+from lifecycle.decide.core.model import command_with, engine_with, job_with
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.names import OperationName
 from lifecycle.decide.predicates import elastic
@@ -117,6 +118,28 @@ class World(NamedTuple):
                 procs, self.eval_procs, self.faults, self.grouped, self.torn, self.voided, self.clean, self.saved
             )
         return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean, self.saved)
+
+
+def _world_with(
+    w: World,
+    *,
+    grouped: tuple[bool, ...] | None = None,
+    torn: tuple[bool, ...] | None = None,
+    voided: bool | None = None,
+    clean: tuple[bool, ...] | None = None,
+    saved: tuple[int, ...] | None = None,
+) -> World:
+    """``w`` with the fields given changed, built directly (``_replace`` is Python-level even compiled)."""
+    return World(
+        w.procs,
+        w.eval_procs,
+        w.faults,
+        w.grouped if grouped is None else grouped,
+        w.torn if torn is None else torn,
+        w.voided if voided is None else voided,
+        w.clean if clean is None else clean,
+        w.saved if saved is None else saved,
+    )
 
 
 class Node:
@@ -326,11 +349,11 @@ class Checker:
             w = _issued(w, cmd)
         if self.adopts:  # which version a job checkpoint holds, against the committed one
             if newer:
-                w = w._replace(voided=True)
+                w = _world_with(w, voided=True)
             if checkpointed:
-                w = w._replace(voided=False)
+                w = _world_with(w, voided=False)
         if self.saves_stream and checkpointed:
-            w = w._replace(saved=job.buffer)
+            w = _world_with(w, saved=job.buffer)
         return Transition(action, moves, Node(job, w))
 
     def _decide(self, job: JobState, event: Event) -> _Decided | None:
@@ -616,8 +639,8 @@ class _Flag(_Change):
             return w
         new = tuple(self.value if self.indices is None or i in self.indices else f for i, f in enumerate(flags))
         if self.field == "grouped":
-            return w._replace(grouped=new)
-        return w._replace(torn=new) if self.field == "torn" else w._replace(clean=new)
+            return _world_with(w, grouped=new)
+        return _world_with(w, torn=new) if self.field == "torn" else _world_with(w, clean=new)
 
 
 def _driver_death(core: Core, adopts: bool, n: Node, stream: bool = False) -> Transition:
@@ -778,22 +801,27 @@ def _sorted(job: JobState, world: World, *, normal_job: bool = False) -> tuple[J
     def rename(cmd: Command) -> Command:
         if cmd.group != ROLLOUT or cmd.engine is None:
             return cmd
-        return cmd._replace(engine=where[cmd.engine], instance=f"engine-{where[cmd.engine]}")
+        return command_with(cmd, engine=where[cmd.engine], instance=f"engine-{where[cmd.engine]}")
 
     def program(phases: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(f"{p.partition('@')[0]}@{where[int(p.partition('@')[2])]}" if "@" in p else p for p in phases)
 
     return (
-        job._replace(
+        job_with(
+            job,
             engines=tuple(engines[i] for i in order),
             awaiting=tuple(rename(c) for c in job.awaiting),
             rollout_program=program(job.rollout_program),
         ),
-        world._replace(
-            procs=tuple(world.procs[i] for i in order),
-            grouped=tuple(world.grouped[i] for i in order) if world.grouped else (),
-            torn=tuple(world.torn[i] for i in order) if world.torn else (),
-            clean=tuple(world.clean[i] for i in order) if world.clean else (),
+        World(
+            tuple(world.procs[i] for i in order),
+            world.eval_procs,
+            world.faults,
+            tuple(world.grouped[i] for i in order) if world.grouped else (),
+            tuple(world.torn[i] for i in order) if world.torn else (),
+            world.voided,
+            tuple(world.clean[i] for i in order) if world.clean else (),
+            world.saved,
         ),
     )
 
@@ -811,9 +839,10 @@ def _generations(job: JobState) -> JobState:
     generation before the current one. Epochs count launches, so without this every restart would be a new state."""
     if all(e.epoch <= 1 for e in job.engines) and all(e.epoch <= 1 for e in job.evals):
         return job
-    return job._replace(
-        engines=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.engines),
-        evals=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.evals),
+    return job_with(
+        job,
+        engines=tuple(engine_with(e, epoch=1) if e.epoch > 1 else e for e in job.engines),
+        evals=tuple(engine_with(e, epoch=1) if e.epoch > 1 else e for e in job.evals),
     )
 
 
@@ -828,14 +857,14 @@ def _normal_job(job: JobState) -> JobState:
     applies it once per decision of the core (every job state it explores is normal), not once per node."""
     job = _generations(job)
     if job.version:  # only the staleness of a buffered group is read, and it is kept relative to the version
-        job = job._replace(version=0)
+        job = job_with(job, version=0)
     if job.sync_generation:  # the group's generation: only a command's against the current one is read (fencing)
         job = _relative_generation(job)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):
         # between pins the fleet serves nothing: which version an eval engine held last is not read again
-        job = job._replace(evals=tuple(e._replace(current=False, fresh=False) for e in job.evals))
+        job = job_with(job, evals=tuple(engine_with(e, current=False, fresh=False) for e in job.evals))
     for e in job.engines:
         if e.state in _FINISHED:
             if e.current or e.fresh or e.released or e.restarts or e.epoch or e != EngineState(e.state):
@@ -849,19 +878,21 @@ def _normal_job(job: JobState) -> JobState:
         if e.state in _FINISHED:
             e = EngineState(e.state)
         elif e.state in _IDLE:
-            e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
+            e = engine_with(e, current=False, fresh=False, released=frozenset(), mixed=False)
         if e.leaving and e.state in _GONE:  # a vacant slot: the next launch starts a member afresh
-            e = e._replace(leaving=False)
+            e = engine_with(e, leaving=False)
         engines.append(e)
-    return job._replace(engines=tuple(engines))
+    return job_with(job, engines=tuple(engines))
 
 
 def _relative_generation(job: JobState) -> JobState:
     """The weight-update group's generation is 0 and a command's counts from it (an older group's is negative): the
     core compares them only to fence a result of an older group, and every re-form would be a new state otherwise."""
     g = job.sync_generation
-    awaiting = tuple(c._replace(generation=c.generation - g) if c.machine == "weight_sync" else c for c in job.awaiting)
-    return job._replace(sync_generation=0, awaiting=awaiting)
+    awaiting = tuple(
+        command_with(c, generation=c.generation - g) if c.machine == "weight_sync" else c for c in job.awaiting
+    )
+    return job_with(job, sync_generation=0, awaiting=awaiting)
 
 
 def _normal_world(job: JobState, world: World) -> World:
