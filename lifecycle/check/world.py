@@ -145,19 +145,28 @@ def _world_with(
 class Node:
     """A state of the exploration: the job as the core has it, and the world around it. Not a tuple: its hash is
     remembered. The search looks each node up several times (seen yet? its predecessors, the graph checks) and a
-    job state is a deep tuple of ~100 fields that Python hashes anew on every lookup."""
+    job state is a deep tuple of ~100 fields that Python hashes anew on every lookup. The job's own hash is passed
+    in where the checker knows it (once per decision of the core, not once per node: a job is reached under many
+    worlds); the node's hash is a function of the job's hash and the world, so equal nodes hash equal."""
 
-    __slots__ = ("_hash", "job", "world")
+    __slots__ = ("_hash", "_job_hash", "job", "world")
 
-    def __init__(self, job: JobState, world: World) -> None:
+    def __init__(self, job: JobState, world: World, job_hash: int | None = None) -> None:
         self.job = job
         self.world = world
         self._hash: int | None = None
+        self._job_hash = job_hash  # hash(job), where known
+
+    def job_hash(self) -> int:
+        jh = self._job_hash
+        if jh is None:
+            jh = self._job_hash = hash(self.job)
+        return jh
 
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            h = self._hash = hash((self.job, self.world))
+            h = self._hash = hash((self.job_hash(), self.world))
         return h
 
     def __eq__(self, other: object) -> bool:
@@ -165,7 +174,8 @@ class Node:
             return True
         if not isinstance(other, Node):
             return NotImplemented
-        return self.world == other.world and self.job == other.job
+        # one job object is shared by every node reached through one decision: identity first
+        return self.world == other.world and (self.job is other.job or self.job == other.job)
 
     def __repr__(self) -> str:
         return f"Node(job={self.job!r}, world={self.world!r})"
@@ -235,6 +245,7 @@ class _Decided(NamedTuple):
     commands: tuple[Command, ...]  # every command issued, the ones answered at once included
     newer: bool  # the trainer's weights became the committed version
     checkpointed: bool  # a job checkpoint was written
+    job_hash: int  # hash(job), once per decision (every node reached through it reuses it)
 
 
 _UNKNOWN = object()
@@ -310,7 +321,9 @@ class Checker:
     def key(self, n: Node) -> Node:
         """:meth:`Node.key` of a node this checker made: its job is normal already (normalised per decision)."""
         job, world = _sorted(n.job, n.world, normal_job=True)
-        return n if job is n.job and world is n.world else Node(job, world)
+        if job is n.job:
+            return n if world is n.world else Node(job, world, n.job_hash())
+        return Node(job, world)
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
@@ -343,7 +356,7 @@ class Checker:
         done = self._decide(n.job, event)
         if done is None:
             return None
-        job, moves, commands, newer, checkpointed = done
+        job, moves, commands, newer, checkpointed, job_hash = done
         w = world or n.world
         for cmd in commands:  # what issuing a command does to the world
             w = _issued(w, cmd)
@@ -354,7 +367,7 @@ class Checker:
                 w = _world_with(w, voided=False)
         if self.saves_stream and checkpointed:
             w = _world_with(w, saved=job.buffer)
-        return Transition(action, moves, Node(job, w))
+        return Transition(action, moves, Node(job, w, job_hash))
 
     def _decide(self, job: JobState, event: Event) -> _Decided | None:
         """The core's answer to ``event`` in ``job``, remembered: the core is a pure function of (state, event),
@@ -391,7 +404,7 @@ class Checker:
         job = _normal_job(job)  # once per decision, not once per state reached through it
         if not moves and job == before:
             job = before  # the same object: later "did it change?" questions compare identities, not fields
-        return _Decided(job, moves, commands, newer, checkpointed)
+        return _Decided(job, moves, commands, newer, checkpointed, hash(job))
 
     def _possible(self, n: Node, name: str, engine: int | None = None) -> bool:
         """A cheap look at the operation's own machine event: most operations are not allowed in a state."""
@@ -601,7 +614,8 @@ class Checker:
                 # for the lifecycle the two are one fault (the same successor; offered once, labelled with both)
                 for fault, health in _PROCESS_FAULTS:
                     w = _set_proc(group, i, health)(n.world).counted(1)
-                    yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), Node(n.job, w))
+                    node = Node(n.job, w, n.job_hash())
+                    yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), node)
 
 
 class _Change:
