@@ -32,6 +32,7 @@ from lifecycle.decide.core import (
     Op,
     Outcome,
 )
+from lifecycle.decide.core.model import command_with, engine_with, job_with
 from lifecycle.decide.machines import MACHINES
 from lifecycle.decide.names import OperationName
 from lifecycle.decide.predicates import elastic
@@ -119,22 +120,53 @@ class World(NamedTuple):
         return World(self.procs, procs, self.faults, self.grouped, self.torn, self.voided, self.clean, self.saved)
 
 
+def _world_with(
+    w: World,
+    *,
+    grouped: tuple[bool, ...] | None = None,
+    torn: tuple[bool, ...] | None = None,
+    voided: bool | None = None,
+    clean: tuple[bool, ...] | None = None,
+    saved: tuple[int, ...] | None = None,
+) -> World:
+    """``w`` with the fields given changed, built directly (``_replace`` is Python-level even compiled)."""
+    return World(
+        w.procs,
+        w.eval_procs,
+        w.faults,
+        w.grouped if grouped is None else grouped,
+        w.torn if torn is None else torn,
+        w.voided if voided is None else voided,
+        w.clean if clean is None else clean,
+        w.saved if saved is None else saved,
+    )
+
+
 class Node:
     """A state of the exploration: the job as the core has it, and the world around it. Not a tuple: its hash is
     remembered. The search looks each node up several times (seen yet? its predecessors, the graph checks) and a
-    job state is a deep tuple of ~100 fields that Python hashes anew on every lookup."""
+    job state is a deep tuple of ~100 fields that Python hashes anew on every lookup. The job's own hash is passed
+    in where the checker knows it (once per decision of the core, not once per node: a job is reached under many
+    worlds); the node's hash is a function of the job's hash and the world, so equal nodes hash equal."""
 
-    __slots__ = ("_hash", "job", "world")
+    __slots__ = ("_hash", "_job_hash", "job", "world")
 
-    def __init__(self, job: JobState, world: World) -> None:
+    def __init__(self, job: JobState, world: World, job_hash: int | None = None) -> None:
         self.job = job
         self.world = world
         self._hash: int | None = None
+        self._job_hash = job_hash  # hash(job), where known
+
+    def job_hash(self) -> int:
+        jh = self._job_hash
+        if jh is None:
+            jh = self._job_hash = hash(self.job)
+        return jh
 
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            h = self._hash = hash((self.job, self.world))
+            h = self._hash = hash((self.job_hash(), self.world))
         return h
 
     def __eq__(self, other: object) -> bool:
@@ -142,7 +174,8 @@ class Node:
             return True
         if not isinstance(other, Node):
             return NotImplemented
-        return self.world == other.world and self.job == other.job
+        # one job object is shared by every node reached through one decision: identity first
+        return self.world == other.world and (self.job is other.job or self.job == other.job)
 
     def __repr__(self) -> str:
         return f"Node(job={self.job!r}, world={self.world!r})"
@@ -212,6 +245,7 @@ class _Decided(NamedTuple):
     commands: tuple[Command, ...]  # every command issued, the ones answered at once included
     newer: bool  # the trainer's weights became the committed version
     checkpointed: bool  # a job checkpoint was written
+    job_hash: int  # hash(job), once per decision (every node reached through it reuses it)
 
 
 _UNKNOWN = object()
@@ -287,7 +321,9 @@ class Checker:
     def key(self, n: Node) -> Node:
         """:meth:`Node.key` of a node this checker made: its job is normal already (normalised per decision)."""
         job, world = _sorted(n.job, n.world, normal_job=True)
-        return n if job is n.job and world is n.world else Node(job, world)
+        if job is n.job:
+            return n if world is n.world else Node(job, world, n.job_hash())
+        return Node(job, world)
 
     def terminal(self, n: Node) -> bool:
         """The run is over: it stopped fast (the core names why)."""
@@ -320,18 +356,18 @@ class Checker:
         done = self._decide(n.job, event)
         if done is None:
             return None
-        job, moves, commands, newer, checkpointed = done
+        job, moves, commands, newer, checkpointed, job_hash = done
         w = world or n.world
         for cmd in commands:  # what issuing a command does to the world
             w = _issued(w, cmd)
         if self.adopts:  # which version a job checkpoint holds, against the committed one
             if newer:
-                w = w._replace(voided=True)
+                w = _world_with(w, voided=True)
             if checkpointed:
-                w = w._replace(voided=False)
+                w = _world_with(w, voided=False)
         if self.saves_stream and checkpointed:
-            w = w._replace(saved=job.buffer)
-        return Transition(action, moves, Node(job, w))
+            w = _world_with(w, saved=job.buffer)
+        return Transition(action, moves, Node(job, w, job_hash))
 
     def _decide(self, job: JobState, event: Event) -> _Decided | None:
         """The core's answer to ``event`` in ``job``, remembered: the core is a pure function of (state, event),
@@ -368,7 +404,7 @@ class Checker:
         job = _normal_job(job)  # once per decision, not once per state reached through it
         if not moves and job == before:
             job = before  # the same object: later "did it change?" questions compare identities, not fields
-        return _Decided(job, moves, commands, newer, checkpointed)
+        return _Decided(job, moves, commands, newer, checkpointed, hash(job))
 
     def _possible(self, n: Node, name: str, engine: int | None = None) -> bool:
         """A cheap look at the operation's own machine event: most operations are not allowed in a state."""
@@ -578,7 +614,8 @@ class Checker:
                 # for the lifecycle the two are one fault (the same successor; offered once, labelled with both)
                 for fault, health in _PROCESS_FAULTS:
                     w = _set_proc(group, i, health)(n.world).counted(1)
-                    yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), Node(n.job, w))
+                    node = Node(n.job, w, n.job_hash())
+                    yield Transition(Action(f"fault.{fault}", i, group, fault=True), (), node)
 
 
 class _Change:
@@ -616,8 +653,8 @@ class _Flag(_Change):
             return w
         new = tuple(self.value if self.indices is None or i in self.indices else f for i, f in enumerate(flags))
         if self.field == "grouped":
-            return w._replace(grouped=new)
-        return w._replace(torn=new) if self.field == "torn" else w._replace(clean=new)
+            return _world_with(w, grouped=new)
+        return _world_with(w, torn=new) if self.field == "torn" else _world_with(w, clean=new)
 
 
 def _driver_death(core: Core, adopts: bool, n: Node, stream: bool = False) -> Transition:
@@ -778,22 +815,27 @@ def _sorted(job: JobState, world: World, *, normal_job: bool = False) -> tuple[J
     def rename(cmd: Command) -> Command:
         if cmd.group != ROLLOUT or cmd.engine is None:
             return cmd
-        return cmd._replace(engine=where[cmd.engine], instance=f"engine-{where[cmd.engine]}")
+        return command_with(cmd, engine=where[cmd.engine], instance=f"engine-{where[cmd.engine]}")
 
     def program(phases: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(f"{p.partition('@')[0]}@{where[int(p.partition('@')[2])]}" if "@" in p else p for p in phases)
 
     return (
-        job._replace(
+        job_with(
+            job,
             engines=tuple(engines[i] for i in order),
             awaiting=tuple(rename(c) for c in job.awaiting),
             rollout_program=program(job.rollout_program),
         ),
-        world._replace(
-            procs=tuple(world.procs[i] for i in order),
-            grouped=tuple(world.grouped[i] for i in order) if world.grouped else (),
-            torn=tuple(world.torn[i] for i in order) if world.torn else (),
-            clean=tuple(world.clean[i] for i in order) if world.clean else (),
+        World(
+            tuple(world.procs[i] for i in order),
+            world.eval_procs,
+            world.faults,
+            tuple(world.grouped[i] for i in order) if world.grouped else (),
+            tuple(world.torn[i] for i in order) if world.torn else (),
+            world.voided,
+            tuple(world.clean[i] for i in order) if world.clean else (),
+            world.saved,
         ),
     )
 
@@ -811,9 +853,10 @@ def _generations(job: JobState) -> JobState:
     generation before the current one. Epochs count launches, so without this every restart would be a new state."""
     if all(e.epoch <= 1 for e in job.engines) and all(e.epoch <= 1 for e in job.evals):
         return job
-    return job._replace(
-        engines=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.engines),
-        evals=tuple(e._replace(epoch=1) if e.epoch > 1 else e for e in job.evals),
+    return job_with(
+        job,
+        engines=tuple(engine_with(e, epoch=1) if e.epoch > 1 else e for e in job.engines),
+        evals=tuple(engine_with(e, epoch=1) if e.epoch > 1 else e for e in job.evals),
     )
 
 
@@ -828,14 +871,14 @@ def _normal_job(job: JobState) -> JobState:
     applies it once per decision of the core (every job state it explores is normal), not once per node."""
     job = _generations(job)
     if job.version:  # only the staleness of a buffered group is read, and it is kept relative to the version
-        job = job._replace(version=0)
+        job = job_with(job, version=0)
     if job.sync_generation:  # the group's generation: only a command's against the current one is read (fencing)
         job = _relative_generation(job)
     if job.fleet in ("Idle", "SkippedUnhealthy", "SkippedPinViolation") and any(
         e.current or e.fresh for e in job.evals
     ):
         # between pins the fleet serves nothing: which version an eval engine held last is not read again
-        job = job._replace(evals=tuple(e._replace(current=False, fresh=False) for e in job.evals))
+        job = job_with(job, evals=tuple(engine_with(e, current=False, fresh=False) for e in job.evals))
     for e in job.engines:
         if e.state in _FINISHED:
             if e.current or e.fresh or e.released or e.restarts or e.epoch or e != EngineState(e.state):
@@ -849,19 +892,21 @@ def _normal_job(job: JobState) -> JobState:
         if e.state in _FINISHED:
             e = EngineState(e.state)
         elif e.state in _IDLE:
-            e = e._replace(current=False, fresh=False, released=frozenset(), mixed=False)
+            e = engine_with(e, current=False, fresh=False, released=frozenset(), mixed=False)
         if e.leaving and e.state in _GONE:  # a vacant slot: the next launch starts a member afresh
-            e = e._replace(leaving=False)
+            e = engine_with(e, leaving=False)
         engines.append(e)
-    return job._replace(engines=tuple(engines))
+    return job_with(job, engines=tuple(engines))
 
 
 def _relative_generation(job: JobState) -> JobState:
     """The weight-update group's generation is 0 and a command's counts from it (an older group's is negative): the
     core compares them only to fence a result of an older group, and every re-form would be a new state otherwise."""
     g = job.sync_generation
-    awaiting = tuple(c._replace(generation=c.generation - g) if c.machine == "weight_sync" else c for c in job.awaiting)
-    return job._replace(sync_generation=0, awaiting=awaiting)
+    awaiting = tuple(
+        command_with(c, generation=c.generation - g) if c.machine == "weight_sync" else c for c in job.awaiting
+    )
+    return job_with(job, sync_generation=0, awaiting=awaiting)
 
 
 def _normal_world(job: JobState, world: World) -> World:

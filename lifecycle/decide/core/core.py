@@ -25,7 +25,18 @@ from typing import NamedTuple, Protocol
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.core import operations, reports
 from lifecycle.decide.core.engines import next_delay
-from lifecycle.decide.core.model import BROADCAST, ROLLOUT, Completed, EngineState, Event, JobState, Op, Result
+from lifecycle.decide.core.model import (
+    BROADCAST,
+    ROLLOUT,
+    Completed,
+    EngineState,
+    Event,
+    JobState,
+    Op,
+    Result,
+    engine_with,
+    job_with,
+)
 from lifecycle.decide.core.parts import PARTS
 from lifecycle.decide.core.plan import ELASTIC_PHASES, ENGINE_PLAN, OPERATIONS, SNAPSHOT
 from lifecycle.decide.core.step import StepDraft
@@ -135,8 +146,8 @@ class Core:
             raise ValueError(f"restart budgets for {len(restarts)} engines, but the job has {len(state.engines)}")
         if any(e.state != "Init" for e in state.engines):
             raise ValueError("restart budgets are restored before the first operation, not after")
-        return state._replace(
-            engines=tuple(e._replace(restarts=r) for e, r in zip(state.engines, restarts, strict=True))
+        return job_with(
+            state, engines=tuple(engine_with(e, restarts=r) for e, r in zip(state.engines, restarts, strict=True))
         )
 
     def with_kept(self, state: JobState, epochs: tuple[int | None, ...], floor: int = 0) -> JobState:
@@ -151,11 +162,12 @@ class Core:
         if any(k is not None for k in epochs) and not self.predicates["keeps_engines"]:
             raise ValueError("this job keeps no engines (--detach-engines, with --save): none can be adopted")
         floor = max([floor, *(k for k in epochs if k is not None)])
-        return state._replace(
+        return job_with(
+            state,
             engines=tuple(
-                e._replace(epoch=floor if k is None else k, kept=k is not None)
+                engine_with(e, epoch=floor if k is None else k, kept=k is not None)
                 for e, k in zip(state.engines, epochs, strict=True)
-            )
+            ),
         )
 
     def with_target(self, state: JobState, target: int) -> JobState:
@@ -169,7 +181,7 @@ class Core:
             )
         if state.rollout != "Init":
             raise ValueError("a target is restored before the first operation, not after")
-        return state._replace(target=target)
+        return job_with(state, target=target)
 
     def with_checkpoint(self, state: JobState, version: int, oldest: tuple[int, ...] = ()) -> JobState:
         """A resumed stream's job checkpoint: its committed version and the oldest-token version of each group it
@@ -181,7 +193,7 @@ class Core:
             raise ValueError("a checkpoint is restored before the first operation, not after")
         if version < 0 or any(o > version for o in oldest):
             raise ValueError(f"a checkpoint's groups are never newer than its version {version}: {oldest}")
-        return state._replace(resuming=(version, *oldest))
+        return job_with(state, resuming=(version, *oldest))
 
     def step(self, state: JobState, event: Event) -> Result:
         """The job's next state, the moves and the commands one event makes -- or its refusal (state unchanged)."""

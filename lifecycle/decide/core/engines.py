@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lifecycle.decide.config import LifecycleConfig
-from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, instance_name
+from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, engine_with, instance_name
 from lifecycle.decide.core.parts import INSTANCE, PARTS, Origin
 from lifecycle.decide.core.plan import SNAPSHOT
 from lifecycle.decide.spec import Blocked, Step
@@ -103,7 +103,7 @@ def probe_evals(step: StepDraft) -> None:
 
 def load_snapshot(step: StepDraft) -> None:
     """The eval fleet's engines take one snapshot of the committed weights."""
-    step.job.evals = tuple(e._replace(fresh=False) for e in step.job.evals)
+    step.job.evals = tuple(engine_with(e, fresh=False) if e.fresh else e for e in step.job.evals)
     step.engines_do(EVAL, "begin_update", SNAPSHOT["Ready"])
 
 
@@ -133,7 +133,7 @@ def notice(step: StepDraft, group: str, i: int) -> None:
         return
     if step.epoch is not None and step.stale("engine", "retire", e.state, group, i):
         return  # a notice about a process the slot no longer runs
-    step.job.set_engine(group, i, e._replace(leaving=True))
+    step.job.set_engine(group, i, engine_with(e, leaving=True))
     retire_leaver(step, i)
 
 
@@ -201,7 +201,7 @@ def killed(step: StepDraft, cmd: Command) -> None:
         step.fire("engine", "confirm_dead", group, i)
         e = step.job.engine(group, i)
         if e.kept or e.replaced:  # a disowned or replaced process is let go: the slot gets a new one
-            step.job.set_engine(group, i, e._replace(kept=False, replaced=False))
+            step.job.set_engine(group, i, engine_with(e, kept=False, replaced=False))
             step.fire("engine", "start", group, i)
     elif state == "Recovering":
         relaunch(step, group, i)
@@ -211,7 +211,7 @@ def relaunch(step: StepDraft, group: str, i: int) -> None:
     """A recovered engine's old process is gone: start it again within the budget, or give up."""
     e = step.job.engine(group, i)
     delay, times = next_delay(e.restarts, step.now, step.core.config)
-    step.job.set_engine(group, i, e._replace(restarts=times))
+    step.job.set_engine(group, i, engine_with(e, restarts=times))
     if delay is None:
         step.fire("engine", "give_up", group, i)
         return
@@ -227,9 +227,9 @@ def adopted(step: StepDraft, cmd: Command, answer: str) -> None:
     assert group is not None and i is not None
     if answer == "adopted":
         step.fire("engine", "adopted", group, i)
-        step.job.set_engine(group, i, step.job.engine(group, i)._replace(kept=False, fresh=True))
+        step.job.set_engine(group, i, engine_with(step.job.engine(group, i), kept=False, fresh=True))
     elif answer == "behind":
         step.fire("engine", "adopted_behind", group, i)
-        step.job.set_engine(group, i, step.job.engine(group, i)._replace(kept=False))
+        step.job.set_engine(group, i, engine_with(step.job.engine(group, i), kept=False))
     else:
         step.fire("engine", "disown", group, i)

@@ -262,3 +262,97 @@ class Result(NamedTuple):
 
 def instance_name(group: str, index: int) -> str:
     return f"{GROUP_PREFIX[group]}-{index}"
+
+
+# -- changed copies, built directly ---------------------------------------------------------------------------------
+# A NamedTuple's ``_replace`` is Python-level (a keyword dict, ``map(kwds.pop, ...)``) even in the compiled build, and
+# the checker takes ~10^6 steps that each change a few fields: these build the tuple directly (a field left None is
+# kept; none of them sets a field to None), about 3x cheaper compiled.
+def engine_with(
+    e: EngineState,
+    *,
+    state: EngineStateName | None = None,
+    current: bool | None = None,
+    fresh: bool | None = None,
+    released: frozenset[str] | None = None,
+    restarts: tuple[float, ...] | None = None,
+    joined: bool | None = None,
+    mixed: bool | None = None,
+    epoch: int | None = None,
+    kept: bool | None = None,
+    replaced: bool | None = None,
+    leaving: bool | None = None,
+) -> EngineState:
+    """``e`` with the fields given changed."""
+    return EngineState(
+        e.state if state is None else state,
+        e.current if current is None else current,
+        e.fresh if fresh is None else fresh,
+        e.released if released is None else released,
+        e.restarts if restarts is None else restarts,
+        e.joined if joined is None else joined,
+        e.mixed if mixed is None else mixed,
+        e.epoch if epoch is None else epoch,
+        e.kept if kept is None else kept,
+        e.replaced if replaced is None else replaced,
+        e.leaving if leaving is None else leaving,
+    )
+
+
+def job_with(
+    job: JobState,
+    *,
+    engines: tuple[EngineState, ...] | None = None,
+    evals: tuple[EngineState, ...] | None = None,
+    rollout_program: tuple[str, ...] | None = None,
+    awaiting: tuple[Command, ...] | None = None,
+    version: int | None = None,
+    resuming: tuple[int, ...] | None = None,
+    target: int | None = None,
+    sync_generation: int | None = None,
+) -> JobState:
+    """``job`` with the fields given changed (the ones the core and the checker change outside a step's draft)."""
+    return JobState(
+        job.rollout,
+        job.trainer,
+        job.monitor,
+        job.fleet,
+        job.engines if engines is None else engines,
+        job.evals if evals is None else evals,
+        job.lock,
+        job.committed,
+        job.dirty,
+        job.ci_pending,
+        job.rollout_op,
+        job.rollout_program if rollout_program is None else rollout_program,
+        job.trainer_op,
+        job.trainer_program,
+        job.awaiting if awaiting is None else awaiting,
+        job.failed,
+        job.sync,
+        job.ahead,
+        job.version if version is None else version,
+        job.buffer,
+        job.taken,
+        job.resuming if resuming is None else resuming,
+        job.target if target is None else target,
+        job.sync_generation if sync_generation is None else sync_generation,
+    )
+
+
+def command_with(
+    cmd: Command, *, instance: str | None = None, engine: int | None = None, generation: int | None = None
+) -> Command:
+    """``cmd`` with the fields given changed (the checker renames engines and makes generations relative)."""
+    return Command(
+        cmd.effect,
+        cmd.machine,
+        cmd.instance if instance is None else instance,
+        cmd.group,
+        cmd.engine if engine is None else engine,
+        cmd.delay,
+        cmd.lane,
+        cmd.weights,
+        cmd.via,
+        cmd.generation if generation is None else generation,
+    )

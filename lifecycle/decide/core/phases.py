@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from lifecycle.decide.core import engines, weights
 from lifecycle.decide.core.engines import next_delay
-from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, instance_name
+from lifecycle.decide.core.model import EVAL, ROLLOUT, Command, Failure, engine_with, instance_name
 from lifecycle.decide.core.plan import SNAPSHOT
 from lifecycle.decide.spec import Step
 
@@ -210,7 +210,7 @@ def fleet_restart(step: StepDraft) -> None:
         elif (e.state, "start") in step.core.compiled["engine"].table:  # never started, or stopped
             if e.state == "Stopped":
                 delay, times = next_delay(e.restarts, step.now, step.core.config)
-                step.job.set_engine(EVAL, j, e._replace(restarts=times))
+                step.job.set_engine(EVAL, j, engine_with(e, restarts=times))
                 if delay is None:
                     step.fire("fleet", "unhealthy")
                     return
@@ -238,7 +238,7 @@ def fleet_loaded(step: StepDraft) -> None:
     if job.fleet != "LoadingSnapshot":
         return
     if all(e.state == "Quiesced" and e.fresh for e in job.evals):
-        job.evals = tuple(e._replace(current=True, fresh=False) for e in job.evals)
+        job.evals = tuple(engine_with(e, current=True, fresh=False) for e in job.evals)
         if isinstance(step.fire("fleet", "loaded"), Step):
             step.engines_do(EVAL, "resume", frozenset({"Quiesced"}))
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lifecycle.decide.core import engines
-from lifecycle.decide.core.model import Completed, EngineState, Failure, Fenced, Outcome
+from lifecycle.decide.core.model import Completed, EngineState, Failure, Fenced, Outcome, engine_with
 from lifecycle.decide.core.tables import apply_result
 from lifecycle.decide.spec import Blocked, Step
 
@@ -73,7 +73,7 @@ def engine_news(step: StepDraft, outcome: Outcome, e: EngineState) -> None:
         if e.state not in core.live or (step.epoch is not None and step.stale("engine", "stop", e.state, group, i)):
             return
         if isinstance(step.fire("engine", "stop", group, i), Step):
-            step.job.set_engine(group, i, step.job.engine(group, i)._replace(replaced=True))
+            step.job.set_engine(group, i, engine_with(step.job.engine(group, i), replaced=True))
     elif outcome.name in ("probe_failed", "threshold_reached", "stale_result") and e.state in core.live:
         step.fire("monitor", outcome.name)
 

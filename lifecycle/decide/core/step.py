@@ -22,6 +22,7 @@ from lifecycle.decide.core.model import (
     JobState,
     Move,
     Refusal,
+    engine_with,
     instance_name,
 )
 from lifecycle.decide.core.parts import INSTANCE, LANES, PART_OF, PARTS, Origin
@@ -104,9 +105,9 @@ class StepDraft:
             if fx.launch:  # a new process: a new generation, holding nothing (and in no process group)
                 new = EngineState(dest, False, False, fx.add, e.restarts, epoch=e.epoch + 1)
             elif fx.add or fx.drop:
-                new = e._replace(state=dest, released=(e.released - fx.drop) | fx.add)
+                new = engine_with(e, state=dest, released=(e.released - fx.drop) | fx.add)
             else:
-                new = e._replace(state=dest)
+                new = engine_with(e, state=dest)
             job.set_engine(group, i, new)
             leaves = dest in self.core.leaving_states
             if e.joined and (fx.launch or dest not in self.core.live or leaves):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lifecycle.decide.core import engines, trainer
-from lifecycle.decide.core.model import BROADCAST, COMMITTED_WEIGHTS, PENDING_WEIGHTS, ROLLOUT, Command
+from lifecycle.decide.core.model import BROADCAST, COMMITTED_WEIGHTS, PENDING_WEIGHTS, ROLLOUT, Command, engine_with
 from lifecycle.decide.spec import Step
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ def lock_engines(step: StepDraft) -> None:
     """The engine lock is taken: no engine has taken the update yet."""
     job = step.job
     job.lock = True
-    job.engines = tuple(e._replace(fresh=False) for e in job.engines)
+    job.engines = tuple(engine_with(e, fresh=False) if e.fresh else e for e in job.engines)
 
 
 def unlock_engines(step: StepDraft) -> None:
@@ -44,7 +44,7 @@ def loaded(step: StepDraft, cmd: Command) -> None:
     group, i = cmd.group, cmd.engine
     assert group is not None and i is not None
     if isinstance(step.fire("engine", "finish_update", group, i), Step):
-        step.job.set_engine(group, i, step.job.engine(group, i)._replace(fresh=True))
+        step.job.set_engine(group, i, engine_with(step.job.engine(group, i), fresh=True))
 
 
 def commit(step: StepDraft, *, update: bool = True) -> None:
@@ -53,7 +53,9 @@ def commit(step: StepDraft, *, update: bool = True) -> None:
     step.commits = True
     job = step.job
     job.committed, job.dirty, job.ahead = True, False, False
-    job.engines = tuple(e._replace(current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines)
+    job.engines = tuple(
+        engine_with(e, current=e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines
+    )
     if step.core.streaming and update:  # a new version: every buffered group is one version staler
         job.version += 1
         bound = step.core.bound
@@ -64,7 +66,7 @@ def took_committed(step: StepDraft) -> None:
     """A catch-up loaded the committed version: the engines that took it hold it."""
     job = step.job
     job.engines = tuple(
-        e._replace(current=e.current or e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines
+        engine_with(e, current=e.current or e.fresh, fresh=False, mixed=e.mixed and not e.fresh) for e in job.engines
     )
 
 
@@ -81,7 +83,7 @@ def abort_update(step: StepDraft) -> None:
         took_committed(step)
     else:
         job.dirty = True
-        job.engines = tuple(e._replace(current=e.current and not e.fresh, fresh=False) for e in job.engines)
+        job.engines = tuple(engine_with(e, current=e.current and not e.fresh, fresh=False) for e in job.engines)
     end_update(step)
 
 
@@ -115,13 +117,13 @@ def end_update(step: StepDraft) -> None:
 def left_group(step: StepDraft, group: str, i: int, *, planned: bool = False) -> None:
     """A member's process left (died, was stopped, restarted) -- or, ``planned``, an elastic fleet retired it: the
     weight-update group is stale."""
-    step.job.set_engine(group, i, step.job.engine(group, i)._replace(joined=False))
+    step.job.set_engine(group, i, engine_with(step.job.engine(group, i), joined=False))
     if step.job.sync == "Connected":
         step.fire("sync", "member_left" if planned else "membership_changed")
 
 
 def set_joined(step: StepDraft, members: frozenset[int]) -> None:
-    step.job.engines = tuple(e._replace(joined=j in members) for j, e in enumerate(step.job.engines))
+    step.job.engines = tuple(engine_with(e, joined=j in members) for j, e in enumerate(step.job.engines))
 
 
 def group_ready(step: StepDraft) -> bool:
@@ -165,7 +167,7 @@ def broadcast_failed(step: StepDraft, *, crashed: bool = False) -> None:
     step.engines_do(ROLLOUT, "abort_update", step.core.updating_engine)
     revert_paused(step)
     job.engines = tuple(
-        e._replace(current=e.current and not e.joined, fresh=False, mixed=e.mixed or e.joined) for e in job.engines
+        engine_with(e, current=e.current and not e.joined, fresh=False, mixed=e.mixed or e.joined) for e in job.engines
     )
     step.fire("rollout", "update_failed")
     lane = step.lane
