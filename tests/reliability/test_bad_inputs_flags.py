@@ -546,4 +546,4 @@ def test_catches_a_driver_that_sends_no_token(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(rayconnect, "use_cluster_token", lambda address: False)
     with pytest.raises(AssertionError):
-        test_a_driver_sends_the_token_it_has(tmp_path, monkeypatch)
+        test_a_driver_sends_the_token_it_has(tmp_path)
