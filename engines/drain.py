@@ -22,6 +22,7 @@ from lifecycle.decide.backends import RunningCount
 
 POLL_S = 0.1  # between two reads of the count: a request's tail is a few decode steps
 READ_TIMEOUT_S = 5.0  # one read of the count (never past the bound)
+ZERO_READS = 2  # a drain ends on this many reads of 0 in a row, POLL_S apart (see drain())
 
 
 @dataclass(frozen=True)
@@ -71,21 +72,23 @@ async def read_running(client: HTTPTransport, source: RunningCount, timeout: flo
 
 
 async def drain(read: Callable[[float], Awaitable[int]] | None, bound: float, *, poll: float = POLL_S) -> Drain:
-    """Poll ``read(timeout)`` until it says 0 or ``bound`` seconds passed (``read`` None: the server tells
-    nothing, so the whole bound is waited). A failed read is retried until the bound: a dead server's death is
-    its watcher's news, not the drain's."""
+    """Poll ``read(timeout)`` until it says 0 twice in a row or ``bound`` seconds passed (``read`` None: the
+    server tells nothing, so the whole bound is waited). Twice: a real vLLM server's gauges read 0 once, 0.1 s into
+    a drain, while its one request ran on to its 6,000th token (CI, 2026-12-07); leaving then would have stopped
+    the engine under it. A failed read is retried until the bound: a dead server's death is its watcher's news,
+    not the drain's."""
     start = time.monotonic()
     end = start + max(0.0, bound)
-    running, error = -1, ""
+    running, error, zeros = -1, "", 0
     while True:
         left = end - time.monotonic()
         if read is not None:
             try:
                 running = await read(max(0.05, min(READ_TIMEOUT_S, left)))
-                error = ""
+                error, zeros = "", zeros + 1 if running == 0 else 0
             except EngineError as exc:
-                error = str(exc)
-            if running == 0:
+                error, zeros = str(exc), 0
+            if zeros == ZERO_READS:
                 return Drain(0, False, round(time.monotonic() - start, 3))
         left = end - time.monotonic()
         if left <= 0:

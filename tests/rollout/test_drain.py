@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("smg")
 
-from engines.drain import parse_running, read_running
+from engines.drain import drain, parse_running, read_running
 from engines.errors import EngineProtocolError
 from engines.process import torch_engine_command
 from lifecycle.decide.backends import RunningCount, capabilities
@@ -229,3 +229,24 @@ def test_the_effect_handler_answers_done_at_once_and_reports_the_end_as_news(
     (news,) = reported
     assert (news.name, news.engine, news.reason, news.epoch) == ("drained", 0, "", rig.controller.engines[0].epoch)
     assert len(out["answer"].output_ids) == N
+
+
+def test_a_single_zero_read_between_counts_does_not_end_the_drain() -> None:
+    """A gauge that reads 0 once while the request runs on (seen on a real vLLM server) is not the end: the drain
+    ends on the second 0 in a row, or on the bound with the count it read last."""
+    reads = iter([1, 0, 1, 1, 0, 0, 1])
+    seen: list[int] = []
+
+    async def read(timeout: float) -> int:
+        seen.append(next(reads))
+        return seen[-1]
+
+    done = asyncio.run(drain(read, 10.0, poll=0.001))
+    assert (done.running, done.timed_out) == (0, False) and seen == [1, 0, 1, 1, 0, 0]
+    flicker = iter([1, 0] * 1000)
+
+    async def flickering(timeout: float) -> int:
+        return next(flicker)
+
+    ended = asyncio.run(drain(flickering, 0.05, poll=0.001))
+    assert ended.timed_out and ended.running in (0, 1)
