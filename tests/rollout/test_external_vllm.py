@@ -28,7 +28,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: pip i
 from engines.engine import Timeouts
 from engines.models import build_tiny_llama
 from engines.process import ServerProcess
-from engines.vllm.launcher import DEV_MODE, vllm_command
+from engines.vllm.launcher import DEV_MODE, server_env, vllm_command
 from rollout.controller import ControllerError
 from tests.helpers import free_port
 
@@ -57,7 +57,7 @@ def _server(
         k = cmd.index("--weight-transfer-config")
         del cmd[k : k + 2]
     env = {k: v for k, v in os.environ.items() if k != "VLLM_SERVER_DEV_MODE"}
-    env |= DEV_MODE if dev_mode else {}
+    env |= {k: v for k, v in server_env().items() if dev_mode or k not in DEV_MODE}
     proc = ServerProcess(cmd, engine_id=f"owner-{port}", url=f"http://127.0.0.1:{port}", env=env)
     proc.start(300.0)
     return proc

@@ -2,7 +2,8 @@
 API server, and when its spawner dies while it starts.
 
 A vLLM server is four processes in one group: the API server (HTTP, /health, /metrics), a resource tracker, the
-engine core (``VLLM::EngineCore``: the scheduler) and its worker (``VLLM::Worker``: the model). Observed here:
+engine core (``VLLM::EngineCore``: the scheduler) and its worker (``VLLM::Worker``: the model); the launcher runs
+the model in the engine core on CPU (``engines.vllm.launcher.CPU_ENV``: three processes). Observed here:
 
 * the engine core dies (its worker raised -- ``RuntimeError: Unsupported CPU attention configuration:
   head_dim=16`` at the first generation -- or it was SIGKILLed): the request in flight answers HTTP 500
@@ -168,6 +169,14 @@ async def _watch(engine: Engine, config: LifecycleConfig, seconds: float) -> tup
     finally:
         await monitor.stop()
     return reports, reached
+
+
+def test_on_cpu_the_model_runs_in_the_engine_core_without_a_worker_process(slot: Slot) -> None:
+    """The launcher's CPU environment (``CPU_ENV``): no ``VLLM::Worker`` beside the engine core -- one import of
+    torch and vLLM fewer at every (re)start, no message-queue hop per step."""
+    tree = _tree(slot.engine.launcher.process.pid)  # type: ignore[attr-defined]
+    titles = sorted(cmd.split()[0] for cmd in tree.values() if cmd.startswith("VLLM::"))
+    assert titles == ["VLLM::EngineCore"], tree
 
 
 def test_the_default_probe_passes_a_busy_healthy_engine_under_a_full_rollout(slot: Slot) -> None:
