@@ -13,22 +13,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lifecycle.check.explore import ELASTIC_CONFIGS, explore, lattice
+from lifecycle.check.explore import ELASTIC_CONFIGS, lattice
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.predicates import evaluate
-from lifecycle.decide.presets import PRESETS, preset
+from lifecycle.decide.presets import PRESETS
 
 PINNED = Path(__file__).resolve().parent / "data" / "state_counts.json"
 SLOW_PRESETS = ("resume", "streaming")  # 44,000 and 300,000 states: in the slow run
 FAST_PRESETS = [name for name in PRESETS if name not in SLOW_PRESETS]
 # An elastic fleet's lattice groups (ELASTIC_CONFIGS: lock-step x {no FT, rollout FT} x {disk, broadcast}, streaming x
 # {no FT, rollout FT}), each at 2 and 3 slots, pinned apart from the rest of the lattice (whose pins predate them).
-# By index and slots: streaming with 2 slots and broadcast with 3 run slow (32k-96k states, ~35 s of CPU together);
-# the rest (4k-20k states) ~9 s; streaming with 3 slots (158k and 277k states, ~80 s) is left to lifecycle check
-# --engines 3 (CI's time).
+# By index and slots: streaming with 2 slots and broadcast with 3 run slow (32k-96k states, ~25 s together, compiled);
+# the rest (4k-20k states) ~5 s; streaming with 3 slots (158k and 277k states, ~50 s) passes but is not pinned
+# (CI's time).
 ELASTIC_SLOW = frozenset({(4, 2), (5, 2), (2, 3), (3, 3)})
 ELASTIC_UNPINNED = frozenset({(4, 3), (5, 3)})
 ELASTIC_CASES = [
@@ -48,9 +49,18 @@ def flags(config: LifecycleConfig) -> str:
     return " ".join(config.to_flags()) or "(defaults)"
 
 
-# A whole lattice runs in a child process that may import the compiled checker (``make compiled``; the suite's own
+# Every exploration runs in a child process that may import the compiled checker (``make compiled``; the suite's own
 # process runs the pure one, which tests patch): the same counts either way (test_compiled_equal.py), 2-4x sooner.
-_CHILD = """
+def _child(code: str, *args: str) -> dict[str, Any]:
+    env = {**os.environ, "LIFECYCLE_PURE": "0"}
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    print(f"{'compiled' if result['compiled'] else 'pure'} checker")
+    return result
+
+
+_LATTICE = """
 import json, sys
 from lifecycle import compiled
 from lifecycle.check.explore import lattice, run_check
@@ -64,33 +74,45 @@ for r in run_check(groups, engines=engines, jobs=2):
 json.dump({"counts": out, "bad": bad, "compiled": compiled.in_use()}, sys.stdout)
 """
 
+# one config: a preset by name, or an elastic group by its index in ELASTIC_CONFIGS
+_ONE = """
+import json, sys
+from lifecycle import compiled
+from lifecycle.check.explore import ELASTIC_CONFIGS, explore
+from lifecycle.decide.presets import preset
+kind, key, engines = json.loads(sys.argv[1])
+r = explore(preset(key) if kind == "preset" else ELASTIC_CONFIGS[key], engines=engines)
+bad = None if r.ok else r.violations[0].render()
+json.dump({"counts": [r.states, r.transitions], "bad": bad, "compiled": compiled.in_use()}, sys.stdout)
+"""
+
 
 def counts(engines: int) -> dict[str, list[int]]:
     """Per lattice group but an elastic fleet's (its first config's flags): states and transitions, 2 faults; every
     group passes (this is also the test that the whole 2- and 3-engine lattices pass)."""
-    env = {**os.environ, "LIFECYCLE_PURE": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(engines)], env=env, capture_output=True, text=True, timeout=3000
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result = _child(_LATTICE, str(engines))
     assert not result["bad"], result["bad"][0]
-    print(f"{engines} engines: {'compiled' if result['compiled'] else 'pure'} checker")
     out: dict[str, list[int]] = result["counts"]
+    return out
+
+
+def explored(kind: str, key: str | int, engines: int) -> list[int]:
+    """States and transitions of one preset or elastic group, which must pass."""
+    result = _child(_ONE, json.dumps([kind, key, engines]))
+    assert result["bad"] is None, result["bad"]
+    out: list[int] = result["counts"]
     return out
 
 
 @pytest.mark.parametrize("name", FAST_PRESETS)
 def test_each_preset_explores_the_pinned_states(name: str) -> None:
-    r = explore(preset(name), engines=2)
-    assert [r.states, r.transitions] == pinned()["presets"][name]
+    assert explored("preset", name, 2) == pinned()["presets"][name]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW_PRESETS)
 def test_the_large_presets_explore_the_pinned_states(name: str) -> None:
-    r = explore(preset(name), engines=2)
-    assert [r.states, r.transitions] == pinned()["presets"][name]
+    assert explored("preset", name, 2) == pinned()["presets"][name]
 
 
 @pytest.mark.slow
@@ -100,9 +122,7 @@ def test_every_lattice_group_explores_the_pinned_states(engines: int) -> None:
 
 
 def elastic_counts(i: int, slots: int) -> list[int]:
-    r = explore(ELASTIC_CONFIGS[i], engines=slots)
-    assert r.ok, r.violations[0].render()
-    return [r.states, r.transitions]
+    return explored("elastic", i, slots)
 
 
 @pytest.mark.parametrize(("i", "slots"), ELASTIC_CASES)
@@ -115,8 +135,7 @@ def test_each_elastic_group_explores_the_pinned_states(i: int, slots: int) -> No
 def test_the_unpinned_elastic_groups_pass(i: int, slots: int) -> None:
     """Streaming with 3 slots (158k and 277k states): not pinned, but the lattice passes whole (with the pinned
     groups above)."""
-    r = explore(ELASTIC_CONFIGS[i], engines=slots)
-    assert r.ok, r.violations[0].render()
+    explored("elastic", i, slots)
 
 
 def test_the_elastic_groups_are_the_lattices_last() -> None:
@@ -133,8 +152,7 @@ def test_the_elastic_groups_are_the_lattices_last() -> None:
 def test_regenerate() -> None:
     presets = {}
     for name in PRESETS:
-        r = explore(preset(name), engines=2)
-        presets[name] = [r.states, r.transitions]
+        presets[name] = explored("preset", name, 2)
     doc = json.loads(PINNED.read_text())
     elastic = {
         str(n): {
