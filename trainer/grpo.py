@@ -87,9 +87,9 @@ class GRPOBackend:
         tis_clip: float = TIS_CLIP,
         tis_clip_low: float = TIS_CLIP_LOW,
     ) -> None:
-        import torch
 
         from engines.models import CausalLM, TinyCausalLM, is_char_checkpoint, new_causal_lm
+        from trainer.adam import Adam
         from trainer.policy import TIS
 
         self.rank = rank
@@ -98,13 +98,13 @@ class GRPOBackend:
         self.model: CausalLM = TinyCausalLM(model_size, seed=seed)
         if checkpoint is not None and not is_char_checkpoint(checkpoint):
             self.model = new_causal_lm(checkpoint, seed=seed)
-        self.optim = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.optim = Adam(self.model.parameters(), lr=lr)
         self._offloaded: dict[str, Any] | None = None
 
     def compute_grads(self, samples: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
         from trainer.policy import grpo_loss
 
-        self.optim.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         loss, stats = grpo_loss(self.model, samples, temperature=self.temperature, tis=self.tis)
         loss.backward()  # type: ignore[no-untyped-call]
         grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
