@@ -1,10 +1,10 @@
 """Adam (Kingma & Ba) for the project's trainer, without ``torch.optim``.
 
 Any use of ``torch.optim`` imports ``torch._dynamo`` (its ``Optimizer`` routes ``add_param_group``, ``zero_grad``,
-``step`` and the state dicts through torch.compile's guards): 1.5 s of CPU, more than ``import torch`` itself costs on
-top of the model, in every trainer worker that starts -- a run's, a healed one's, each test's. This class takes the
-same update, op for op, as torch's single-tensor Adam (what ``torch.optim.Adam`` runs on CPU), so the weights it
-produces are bit-identical (``tests/trainer/test_adam.py`` compares them step by step).
+``step`` and the state dicts through torch.compile's guards), sympy with it: 1.5 s of CPU in every trainer worker that
+starts -- a run's, a healed one's, each test's. This class takes the same update, op for op, as torch's single-tensor
+Adam (what ``torch.optim.Adam`` runs on CPU), so the weights it produces are bit-identical
+(``tests/trainer/test_adam.py`` compares them step by step).
 """
 
 from __future__ import annotations
