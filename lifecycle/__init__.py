@@ -42,32 +42,16 @@ if TYPE_CHECKING:
     from lifecycle.decide.ledger import EffectLedger
     from lifecycle.decide.runner import OperationRefused, RunFailed, Runner
 
-_EXPORTS = {
-    **dict.fromkeys(("ConfigWarning", "LifecycleConfig", "add_lifecycle_arguments"), "lifecycle.decide.config"),
-    **dict.fromkeys(
-        (
-            "EVAL",
-            "ROLLOUT",
-            "Command",
-            "Completed",
-            "Core",
-            "EngineState",
-            "Event",
-            "Failure",
-            "JobState",
-            "Move",
-            "Op",
-            "Outcome",
-            "Refusal",
-            "Result",
-        ),
-        "lifecycle.decide.core",
-    ),
-    **dict.fromkeys(("ConfigError", "LifecycleError"), "lifecycle.decide.errors"),
-    "EventLog": "lifecycle.decide.events",
-    "EffectLedger": "lifecycle.decide.ledger",
-    **dict.fromkeys(("OperationRefused", "RunFailed", "Runner"), "lifecycle.decide.runner"),
+_NAMES = {  # module: the names it gives, space-separated
+    "lifecycle.decide.config": "ConfigWarning LifecycleConfig add_lifecycle_arguments",
+    "lifecycle.decide.core": "EVAL ROLLOUT Command Completed Core EngineState Event Failure JobState Move Op Outcome "
+    "Refusal Result",
+    "lifecycle.decide.errors": "ConfigError LifecycleError",
+    "lifecycle.decide.events": "EventLog",
+    "lifecycle.decide.ledger": "EffectLedger",
+    "lifecycle.decide.runner": "OperationRefused RunFailed Runner",
 }
+_EXPORTS = {name: module for module, names in _NAMES.items() for name in names.split()}
 
 __all__ = [
     "EVAL",
