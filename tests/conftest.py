@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("LIFECYCLE_PURE", "1")  # before anything imports lifecycle (lifecycle.compiled decides once)
+# Ray starts its workers at nice 15 (the raylet's worker_niceness); here they share 2 cores with the tests' nice-0
+# processes (checker children, local-launcher engines, vLLM servers), which starved them: a trainer at a few percent
+# of a core fell behind vLLM servers in CI (the stream's in-flight witness failed) and a cell's trainer start waited
+# 85-144 s beside the 3-engine lattice. Every Ray a test starts, in-process or in a child, inherits this.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 import pytest
 from hypothesis import settings
