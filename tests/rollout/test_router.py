@@ -379,6 +379,7 @@ async def hammered_update(rig: Rig) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.recorded  # CI's time bound: the same check on CPU engines runs in CI, and so do the vLLM fault cells
 def test_smg_routes_to_exactly_the_serving_vllm_engines(tmp_path: Path, vllm_python: str) -> None:
     """The same wire check with real vLLM servers behind SMG (its /v1/completions forwarded): after every settled
     step SMG routes to exactly the Serving engines, labelled with the committed version, through generate, a
