@@ -15,7 +15,8 @@ from lifecycle.decide.config import nonblank
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.schema import SchemaError
 from lifecycle.observe.outputs import check_output
-from lifecycle.observe.timeline import load_events, output_path, write_page
+from lifecycle.observe.timeline import load_events
+from lifecycle.observe.timeline_page import output_path, write_page
 from lifecycle.observe.trace import Event, diff, line, load, torn_tail
 
 

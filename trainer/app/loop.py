@@ -33,7 +33,7 @@ from engines.vllm.launcher import TINY_LLAMA
 from lifecycle.decide.config import LifecycleConfig
 from lifecycle.decide.errors import ConfigError
 from lifecycle.decide.events import RESUMED, bind_context, cut_torn_tail
-from lifecycle.observe.timeline import write_timeline
+from lifecycle.observe.timeline_page import write_timeline
 from rollout.executor import EvalResult, RolloutManager
 from rollout.pattern import PatternTask
 from rollout.sample import Sample

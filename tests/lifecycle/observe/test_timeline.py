@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.observe.timeline import (
-    STATE_COLOURS,
-    build_lanes,
-    build_timeline,
-    load_events,
-    render_html,
-    state_colour,
-    write_timeline,
-)
+from lifecycle.observe.timeline import build_lanes, build_timeline, load_events
+from lifecycle.observe.timeline_page import STATE_COLOURS, render_html, state_colour, write_timeline
 from tests.helpers import EVENT_LOGS
 
 FAULT_RUN = EVENT_LOGS / "fault_run_events.jsonl"
