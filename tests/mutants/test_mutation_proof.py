@@ -115,5 +115,5 @@ def test_hypothesis_control_real_specs_pass():
 
 def test_explorer_control_real_specs_pass():
     # the real specs pass on the whole lattice: tests/lifecycle/check/test_state_counts_pinned.py explores every group
-    # (2 and 3 engines) and fails on any violation; here the one whole-spec check beside it
+    # (2 engines in CI, 3 in the recorded run) and fails on any violation; here the one whole-spec check beside it
     assert not check_train_only_ft_equals_no_ft(MACHINES)

@@ -100,6 +100,7 @@ def test_restart_budgets_carry_over_to_the_resumed_engines() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.recorded  # 115-130 s in CI, where the 2-engine lattice explores every resumed group (its first config)
 def test_the_checker_explores_resumed_jobs_under_every_ft_configuration() -> None:
     resumed = [c for c in lattice().valid if c.load is not None]
     fleets = {(c.update_weight_transfer_mode, bool(c.rollout_external_engine_addrs)) for c in resumed}
