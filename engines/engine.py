@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from engines.api import GROUP_NAME, APIFactory, Bucket, ServerAPI, mismatch
 from engines.drain import Drain, drain, read_running
 from engines.errors import EngineError, EngineHTTPError, EngineMismatch, EngineStartError
-from engines.launcher import Launcher
+from engines.launcher import Launcher, Watched
 from lifecycle.decide.backends import RunningCount
 from lifecycle.decide.core import Fact, Outcome
 from lifecycle.decide.errors import LifecycleError
@@ -55,6 +55,8 @@ class _Batch:
 # the calls an in-flight update makes on one server, each bounded by the request timeout: pause, open the session,
 # transfer, close it, read the version, resume
 UPDATE_CALLS = 6
+# seconds a closing engine waits for its killed process's death watch to see the death (a reap takes ~30 ms)
+REAP_TIMEOUT = 5.0
 
 
 @dataclass
@@ -394,6 +396,8 @@ class Engine:
         """Best effort, whatever the state: kill the process, close the client, release the launcher."""
         with contextlib.suppress(Exception):  # already gone: nothing to do
             await self.launcher.kill()
+        if isinstance(self.launcher, Watched):
+            await self.launcher.unwatch(REAP_TIMEOUT)
         if self.server is not None:
             await self.server.close()
             self.server = None

@@ -10,6 +10,7 @@ fault injector call the same methods on each, for the CPU torch engine and real 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -76,6 +77,16 @@ class Launcher(Protocol):
 
     def crash(self) -> None:
         """The whole engine dies at once (a Ray actor with its server; locally, the server process)."""
+        ...
+
+
+@runtime_checkable
+class Watched(Protocol):
+    """A launcher whose death watch runs in this process (a thread blocked in ``waitpid``): closing the engine ends
+    it, so no watch is left pending when the caller closes its event loop."""
+
+    async def unwatch(self, timeout: float) -> None:
+        """Wait (bounded) for the death watch of a killed process to see the death; cancel it after the bound."""
         ...
 
 
@@ -192,6 +203,16 @@ class ProcessControl:
             self._death = (proc, asyncio.ensure_future(asyncio.to_thread(proc.wait_dead, None)))
         code = await asyncio.shield(self._death[1])
         return proc.death(code)
+
+    async def unwatch(self, timeout: float) -> None:
+        death = self._death
+        if death is None or death[1].done():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(death[1]), timeout)
+        if not death[1].done():  # a process that outlived its SIGKILL's bound: the thread is left to its waitpid
+            death[1].cancel()
+            await asyncio.sleep(0)  # the task takes its cancellation in this turn of the loop
 
     def shutdown(self) -> None:
         """Nothing beyond the process to release."""

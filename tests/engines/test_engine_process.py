@@ -282,3 +282,19 @@ def test_a_crashing_actor_does_not_report_its_server_exit_first(monkeypatch: pyt
     assert exits == [1]  # the actor would have exited here; its server was SIGKILLed first
     watcher.join(2.0)  # long enough for a wrong answer: waitpid returns within milliseconds of the kill
     assert answers == [], f"the watch answered {answers} while the actor was going down"
+
+
+def test_a_closed_local_engine_leaves_no_task_on_its_loop() -> None:
+    """The death watch (a thread's waitpid) ends with the close: an embedding loop that closes its event loop next
+    gets no "Task was destroyed but it is pending" for it."""
+    from engines.engine import Engine
+    from engines.launcher import launcher_factory
+
+    loop = asyncio.new_event_loop()
+    try:
+        engine = Engine("engine-0", launcher_factory("local")("engine-0"))
+        assert loop.run_until_complete(engine.launch()).name == "ready", engine.reason
+        loop.run_until_complete(engine.close())
+        assert not asyncio.all_tasks(loop)
+    finally:
+        loop.close()

@@ -70,7 +70,6 @@ def slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slot]:
         yield s
     finally:
         s.run(engine.close())
-        s.run(asyncio.sleep(0.1))  # the launcher's death watch sees the exit before its loop closes
         s.loop.close()
 
 

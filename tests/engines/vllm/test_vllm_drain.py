@@ -78,7 +78,6 @@ def slot(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator
         yield s
     finally:
         s.run(engine.close())
-        s.run(asyncio.sleep(0.1))
         s.loop.close()
 
 
