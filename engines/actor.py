@@ -36,7 +36,7 @@ from engines.rayconnect import (
     check_gcs,
     check_token,
     connection_error,
-    settings_follow_environment,
+    own_cluster_auth,
     use_cluster_token,
 )
 
@@ -441,7 +441,7 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
     elif nodes > 1:
         from ray.cluster_utils import Cluster
 
-        settings_follow_environment()
+        own_cluster_auth()
 
         _cluster = Cluster(
             initialize_head=True,
@@ -453,7 +453,7 @@ def init_local_cluster(num_cpus: int = 2, address: str | None = None, nodes: int
         _cluster.wait_for_nodes()
         ray.init(address=_cluster.address, include_dashboard=False, log_to_driver=False)
     else:  # "local": our own instance, never a cluster someone else started on this machine (/tmp/ray)
-        settings_follow_environment()
+        own_cluster_auth()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 

@@ -11,7 +11,8 @@ started), so ``lifecycle run`` can check an address before its heavy imports:
   ``RAY_AUTH_MODE=token`` is set (an address found by ``auto`` turns it on by itself). A driver given an
   address on a machine where a token is available sends it, as ``auto`` would; ``RAY_AUTH_MODE`` set by the
   user is left as it is.
-- :func:`settings_follow_environment`: a local cluster's GCS and its driver agree on ``RAY_AUTH_MODE``.
+- :func:`settings_follow_environment`: a local cluster's GCS and its driver agree on ``RAY_AUTH_MODE``;
+  :func:`own_cluster_auth` states Ray's default for a cluster the driver starts.
 - :func:`connection_error`: any failure of ``ray.init`` as one :class:`ConfigError` naming the flag and the fix.
 """
 
@@ -102,6 +103,14 @@ def use_cluster_token(address: str) -> bool:
     os.environ[AUTH_MODE_ENV] = "token"
     _reload_settings()
     return True
+
+
+def own_cluster_auth() -> None:
+    """Before this driver starts a cluster of its own: Ray's default for a new local cluster -- token
+    authentication, its token in ``~/.ray/auth_token`` (written if missing) -- stated, unless ``$RAY_AUTH_MODE``
+    says otherwise. Left to its default, Ray logs a warning that it chose it at the top of every run."""
+    os.environ.setdefault(AUTH_MODE_ENV, "token")
+    settings_follow_environment()
 
 
 def settings_follow_environment() -> None:

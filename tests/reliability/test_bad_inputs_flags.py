@@ -386,6 +386,37 @@ def test_a_local_cluster_follows_an_auth_mode_set_after_ray_was_imported(tmp_pat
     assert done.returncode == 0 and "started" in done.stdout, done.stderr[-3000:]
 
 
+_OWN_CLUSTER = """
+import os
+from engines.actor import init_local_cluster
+import ray
+try:
+    init_local_cluster(num_cpus=1)
+    ray.get(ray.put(1))
+    print("started", os.environ.get("RAY_AUTH_MODE"))
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("token", [False, True], ids=["first-run", "token-in-home"])
+def test_the_drivers_own_cluster_starts_with_rays_default_auth_and_no_warning(tmp_path: Path, token: bool) -> None:
+    """A cluster the driver starts (no --ray-address) has Ray's default -- token authentication, the token written
+    to ~/.ray where missing -- without Ray's warning that it chose it on the first lines of every run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0")
+    if token:
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text("t" * 32)
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_CLUSTER], env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "started token" in done.stdout, done.stderr[-3000:]
+    assert "Token authentication is" not in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / ".ray" / "auth_token").is_file()
+
+
 def test_an_auth_refusal_is_one_paragraph() -> None:
     from engines.rayconnect import connection_error
 
