@@ -205,6 +205,28 @@ def test_the_running_count_is_read_where_the_backend_row_says() -> None:
     assert {b: capabilities(b, "cpu").running is not None for b in ("sglang", "vllm")} == {"sglang": True, "vllm": True}
 
 
+def test_a_real_sglang_servers_gauges_are_read_as_its_row_names_them() -> None:
+    """SGLang on a GPU (no SGLang here): its scheduler's gauges as its /metrics answers them with --enable-metrics
+    (SGLang's production-metrics docs: ``sglang:num_running_reqs`` and ``sglang:num_queue_reqs``, a ``model_name``
+    label, float values, HELP and TYPE lines)."""
+    row = capabilities("sglang", "cuda").running
+    assert row is not None and row.path == "/metrics"
+    text = (
+        "# HELP sglang:num_running_reqs The number of running requests\n"
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="m"} 3.0\n'
+        "# HELP sglang:num_used_tokens The number of used tokens\n"
+        'sglang:num_used_tokens{model_name="m"} 4096.0\n'
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue\n"
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="m"} 2.0\n'
+    )
+    assert parse_running(row, text) == 5
+    assert parse_running(row, text.replace(" 3.0", " 0.0").replace(" 2.0", " 0.0")) == 0
+    with pytest.raises(EngineProtocolError, match="no series 'sglang:num_running_reqs'"):
+        parse_running(row, "sglang:num_queue_reqs 0.0\n")  # an answer without the running gauge: an error, never 0
+
+
 def test_the_effect_handler_answers_done_at_once_and_reports_the_end_as_news(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
