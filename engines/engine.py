@@ -397,7 +397,8 @@ class Engine:
         with contextlib.suppress(Exception):  # already gone: nothing to do
             await self.launcher.kill()
         if isinstance(self.launcher, Watched):
-            await self.launcher.unwatch(REAP_TIMEOUT)
+            with contextlib.suppress(Exception):  # best effort, as the kill
+                await self.launcher.unwatch(REAP_TIMEOUT)
         if self.server is not None:
             await self.server.close()
             self.server = None
