@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -35,6 +36,10 @@ from typing import Any
 from engines.errors import EngineError, EngineStartError, EngineStartTimeout, EngineTimeout
 
 READY_PATTERN = re.compile(r"^READY (https?://\S+)\s*$")
+# A server environment's ``PRIVATE_DIR_ENV=NAME``: the server reads a directory of its own from ``$NAME``, which the
+# process makes before the start and removes once the server is dead (vLLM's ZeroMQ sockets: ``VLLM_RPC_BASE_PATH``,
+# /tmp by default, where a SIGKILLed server left two socket files at every start).
+PRIVATE_DIR_ENV = "LIFECYCLE_PRIVATE_DIR_ENV"
 # the last line of a Python traceback (``RuntimeError: ...``), bare or as vLLM logs it at ERROR level
 # (``(Worker pid=12386) ERROR 12-06 08:27:36 [multiproc_executor.py:1063] RuntimeError: ...``)
 ERROR_PATTERN = re.compile(
@@ -151,6 +156,7 @@ class ServerProcess:
         self.die_with_parent = die_with_parent
         self._pid_pipe: int | None = None  # where the reaper writes the server's pid
         self._server_pid: int | None = None
+        self._private: str | None = None  # the server's own directory (PRIVATE_DIR_ENV), removed at its death
 
     # -- starting ------------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -159,6 +165,9 @@ class ServerProcess:
             raise RuntimeError(f"engine {self.engine_id}: process already started (pid {self._proc.pid})")
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        private = env.pop(PRIVATE_DIR_ENV, "")
+        if private:
+            self._private = env[private] = tempfile.mkdtemp(prefix=re.sub(r"[^\w.-]", "_", self.engine_id) + "-")
         command = self.command
         pid_fd: int | None = None
         if self.die_with_parent and _PRCTL is not None:
@@ -179,6 +188,7 @@ class ServerProcess:
                 preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.die_with_parent else None,
             )
         except OSError as exc:
+            self._forget_private()
             raise EngineStartError(self.engine_id, f"cannot run {self.command[0]!r}: {exc}") from None
         finally:
             if pid_fd is not None:
@@ -321,8 +331,10 @@ class ServerProcess:
                 proc.send_signal(sig)
 
     def kill(self) -> None:
-        """SIGKILL the process group (idempotent)."""
+        """SIGKILL the process group (idempotent); its own directory goes at once (a socket file can be unlinked
+        while bound, and a killed server has no use for it)."""
         self._signal_group(signal.SIGKILL)
+        self._forget_private()
 
     def terminate(self) -> None:
         """SIGTERM the process group: the CPU engine aborts in-flight requests and exits 0."""
@@ -335,12 +347,20 @@ class ServerProcess:
         dies instead of polling. Raises :class:`EngineTimeout` if it is still alive after ``timeout``.
         """
         try:
-            return self._require().wait(timeout)
+            code = self._require().wait(timeout)
         except subprocess.TimeoutExpired:
             waited = float(timeout or 0.0)  # only a finite timeout can expire
             raise EngineTimeout(
                 self.engine_id, "process", waited, f"process {self.pid} still alive {waited:g}s later"
             ) from None
+        self._forget_private()
+        return code
+
+    def _forget_private(self) -> None:
+        """The server's own directory goes with it (idempotent: a death watch and a caller may both see the death)."""
+        private, self._private = self._private, None
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
     def close(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it has not exited within ``timeout`` (no-op if never started or dead)."""

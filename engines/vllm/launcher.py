@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from engines.launcher import EngineSetup, Launcher, LauncherFactory, LocalLauncher
+from engines.process import PRIVATE_DIR_ENV
 from engines.router import free_port
 from engines.vllm.api import vllm_api
 from lifecycle.decide.errors import ConfigError
@@ -156,8 +157,10 @@ def vllm_command(
 
 def server_env(device: Literal["cpu", "cuda"] = "cpu", api_key: str | None = None) -> dict[str, str]:
     """What a vLLM server's environment needs beyond its parent's: the RL control API, on CPU the model in the
-    engine core (:data:`CPU_ENV`), the API key."""
-    return {**DEV_MODE, **(CPU_ENV if device == "cpu" else {}), **({"VLLM_API_KEY": api_key} if api_key else {})}
+    engine core (:data:`CPU_ENV`), the API key, and a directory of its own for its ZeroMQ sockets (removed with the
+    server: a killed one leaves them behind)."""
+    own = {PRIVATE_DIR_ENV: "VLLM_RPC_BASE_PATH"}
+    return {**DEV_MODE, **(CPU_ENV if device == "cpu" else {}), **({"VLLM_API_KEY": api_key} if api_key else {}), **own}
 
 
 def context_length(model: str | os.PathLike[str], default: int = 128) -> int:

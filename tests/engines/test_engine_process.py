@@ -298,3 +298,39 @@ def test_a_closed_local_engine_leaves_no_task_on_its_loop() -> None:
         assert not asyncio.all_tasks(loop)
     finally:
         loop.close()
+
+
+_SOCKET_SERVER = (
+    "import os, socket, time\n"
+    "s = socket.socket(socket.AF_UNIX)\n"
+    "s.bind(os.path.join(os.environ['RPC_DIR'], 'rpc.sock'))\n"
+    "print('READY http://127.0.0.1:9', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_servers_own_directory_goes_with_the_killed_server() -> None:
+    """vLLM binds its ZeroMQ sockets in ``$VLLM_RPC_BASE_PATH`` (/tmp by default): a SIGKILLed server left them there
+    at every start. A server given ``PRIVATE_DIR_ENV`` gets a directory of its own, removed once it is dead."""
+    from engines.process import PRIVATE_DIR_ENV
+
+    env = {**os.environ, PRIVATE_DIR_ENV: "RPC_DIR"}
+    proc = ServerProcess([sys.executable, "-c", _SOCKET_SERVER], engine_id="eval/engine-0", env=env)
+    proc.start(30.0)
+    try:
+        own = Path(proc._private or "")
+        assert own.is_dir() and (own / "rpc.sock").exists() and own.name.startswith("eval_engine-0-")
+    finally:
+        proc.kill()
+    assert not own.exists()  # at the kill: a caller may never wait for the death
+    proc.wait_dead(10.0)
+    graceful = ServerProcess([sys.executable, "-c", _SOCKET_SERVER], engine_id="engine-1", env=env)
+    graceful.start(30.0)
+    kept = Path(graceful._private or "")
+    graceful.terminate()  # SIGTERM: the server may use its sockets while it stops; the directory goes at its death
+    graceful.wait_dead(10.0)
+    assert not kept.exists()
+    plain = ServerProcess([sys.executable, "-c", "print('READY http://127.0.0.1:9', flush=True)"], engine_id="x")
+    plain.start(30.0)
+    plain.wait_dead(10.0)
+    assert plain._private is None
