@@ -38,7 +38,7 @@ from engines.errors import EngineError, EngineStartError, EngineStartTimeout, En
 READY_PATTERN = re.compile(r"^READY (https?://\S+)\s*$")
 # A server environment's ``PRIVATE_DIR_ENV=NAME``: the server reads a directory of its own from ``$NAME``, which the
 # process makes before the start and removes once the server is dead (vLLM's ZeroMQ sockets: ``VLLM_RPC_BASE_PATH``,
-# /tmp by default, where a SIGKILLed server left two socket files at every start).
+# /tmp by default, where a SIGKILLed server left its socket files at every start).
 PRIVATE_DIR_ENV = "LIFECYCLE_PRIVATE_DIR_ENV"
 # the last line of a Python traceback (``RuntimeError: ...``), bare or as vLLM logs it at ERROR level
 # (``(Worker pid=12386) ERROR 12-06 08:27:36 [multiproc_executor.py:1063] RuntimeError: ...``)
@@ -213,6 +213,7 @@ class ServerProcess:
                 if self._ready.is_set():
                     return self.url
                 first = f"; its first error: {self.first_error}" if self.first_error else ""
+                self._forget_private()
                 raise EngineStartError(
                     self.engine_id,
                     f"process exited with code {proc.returncode} before it was ready{first}",

@@ -159,8 +159,8 @@ def server_env(device: Literal["cpu", "cuda"] = "cpu", api_key: str | None = Non
     """What a vLLM server's environment needs beyond its parent's: the RL control API, on CPU the model in the
     engine core (:data:`CPU_ENV`), the API key, and a directory of its own for its ZeroMQ sockets (removed with the
     server: a killed one leaves them behind)."""
-    own = {PRIVATE_DIR_ENV: "VLLM_RPC_BASE_PATH"}
-    return {**DEV_MODE, **(CPU_ENV if device == "cpu" else {}), **({"VLLM_API_KEY": api_key} if api_key else {}), **own}
+    key = {"VLLM_API_KEY": api_key} if api_key else {}
+    return {**DEV_MODE, **(CPU_ENV if device == "cpu" else {}), **key, PRIVATE_DIR_ENV: "VLLM_RPC_BASE_PATH"}
 
 
 def context_length(model: str | os.PathLike[str], default: int = 128) -> int:

@@ -330,6 +330,10 @@ def test_a_servers_own_directory_goes_with_the_killed_server() -> None:
     graceful.terminate()  # SIGTERM: the server may use its sockets while it stops; the directory goes at its death
     graceful.wait_dead(10.0)
     assert not kept.exists()
+    early = ServerProcess([sys.executable, "-c", "raise SystemExit(3)"], engine_id="engine-2", env=env)
+    with pytest.raises(EngineStartError, match="code 3"):
+        early.start(30.0)  # exits before it is ready: its directory goes too
+    assert early._private is None
     plain = ServerProcess([sys.executable, "-c", "print('READY http://127.0.0.1:9', flush=True)"], engine_id="x")
     plain.start(30.0)
     plain.wait_dead(10.0)
